@@ -1,0 +1,36 @@
+"""spiral-jax: SPIRAL self-play reinforcement learning for LLMs in one JAX program."""
+from setuptools import find_packages, setup
+
+setup(
+    name="spiral-jax",
+    version="0.1.0",
+    description="SPIRAL self-play RL (role-conditioned advantages) for Qwen / Llama LLMs in JAX",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["spiral_jax", "spiral_jax.*"]),
+    package_data={"spiral_jax": ["assets/**/*"]},
+    install_requires=[
+        "jax>=0.5",
+        "numpy",
+        "optax",
+        "orbax-checkpoint",
+        "safetensors",
+        "ml-collections",
+        "transformers>=4.51",
+        "tokenizers",
+        "sentencepiece",
+        "tensorboard",
+        "tqdm",
+    ],
+    extras_require={
+        # Reference checks against transformers need PyTorch; 2.13.0 is pinned so that a CPU
+        # wheel is used (an unpinned torch pulls a multi-GB CUDA build).
+        "test": ["pytest", "pytest-timeout", "hypothesis", "torch==2.13.0"],
+        "tpu": ["jax[tpu]"],
+        "cuda": ["jax[cuda12]"],
+        "eval": ["math-verify", "datasets", "matplotlib"],
+        "textarena": ["textarena"],
+    },
+    entry_points={"console_scripts": ["spiral-jax=spiral_jax.cli:main"]},
+)

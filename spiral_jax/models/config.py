@@ -1,0 +1,184 @@
+"""ModelConfig: the architecture of a Qwen2/2.5, Qwen3 or Llama 3.x decoder, read from a HF config.json.
+
+transformers 4.x and 5.x spell some fields differently (5.x nests RoPE settings under
+`rope_parameters` and writes `dtype` instead of `torch_dtype`); both are accepted here so the rest of
+the package sees one shape.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder or config that cannot be used, with a message saying how to fix it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3 frequency-dependent RoPE scaling (rope_type "llama3")."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture plus runtime choices. Frozen and hashable, so it can be a static jit argument."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2: bias on q/k/v only
+    o_bias: bool = False  # attention_bias=True on Llama/Qwen3 also puts a bias on o_proj
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before RoPE
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    # Runtime choices (not part of the checkpoint).
+    compute_dtype: str = "float32"  # bf16 on TPU/GPU; fp32 is faster on CPU
+    scan_layers: bool = False  # stacked layers + lax.scan (TPU compile time) vs a per-layer list
+    remat: bool = True  # rematerialise each layer in the backward pass
+
+    def __post_init__(self):
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise CheckpointError(
+                f"unsupported model_type {self.model_type!r}; spiral_jax supports "
+                f"{', '.join(SUPPORTED_MODEL_TYPES)} (Qwen2/2.5, Qwen3, Llama 3.x)")
+        if self.num_heads % self.num_kv_heads:
+            raise CheckpointError(
+                f"num_attention_heads={self.num_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_kv_heads}")
+
+    @property
+    def num_params(self) -> int:
+        d, f, h, kv, hd = (self.hidden_size, self.intermediate_size, self.num_heads,
+                           self.num_kv_heads, self.head_dim)
+        per_layer = 2 * d + d * hd * (2 * h + 2 * kv) + 3 * d * f
+        per_layer += (h + 2 * kv) * hd * self.qkv_bias + d * self.o_bias + 2 * hd * self.qk_norm
+        head = 0 if self.tie_word_embeddings else d * self.vocab_size
+        return self.vocab_size * d + head + d + self.num_layers * per_layer
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    # ---------------------------------------------------------------- HF config.json in and out
+
+    @classmethod
+    def from_hf_dict(cls, hf: dict[str, Any], **runtime) -> "ModelConfig":
+        model_type = hf.get("model_type")
+        if model_type is None:
+            raise CheckpointError("config.json has no 'model_type'; is this a transformers checkpoint?")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise CheckpointError(
+                f"unsupported model_type {model_type!r} in config.json; spiral_jax supports "
+                f"{', '.join(SUPPORTED_MODEL_TYPES)} (Qwen2/2.5, Qwen3, Llama 3.x)")
+        text = hf.get("text_config")  # some multimodal-style configs nest the decoder
+        if isinstance(text, dict) and "hidden_size" not in hf:
+            hf = {**hf, **text}
+        try:
+            d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+            fields = dict(
+                model_type=model_type,
+                vocab_size=int(hf["vocab_size"]),
+                hidden_size=d,
+                intermediate_size=int(hf["intermediate_size"]),
+                num_layers=int(hf["num_hidden_layers"]),
+                num_heads=heads,
+                num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+                head_dim=int(hf.get("head_dim") or d // heads),
+            )
+        except KeyError as e:
+            raise CheckpointError(f"config.json is missing the required field {e.args[0]!r}") from None
+        rope = dict(hf.get("rope_parameters") or {})  # transformers 5.x
+        legacy = hf.get("rope_scaling") or {}  # transformers 4.x
+        rope = {**legacy, **rope}
+        theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        scaling = None
+        if rope_type == "llama3":
+            scaling = RopeScaling(
+                factor=float(rope["factor"]),
+                low_freq_factor=float(rope["low_freq_factor"]),
+                high_freq_factor=float(rope["high_freq_factor"]),
+                original_max_position_embeddings=int(rope["original_max_position_embeddings"]))
+        elif rope_type not in ("default", None):
+            raise CheckpointError(
+                f"unsupported rope type {rope_type!r}; spiral_jax supports default RoPE and 'llama3'")
+        attention_bias = bool(hf.get("attention_bias", False))
+        eos = hf.get("eos_token_id")
+        fields.update(
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            rope_scaling=scaling,
+            max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            qkv_bias=True if model_type == "qwen2" else attention_bias,
+            o_bias=False if model_type == "qwen2" else attention_bias,
+            qk_norm=model_type == "qwen3",
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+        )
+        return cls(**fields, **runtime)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, **runtime) -> "ModelConfig":
+        path = Path(path)
+        file = path / "config.json" if path.is_dir() or not path.suffix else path
+        if not file.exists():
+            raise CheckpointError(
+                f"no config.json at {file}; pass a Hugging Face checkpoint folder (config.json + "
+                f"*.safetensors), e.g. one written by save_pretrained")
+        try:
+            hf = json.loads(file.read_text())
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"{file} is not valid JSON ({e}); re-download or re-export it") from None
+        if not isinstance(hf, dict):
+            raise CheckpointError(f"{file} must hold a JSON object, got {type(hf).__name__}")
+        return cls.from_hf_dict(hf, **runtime)
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """A config.json that transformers (4.x and 5.x) and vLLM load."""
+        arch = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+        hf = {
+            "architectures": [arch[self.model_type]],
+            "model_type": self.model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "torch_dtype": "float32",
+        }
+        if self.model_type != "qwen2":
+            hf["attention_bias"] = self.o_bias
+        if self.rope_scaling is not None:
+            hf["rope_scaling"] = {"rope_type": "llama3", **dataclasses.asdict(self.rope_scaling)}
+        if self.bos_token_id is not None:
+            hf["bos_token_id"] = self.bos_token_id
+        if self.eos_token_id is not None:
+            eos = self.eos_token_id
+            hf["eos_token_id"] = list(eos) if isinstance(eos, tuple) else eos
+        return hf

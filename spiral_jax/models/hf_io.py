@@ -1,0 +1,152 @@
+"""Hugging Face checkpoints in and out (config.json + safetensors, single file or sharded index).
+
+Loading never holds the whole model on a host: each device's shard is read straight from a
+safetensors slice (`jax.make_array_from_callback`), so every host of a pod reads only its part.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from spiral_jax.models.config import CheckpointError, ModelConfig
+from spiral_jax.models.params import (ParamSpec, hf_shape, hf_slice, hf_tensor, is_spec, layer_spec,
+                                      param_specs)
+from spiral_jax.sharding import Rules
+
+# Tensors some checkpoints carry that the model does not need.
+_IGNORED = re.compile(r"(.*rotary_emb\.inv_freq$)")
+
+
+class _SafetensorsReader:
+    """Name -> file lookup over one or many safetensors files, with lazily opened handles."""
+
+    def __init__(self, path: Path):
+        index = path / "model.safetensors.index.json"
+        single = path / "model.safetensors"
+        if index.exists():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError) as e:
+                raise CheckpointError(f"{index} is malformed ({e!r}); it needs a 'weight_map'") from None
+            self.files = {name: path / f for name, f in weight_map.items()}
+        elif single.exists():
+            self.files = {}
+            with safe_open(single, "np") as f:
+                self.files = {name: single for name in f.keys()}
+        else:
+            raise CheckpointError(
+                f"no model.safetensors or model.safetensors.index.json in {path}; spiral_jax reads "
+                f"safetensors checkpoints (convert a .bin checkpoint with transformers' save_pretrained)")
+        missing_files = sorted({str(f) for f in self.files.values() if not f.exists()})
+        if missing_files:
+            raise CheckpointError(f"checkpoint index names files that do not exist: {missing_files}")
+        self._handles = {}
+
+    def _open(self, name: str):
+        file = self.files[name]
+        if file not in self._handles:
+            self._handles[file] = safe_open(file, "np")
+        return self._handles[file]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._open(name).get_slice(name).get_shape())
+
+    def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        return self._open(name).get_slice(name)[index]
+
+
+def _per_layer(cfg: ModelConfig, spec: ParamSpec) -> list[ParamSpec]:
+    """The HF tensors behind one spec: one per layer for per-layer weights."""
+    if "{i}" in spec.hf_name:
+        return [layer_spec(spec, i) for i in range(cfg.num_layers)]
+    return [spec]
+
+
+def _check_tensors(cfg: ModelConfig, reader: _SafetensorsReader, specs) -> None:
+    expected = {s.hf_name: hf_shape(s) for spec in jax.tree.leaves(specs, is_leaf=is_spec)
+                for s in _per_layer(cfg, spec)}
+    present = {n for n in reader.files if not _IGNORED.match(n)}
+    if cfg.tie_word_embeddings:
+        present.discard("lm_head.weight")  # some tied checkpoints store the shared matrix twice
+    missing, extra = sorted(set(expected) - present), sorted(present - set(expected))
+    if missing:
+        hint = (" (an untied model needs lm_head.weight; set tie_word_embeddings=true in config.json "
+                "if the checkpoint shares it with the embedding)" if "lm_head.weight" in missing else "")
+        raise CheckpointError(f"checkpoint is missing {len(missing)} tensor(s): {missing[:8]}{hint}")
+    if extra:
+        raise CheckpointError(
+            f"checkpoint has {len(extra)} tensor(s) this {cfg.model_type} config does not use: "
+            f"{extra[:8]}; does config.json match the weights (model_type, layers, bias, q/k norm)?")
+    for name, shape in expected.items():
+        got = reader.shape(name)
+        if got != shape:
+            raise CheckpointError(f"tensor {name} has shape {list(got)} but the config implies "
+                                  f"{list(shape)}; config.json does not match the weights")
+
+
+def load_pretrained(path, mesh=None, dtype=jnp.float32, rules: str = "train", **runtime):
+    """(ModelConfig, params) from a HF checkpoint folder, each array built directly in its sharding.
+
+    `runtime` sets ModelConfig's runtime fields (compute_dtype, scan_layers, remat).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint folder {path} does not exist")
+    cfg = ModelConfig.from_pretrained(path, **runtime)
+    reader = _SafetensorsReader(path)
+    specs = param_specs(cfg)
+    _check_tensors(cfg, reader, specs)
+    shard_rules = Rules.create(mesh, rules)
+    if shard_rules is None:
+        shard_rules = Rules.create(jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1),
+                                                     ("data", "fsdp", "tensor")), rules)
+
+    def build(spec: ParamSpec):
+        sharding = shard_rules.sharding(spec.axes, spec.shape)
+
+        def callback(index):
+            index = tuple(index) + (slice(None),) * (len(spec.shape) - len(index))
+            if "{i}" in spec.hf_name:  # stacked layers: read each layer of the slice
+                layers = range(*index[0].indices(spec.shape[0]))
+                x = np.stack([hf_slice(layer_spec(spec, i), reader.read, index[1:]) for i in layers])
+            else:
+                x = hf_slice(spec, reader.read, index)
+            return x.astype(dtype)
+
+        return jax.make_array_from_callback(spec.shape, sharding, callback)
+
+    return cfg, jax.tree.map(build, specs, is_leaf=is_spec)
+
+
+def save_pretrained(cfg: ModelConfig, params, path, extra_config: dict | None = None) -> Path:
+    """Write config.json + model.safetensors in the layout transformers and vLLM load."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    specs = param_specs(cfg)
+    tensors: dict[str, np.ndarray] = {}
+    flat_specs = jax.tree.leaves(specs, is_leaf=is_spec)
+    flat_params = jax.tree.leaves(params)
+    if len(flat_specs) != len(flat_params):
+        raise ValueError(f"params do not match the config: {len(flat_params)} arrays, "
+                         f"expected {len(flat_specs)} for this {cfg.model_type} config")
+    for spec, value in zip(flat_specs, flat_params):
+        value = np.asarray(jax.device_get(value), dtype=np.float32)
+        if value.shape != spec.shape:
+            raise ValueError(f"{spec.hf_name}: array shape {list(value.shape)} != {list(spec.shape)}")
+        stacked = "{i}" in spec.hf_name
+        for i, s in enumerate(_per_layer(cfg, spec)):
+            tensors[s.hf_name] = hf_tensor(s, value[i] if stacked else value)
+    tmp = path / "model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    tmp.replace(path / "model.safetensors")
+    hf = cfg.to_hf_dict()
+    hf.update(extra_config or {})
+    (path / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    return path

@@ -1,0 +1,178 @@
+"""Every weight declared once: shape, logical axes, initialiser and its Hugging Face tensor name.
+
+The parameter tree is a plain dict:
+
+    {"embed": [V, D], "final_norm": [D], "lm_head": [D, V] (untied only),
+     "layers": list of per-layer dicts, or one dict of arrays stacked on a leading [L] axis}
+
+Per layer: attn_norm [D], q [D, H, hd], k/v [D, KV, hd], o [H, hd, D], optional q/k/v biases [H|KV, hd],
+o_bias [D], q_norm/k_norm [hd], mlp_norm [D], gate/up [D, F], down [F, D].
+
+HF stores a linear weight as [out, in]; ours is its transpose with the head axis split out, so the
+mapping is always "transpose, then split one axis into (heads, head_dim)". That is all `hf_slice`
+needs to read any shard of any weight straight from a safetensors slice.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spiral_jax.models.config import ModelConfig
+from spiral_jax.sharding import Rules
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+    shape: tuple[int, ...]
+    axes: tuple[str | None, ...]
+    hf_name: str  # "{i}" is the layer index for per-layer weights
+    init: str  # "normal", "ones" or "zeros"
+    transpose: bool = False  # ours = hf.T (then split)
+    split_axis: int | None = None  # this axis and the next are one axis in (transposed) HF
+
+
+def _layer_specs(cfg: ModelConfig) -> dict[str, ParamSpec]:
+    d, f, h, kv, hd = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
+                       cfg.head_dim)
+    p = "model.layers.{i}."
+    specs = {
+        "attn_norm": ParamSpec((d,), ("act_embed",), p + "input_layernorm.weight", "ones"),
+        "q": ParamSpec((d, h, hd), ("embed", "heads", "head_dim"), p + "self_attn.q_proj.weight",
+                       "normal", True, 1),
+        "k": ParamSpec((d, kv, hd), ("embed", "kv_heads", "head_dim"), p + "self_attn.k_proj.weight",
+                       "normal", True, 1),
+        "v": ParamSpec((d, kv, hd), ("embed", "kv_heads", "head_dim"), p + "self_attn.v_proj.weight",
+                       "normal", True, 1),
+        "o": ParamSpec((h, hd, d), ("heads", "head_dim", "embed"), p + "self_attn.o_proj.weight",
+                       "normal", True, 0),
+        "mlp_norm": ParamSpec((d,), ("act_embed",), p + "post_attention_layernorm.weight", "ones"),
+        "gate": ParamSpec((d, f), ("embed", "mlp"), p + "mlp.gate_proj.weight", "normal", True),
+        "up": ParamSpec((d, f), ("embed", "mlp"), p + "mlp.up_proj.weight", "normal", True),
+        "down": ParamSpec((f, d), ("mlp", "embed"), p + "mlp.down_proj.weight", "normal", True),
+    }
+    if cfg.qkv_bias:
+        for name, n, axis in (("q", h, "heads"), ("k", kv, "kv_heads"), ("v", kv, "kv_heads")):
+            specs[f"{name}_bias"] = ParamSpec((n, hd), (axis, "head_dim"),
+                                              p + f"self_attn.{name}_proj.bias", "zeros", False, 0)
+    if cfg.o_bias:
+        specs["o_bias"] = ParamSpec((d,), ("act_embed",), p + "self_attn.o_proj.bias", "zeros")
+    if cfg.qk_norm:
+        specs["q_norm"] = ParamSpec((hd,), ("head_dim",), p + "self_attn.q_norm.weight", "ones")
+        specs["k_norm"] = ParamSpec((hd,), ("head_dim",), p + "self_attn.k_norm.weight", "ones")
+    return specs
+
+
+def param_specs(cfg: ModelConfig) -> dict:
+    """The ParamSpec tree, with the same structure as the parameter tree."""
+    d, v = cfg.hidden_size, cfg.vocab_size
+    tree = {
+        "embed": ParamSpec((v, d), ("vocab", "embed"), "model.embed_tokens.weight", "normal"),
+        "final_norm": ParamSpec((d,), ("act_embed",), "model.norm.weight", "ones"),
+    }
+    if not cfg.tie_word_embeddings:
+        tree["lm_head"] = ParamSpec((d, v), ("embed", "vocab"), "lm_head.weight", "normal", True)
+    layer = _layer_specs(cfg)
+    if cfg.scan_layers:
+        tree["layers"] = {k: dataclasses.replace(s, shape=(cfg.num_layers, *s.shape),
+                                                 axes=("layers", *s.axes),
+                                                 split_axis=None if s.split_axis is None else s.split_axis + 1)
+                          for k, s in layer.items()}
+    else:
+        tree["layers"] = [{k: dataclasses.replace(s, hf_name=s.hf_name.replace("{i}", str(i)))
+                           for k, s in layer.items()} for i in range(cfg.num_layers)]
+    return tree
+
+
+def is_spec(x) -> bool:
+    return isinstance(x, ParamSpec)
+
+
+def map_specs(fn: Callable[[ParamSpec], object], cfg: ModelConfig):
+    return jax.tree.map(fn, param_specs(cfg), is_leaf=is_spec)
+
+
+def param_shardings(cfg: ModelConfig, rules: Rules | None):
+    """NamedSharding per parameter (None without a mesh)."""
+    if rules is None:
+        return map_specs(lambda s: None, cfg)
+    return map_specs(lambda s: rules.sharding(s.axes, s.shape), cfg)
+
+
+def abstract_params(cfg: ModelConfig, dtype=jnp.float32, rules: Rules | None = None):
+    """ShapeDtypeStructs (with shardings) of the parameter tree, without allocating anything."""
+    return map_specs(lambda s: jax.ShapeDtypeStruct(
+        s.shape, dtype, sharding=None if rules is None else rules.sharding(s.axes, s.shape)), cfg)
+
+
+def init_params(cfg: ModelConfig, rng: jax.Array, mesh=None, dtype=jnp.float32, rules: str = "train",
+                std: float = 0.02):
+    """Random parameters (normal(0, std) matrices, unit norms, zero biases) built in their shardings."""
+    shard_rules = Rules.create(mesh, rules)
+    specs = param_specs(cfg)
+    leaves, treedef = jax.tree.flatten(specs, is_leaf=is_spec)
+
+    def build(key):
+        keys = jax.random.split(key, len(leaves))
+        out = []
+        for k, s in zip(keys, leaves):
+            if s.init == "normal":
+                out.append(std * jax.random.normal(k, s.shape, dtype))
+            else:
+                out.append((jnp.ones if s.init == "ones" else jnp.zeros)(s.shape, dtype))
+        return jax.tree.unflatten(treedef, out)
+
+    shardings = param_shardings(cfg, shard_rules) if shard_rules else None
+    return jax.jit(build, out_shardings=shardings)(rng)
+
+
+def layer_spec(spec: ParamSpec, layer: int) -> ParamSpec:
+    """The per-layer spec (concrete HF name, no leading layer axis) of a stacked-layer spec."""
+    stacked = spec.axes[0] == "layers"
+    return dataclasses.replace(
+        spec, hf_name=spec.hf_name.replace("{i}", str(layer)),
+        shape=spec.shape[1:] if stacked else spec.shape, axes=spec.axes[1:] if stacked else spec.axes,
+        split_axis=spec.split_axis - 1 if stacked and spec.split_axis is not None else spec.split_axis)
+
+
+def hf_shape(spec: ParamSpec) -> tuple[int, ...]:
+    """Shape of the HF tensor behind an (unstacked) spec."""
+    shape = list(spec.shape)
+    if spec.split_axis is not None:
+        a = spec.split_axis
+        shape[a:a + 2] = [shape[a] * shape[a + 1]]
+    return tuple(reversed(shape)) if spec.transpose else tuple(shape)
+
+
+def hf_slice(spec: ParamSpec, read: Callable[[str, tuple[slice, ...]], np.ndarray],
+             index: tuple[slice, ...]) -> np.ndarray:
+    """Our array's `index` slice of an (unstacked) spec, read as `read(hf_name, hf_index)`."""
+    shape, split = spec.shape, spec.split_axis
+    index = tuple(slice(*sl.indices(n)[:2]) for sl, n in zip(index, shape))
+    merged, out_shape = [], []  # our axes -> axes of the transposed HF tensor
+    i = 0
+    while i < len(shape):
+        sl = index[i]
+        if i == split:
+            inner = shape[i + 1]
+            if index[i + 1] != slice(0, inner):
+                raise ValueError(f"{spec.hf_name}: head_dim must not be sharded")
+            merged.append(slice(sl.start * inner, sl.stop * inner))
+            out_shape += [sl.stop - sl.start, inner]
+            i += 2
+        else:
+            merged.append(sl)
+            out_shape.append(sl.stop - sl.start)
+            i += 1
+    x = read(spec.hf_name, tuple(reversed(merged)) if spec.transpose else tuple(merged))
+    return (x.T if spec.transpose else x).reshape(out_shape)
+
+
+def hf_tensor(spec: ParamSpec, ours: np.ndarray) -> np.ndarray:
+    """Inverse of hf_slice for a whole (unstacked) array: our layout -> the HF tensor."""
+    shape = hf_shape(spec)
+    x = ours.reshape(tuple(reversed(shape)) if spec.transpose else shape)
+    return np.ascontiguousarray(x.T if spec.transpose else x)

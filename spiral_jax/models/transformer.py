@@ -1,0 +1,171 @@
+"""The decoder: one function for training, prefill, decode and scoring.
+
+`decoder` runs the layer stack over a block of tokens. Without a cache the block attends to itself
+(training, scoring); with a `KVCache` the block's keys and values are written into the cache at
+`cache_start` and the block attends over the whole cache (prefill, then one token per decode step).
+In both cases a query at slot s sees keys at slots <= s whose `kv_mask` is set, which is what makes
+left padding work. RMSNorm, RoPE angles, softmax and logits are computed in fp32.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spiral_jax.models.config import ModelConfig
+from spiral_jax.sharding import Rules, constrain
+
+ACT = ("batch", "seq", "act_embed")
+CACHE_AXES = ("layers", "batch", "seq", "kv_heads", "head_dim")
+_MASKED = -0.7 * float(np.finfo(np.float32).max)  # finite, so fully masked (padding) rows stay NaN-free
+
+
+class KVCache(NamedTuple):
+    """Keys and values of every layer: [layers, batch, slots, kv_heads, head_dim]."""
+
+    k: jax.Array
+    v: jax.Array
+
+    @classmethod
+    def zeros(cls, cfg: ModelConfig, batch: int, slots: int, dtype=None) -> "KVCache":
+        shape = (cfg.num_layers, batch, slots, cfg.num_kv_heads, cfg.head_dim)
+        dtype = dtype or cfg.compute_dtype
+        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+    """Inverse RoPE frequencies in float32, with Llama 3 scaling when configured."""
+    exponent = np.arange(0, cfg.head_dim, 2, dtype=np.int64).astype(np.float32) / cfg.head_dim
+    inv_freq = (1.0 / (np.float32(cfg.rope_theta) ** exponent)).astype(np.float32)
+    s = cfg.rope_scaling
+    if s is None:
+        return inv_freq
+    old_len = s.original_max_position_embeddings
+    low_wavelen, high_wavelen = old_len / s.low_freq_factor, old_len / s.high_freq_factor
+    wavelen = 2 * np.pi / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+    """Rotate-half RoPE on x [B, T, N, hd] at integer positions [B, T]."""
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, hd/2]
+    cos = jnp.cos(jnp.concatenate([angles, angles], -1))[:, :, None, :]
+    sin = jnp.sin(jnp.concatenate([angles, angles], -1))[:, :, None, :]
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], -1)
+    return (x * cos.astype(x.dtype) + rotated * sin.astype(x.dtype)).astype(x.dtype)
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (weight.astype(jnp.float32) * xf.astype(x.dtype).astype(jnp.float32)).astype(x.dtype)
+
+
+def attention(q, k, v, q_slots, kv_mask):
+    """GQA attention. q [B,T,H,hd]; k, v [B,S,KV,hd]; q_slots [T]; kv_mask [B,S] -> [B,T,H,hd]."""
+    b, t, h, hd = q.shape
+    kv = k.shape[2]
+    q = q.reshape(b, t, kv, h // kv, hd)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (hd ** -0.5)
+    allowed = kv_mask[:, None, :] & (jnp.arange(k.shape[1])[None, None, :] <= q_slots[None, :, None])
+    scores = jnp.where(allowed[:, None, None], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, h, hd)
+
+
+def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positions, kv_mask, cache,
+           cache_start):
+    """One pre-norm decoder layer. Returns the new residual stream and (possibly updated) cache."""
+    dt = x.dtype
+    w = lambda name: p[name].astype(dt)  # noqa: E731
+    h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+    q = jnp.einsum("btd,dnh->btnh", h, w("q"))
+    k = jnp.einsum("btd,dnh->btnh", h, w("k"))
+    v = jnp.einsum("btd,dnh->btnh", h, w("v"))
+    if cfg.qkv_bias:
+        q, k, v = q + w("q_bias"), k + w("k_bias"), v + w("v_bias")
+    if cfg.qk_norm:
+        q = rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
+        k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
+    q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+    q_slots = cache_start + jnp.arange(x.shape[1])
+    if cache is None:
+        out = attention(q, k, v, q_slots, kv_mask)
+    else:
+        start = (layer, 0, cache_start, 0, 0)
+        cache = KVCache(jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), start),
+                        jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), start))
+        out = attention(q, cache.k[layer].astype(dt), cache.v[layer].astype(dt), q_slots, kv_mask)
+    attn = jnp.einsum("btnh,nhd->btd", out, w("o"))
+    if cfg.o_bias:
+        attn = attn + w("o_bias")
+    x = constrain(x + attn, rules, ACT)
+    h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
+    mlp = jax.nn.silu(h @ w("gate")) * (h @ w("up"))
+    x = constrain(x + mlp @ w("down"), rules, ACT)
+    return x, cache
+
+
+def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache | None = None,
+            cache_start=0, rules: Rules | None = None):
+    """Run the layer stack on `tokens` [B, T]; returns (final-normed hidden [B, T, D], cache).
+
+    positions [B, T]: RoPE positions. kv_mask [B, S]: which key slots hold real tokens, where S = T
+    without a cache and S = cache slots with one (the caller marks the new block's slots too).
+    """
+    dt = jnp.dtype(cfg.compute_dtype)
+    x = jnp.take(params["embed"], tokens, axis=0).astype(dt)
+    x = constrain(x, rules, ACT)
+    kv_mask = kv_mask.astype(bool)
+    inv_freq = rope_inv_freq(cfg)
+
+    def block(x, p, layer, cache):
+        return _block(cfg, rules, inv_freq, x, p, layer, positions, kv_mask, cache, cache_start)
+
+    if cfg.remat:
+        block = jax.checkpoint(block)
+    if cfg.scan_layers:
+        def step(carry, xs):
+            x, cache = carry
+            p, layer = xs
+            return block(x, p, layer, cache), None
+
+        (x, cache), _ = jax.lax.scan(step, (x, cache), (params["layers"], jnp.arange(cfg.num_layers)))
+    else:
+        for layer, p in enumerate(params["layers"]):
+            x, cache = block(x, p, layer, cache)
+    return rms_norm(x, params["final_norm"], cfg.rms_norm_eps), cache
+
+
+def unembed(params, cfg: ModelConfig, hidden: jax.Array) -> jax.Array:
+    """fp32 logits from final hidden states [..., D] -> [..., V]."""
+    if cfg.tie_word_embeddings:
+        return jnp.einsum("...d,vd->...v", hidden, params["embed"].astype(hidden.dtype),
+                          preferred_element_type=jnp.float32)
+    return jnp.einsum("...d,dv->...v", hidden, params["lm_head"].astype(hidden.dtype),
+                      preferred_element_type=jnp.float32)
+
+
+def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
+    """RoPE positions for a left-padded batch: 0 at each row's first real token."""
+    return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def forward(params, cfg: ModelConfig, input_ids, attention_mask=None, positions=None,
+            rules: Rules | None = None) -> jax.Array:
+    """fp32 logits [B, T, V] for a (possibly left-padded) batch, without a cache."""
+    if attention_mask is None:
+        attention_mask = jnp.ones(input_ids.shape, bool)
+    if positions is None:
+        positions = positions_from_mask(attention_mask)
+    hidden, _ = decoder(params, cfg, input_ids, positions, attention_mask, rules=rules)
+    return unembed(params, cfg, hidden)

@@ -1,0 +1,38 @@
+"""Tiny random transformers models covering every architecture option spiral_jax supports."""
+import torch
+import transformers
+
+# Each family switches on the options it is meant to exercise.
+FAMILIES = {
+    # Qwen2: q/k/v bias, GQA, untied.
+    "qwen2": dict(cls="Qwen2Config", vocab_size=512, hidden_size=64, intermediate_size=96,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=2048, rope_theta=10000.0, tie_word_embeddings=False),
+    # Qwen3: q/k RMSNorm, explicit head_dim != hidden/heads, tied embeddings.
+    "qwen3": dict(cls="Qwen3Config", vocab_size=512, hidden_size=64, intermediate_size=96,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                  max_position_embeddings=2048, rope_theta=1000000.0, tie_word_embeddings=True),
+    # Llama 3: llama3 rope scaling with a small original max so the scaling changes the result.
+    "llama": dict(cls="LlamaConfig", vocab_size=512, hidden_size=64, intermediate_size=96,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+                  max_position_embeddings=2048, rope_theta=500000.0, tie_word_embeddings=False,
+                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+}
+
+
+def make_hf_model(family: str, path=None, seed: int = 0, **overrides):
+    """A random fp32 model whose logits are of order 1; saved to `path` when given."""
+    spec = {**FAMILIES[family], **overrides}
+    config = getattr(transformers, spec.pop("cls"))(**spec, attn_implementation="eager")
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.2 if p.ndim == 1 else 0.08)
+    if path is not None:
+        model.save_pretrained(path)
+    return model
