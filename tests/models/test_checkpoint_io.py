@@ -1,0 +1,152 @@
+"""save_pretrained / load_pretrained round trips, and every checkpoint error names its fix."""
+import json
+import shutil
+
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.numpy import load_file, save_file
+
+from spiral_jax.models import CheckpointError, ModelConfig, forward, init_params, load_pretrained, save_pretrained
+from spiral_jax.sharding import MeshError, make_mesh
+from tests.models.test_hf_parity import _padded_batch, _torch_logits
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_round_trip_is_exact_and_transformers_loads_it(hf_model, tmp_path, scan_layers):
+    _, path, model = hf_model
+    cfg, params = load_pretrained(path, scan_layers=scan_layers)
+    save_pretrained(cfg, params, tmp_path)
+    cfg2, params2 = load_pretrained(tmp_path, scan_layers=scan_layers)
+    assert cfg2 == cfg
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # Bit-identical tensors to what transformers wrote in the first place.
+    original, ours = load_file(path / "model.safetensors"), load_file(tmp_path / "model.safetensors")
+    assert set(ours) == set(original) - ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
+    for name, value in ours.items():
+        np.testing.assert_array_equal(value, original[name])
+
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    ids, mask = _padded_batch(cfg.vocab_size, [40, 64], 64)
+    ours_logits = np.asarray(forward(params, cfg, ids, mask))
+    valid = mask.astype(bool)  # padding positions hold arbitrary values in both
+    np.testing.assert_allclose(_torch_logits(reloaded, ids, mask)[valid], ours_logits[valid], atol=1e-4)
+
+
+def test_sharded_index_checkpoint(hf_model, tmp_path):
+    """A checkpoint split over several files with model.safetensors.index.json loads the same."""
+    _, path, _ = hf_model
+    tensors = load_file(path / "model.safetensors")
+    names = sorted(tensors)
+    weight_map = {}
+    for part, chunk in enumerate([names[::2], names[1::2]]):
+        file = f"model-0000{part + 1}-of-00002.safetensors"
+        save_file({n: tensors[n] for n in chunk}, tmp_path / file)
+        weight_map.update({n: file for n in chunk})
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    shutil.copy(path / "config.json", tmp_path / "config.json")
+    _, a = load_pretrained(path)
+    _, b = load_pretrained(tmp_path, mesh=make_mesh(data=2, fsdp=2, tensor=2))
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_config_reads_transformers_4x_spelling():
+    hf4 = {"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+           "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+           "rope_theta": 500000.0, "torch_dtype": "bfloat16",
+           "rope_scaling": {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+    hf5 = {**hf4, "dtype": "bfloat16", "rope_parameters": {"rope_theta": 500000.0, **hf4["rope_scaling"],
+                                                            "rope_type": "llama3"}}
+    del hf5["rope_theta"], hf5["rope_scaling"], hf5["torch_dtype"], hf5["rope_parameters"]["type"]
+    a, b = ModelConfig.from_hf_dict(hf4), ModelConfig.from_hf_dict(hf5)
+    assert a == b
+    assert a.rope_theta == 500000.0 and a.rope_scaling.factor == 8.0 and a.head_dim == 4
+
+
+# ------------------------------------------------------------------------------------------ errors
+
+def _copy(path, tmp_path):
+    dst = tmp_path / "ckpt"
+    shutil.copytree(path, dst)
+    return dst
+
+
+def test_missing_folder_and_config(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_pretrained(tmp_path / "nope")
+    with pytest.raises(CheckpointError, match="no config.json"):
+        load_pretrained(tmp_path)
+
+
+def test_malformed_config(hf_model, tmp_path):
+    ckpt = _copy(hf_model[1], tmp_path)
+    (ckpt / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        load_pretrained(ckpt)
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen3", "vocab_size": 3}))
+    with pytest.raises(CheckpointError, match="missing the required field 'hidden_size'"):
+        load_pretrained(ckpt)
+
+
+def test_unsupported_model_type(hf_model, tmp_path):
+    ckpt = _copy(hf_model[1], tmp_path)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2"}))
+    with pytest.raises(CheckpointError, match="unsupported model_type 'gpt2'.*qwen2, qwen3, llama"):
+        load_pretrained(ckpt)
+
+
+def _rewrite_tensors(ckpt, edit):
+    tensors = load_file(ckpt / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, ckpt / "model.safetensors")
+
+
+def test_missing_tensor(hf_model, tmp_path):
+    ckpt = _copy(hf_model[1], tmp_path)
+    _rewrite_tensors(ckpt, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
+    with pytest.raises(CheckpointError, match=r"missing 1 tensor.*model\.layers\.1\.mlp\.up_proj\.weight"):
+        load_pretrained(ckpt)
+
+
+def test_extra_tensor(hf_model, tmp_path):
+    ckpt = _copy(hf_model[1], tmp_path)
+    _rewrite_tensors(ckpt, lambda t: t.update({"model.layers.7.foo.weight": np.zeros(3, np.float32)}))
+    with pytest.raises(CheckpointError, match=r"does not use: \['model\.layers\.7\.foo\.weight'\]"):
+        load_pretrained(ckpt)
+
+
+def test_shape_mismatch(hf_model, tmp_path):
+    ckpt = _copy(hf_model[1], tmp_path)
+    name = "model.layers.0.mlp.down_proj.weight"
+    _rewrite_tensors(ckpt, lambda t: t.update({name: np.zeros((64, 95), np.float32)}))
+    with pytest.raises(CheckpointError, match=rf"{name} has shape \[64, 95\] but the config implies \[64, 96\]"):
+        load_pretrained(ckpt)
+
+
+def test_missing_weights_file(hf_model, tmp_path):
+    ckpt = _copy(hf_model[1], tmp_path)
+    (ckpt / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="no model.safetensors"):
+        load_pretrained(ckpt)
+
+
+def test_mesh_that_does_not_fit():
+    with pytest.raises(MeshError, match="does not fit 8 devices"):
+        make_mesh(data=3, fsdp=-1)
+    with pytest.raises(MeshError, match="multiply to 8"):
+        make_mesh(data=2, fsdp=2, tensor=1)
+    assert make_mesh(data=2, fsdp=-1, tensor=2).shape == {"data": 2, "fsdp": 2, "tensor": 2}
+
+
+def test_init_params_shapes():
+    cfg = ModelConfig("llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=3,
+                      num_heads=4, num_kv_heads=2, head_dim=8, scan_layers=True)
+    params = init_params(cfg, jax.random.key(0))
+    assert params["layers"]["q"].shape == (3, 32, 4, 8)
+    assert sum(x.size for x in jax.tree.leaves(params)) == cfg.num_params
