@@ -1,0 +1,138 @@
+"""Token log-probs in sequence chunks, and the policy-gradient / PPO-clip loss.
+
+Full [B, T, V] logits never exist: the decoder runs over the whole sequence, then a scan over
+sequence chunks unembeds [B, C, V] at a time. The chunk function is rematerialised, so the backward
+pass recomputes each chunk's logits instead of storing them.
+
+The loss is written per token and reduced with per-token weights computed once over the whole batch
+(`token_weights`). That makes the loss a plain sum, so micro-batches add up to exactly the full-batch
+loss and padding (weight 0) never changes it.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from spiral_jax.models import ModelConfig, decoder, unembed
+from spiral_jax.rl.samples import Batch
+from spiral_jax.sharding import Rules, constrain
+
+NORMALISERS = ("constant", "token_mean")
+DRIFT_RANGE = (0.9, 1.1)  # learner/sampler probability ratios outside this count as drifted
+
+
+def token_logprobs(params, cfg: ModelConfig, batch: Batch, chunk: int, rules: Rules | None = None):
+    """(log p(targets), entropy) per slot, both fp32 [B, T]; entropy carries no gradient."""
+    hidden, _ = decoder(params, cfg, batch.tokens, batch.positions, batch.input_mask, rules=rules)
+    b, t, d = hidden.shape
+    chunk = min(chunk, t)
+    if t % chunk:
+        raise ValueError(f"sequence length {t} is not a multiple of the log-prob chunk {chunk}; "
+                         f"use power-of-two buckets and chunk sizes")
+    hidden = hidden.reshape(b, t // chunk, chunk, d).swapaxes(0, 1)  # [n, B, C, D]
+    targets = batch.targets.reshape(b, t // chunk, chunk).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def one_chunk(params, h, y):
+        logits = constrain(unembed(params, cfg, h), rules, ("batch", "seq", "vocab"))
+        logz = jax.nn.logsumexp(logits, axis=-1)
+        logp = jnp.take_along_axis(logits, y[..., None], axis=-1)[..., 0] - logz
+        entropy = logz - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
+        return logp, jax.lax.stop_gradient(entropy)
+
+    _, (logp, entropy) = jax.lax.scan(lambda c, xs: (c, one_chunk(params, *xs)), None,
+                                      (hidden, targets))
+    unsplit = lambda x: x.swapaxes(0, 1).reshape(b, t)  # noqa: E731
+    return unsplit(logp), unsplit(entropy)
+
+
+def token_weights(loss_mask: jax.Array, normaliser: str, constant: float = 4096.0) -> jax.Array:
+    """Per-token weights that turn a sum of token losses into the configured mean.
+
+    "constant": each sequence's token losses summed and divided by `constant` (the reference uses the
+    generation limit, 4096), then averaged over the real sequences. "token_mean": the mean over all
+    response tokens of the batch.
+    """
+    if normaliser == "constant":
+        rows = jnp.sum(jnp.any(loss_mask > 0, axis=-1))
+        return loss_mask / (constant * jnp.maximum(rows, 1))
+    if normaliser == "token_mean":
+        return loss_mask / jnp.maximum(jnp.sum(loss_mask), 1.0)
+    raise ValueError(f"unknown normaliser {normaliser!r}; use one of {NORMALISERS}")
+
+
+def tis_weight(learner_logp, sampler_logp, cap: float):
+    """Truncated importance weight min(p_learner / p_sampler, cap) against the sampler's log-probs."""
+    return jnp.minimum(jnp.exp(learner_logp - sampler_logp), cap)
+
+
+def kl_to_reference(logp, ref_logp):
+    """Per-token KL(policy || reference), the non-negative k3 estimator on the sampled tokens."""
+    delta = ref_logp - logp
+    return jnp.exp(delta) - delta - 1.0
+
+
+def behaviour_logprobs(logp, batch: Batch, on_policy: bool):
+    """The log-probs the ratio is taken against.
+
+    on_policy: the learner's own, stop-gradiented (ratio exactly 1, so the gradient is REINFORCE's
+    -A * grad log p). Otherwise `batch.old_logprobs`, recomputed by the learner before PPO's first epoch.
+    """
+    return jax.lax.stop_gradient(logp) if on_policy else batch.old_logprobs
+
+
+def token_loss(logp, batch: Batch, *, on_policy: bool, clip: float | None, tis_cap: float | None,
+               kl_coef: float):
+    """Per-token loss [B, T] (unweighted, 0 off the response) and where the PPO clip is active.
+
+    Off the response logp is replaced by 0 (as the batch's other log-prob fields are, by
+    construction): padding slots hold arbitrary log-probs whose exp() may overflow, and a masked-out
+    inf would still turn the gradient into NaN.
+    """
+    logp = jnp.where(batch.loss_mask > 0, logp, 0.0)
+    old = behaviour_logprobs(logp, batch, on_policy)
+    adv = batch.advantages[:, None]
+    ratio = jnp.exp(logp - old)
+    surrogate = ratio * adv
+    clipped = jnp.zeros(logp.shape, bool)
+    if clip is not None:
+        bounded = jnp.clip(ratio, 1.0 - clip, 1.0 + clip) * adv
+        clipped = bounded < surrogate  # the min below picks the clipped term: no gradient there
+        surrogate = jnp.minimum(surrogate, bounded)
+    loss = -surrogate
+    if tis_cap is not None:
+        loss = loss * jax.lax.stop_gradient(tis_weight(old, batch.sampler_logprobs, tis_cap))
+    if kl_coef:
+        loss = loss + kl_coef * kl_to_reference(logp, batch.ref_logprobs)
+    return loss, clipped
+
+
+def loss_metrics(logp, entropy, clipped, batch: Batch, *, on_policy: bool, tis_cap: float | None,
+                 kl_coef: float):
+    """Token-mean statistics over the response tokens (and row statistics over the real rows)."""
+    mask = batch.loss_mask
+    n_tokens = jnp.maximum(jnp.sum(mask), 1.0)
+    mean = lambda x: jnp.sum(jnp.where(mask > 0, x, 0.0)) / n_tokens  # noqa: E731
+    rows = jnp.any(mask > 0, axis=-1)
+    adv = batch.advantages
+    drift = jnp.where(mask > 0, logp - batch.sampler_logprobs, 0.0)
+    ratio = jnp.exp(drift)
+    metrics = {
+        "entropy": mean(entropy),
+        "clip_fraction": mean(clipped),
+        "advantage_mean": jnp.sum(jnp.where(rows, adv, 0.0)) / jnp.maximum(jnp.sum(rows), 1),
+        "advantage_min": jnp.min(jnp.where(rows, adv, jnp.inf)),
+        "advantage_max": jnp.max(jnp.where(rows, adv, -jnp.inf)),
+        "drift_mean": mean(jnp.abs(drift)),
+        "drift_max": jnp.max(jnp.abs(drift)),
+        "drift_outside": mean((ratio < DRIFT_RANGE[0]) | (ratio > DRIFT_RANGE[1])),
+        "response_tokens": jnp.sum(mask),
+        "rows": jnp.sum(rows).astype(jnp.float32),
+        "nonfinite_logprobs": jnp.sum(~jnp.isfinite(jnp.where(mask > 0, logp, 0.0))).astype(jnp.float32),
+    }
+    if tis_cap is not None:
+        old = behaviour_logprobs(logp, batch, on_policy)
+        metrics["tis_weight"] = mean(tis_weight(old, batch.sampler_logprobs, tis_cap))
+    if kl_coef:
+        metrics["kl"] = mean(kl_to_reference(logp, batch.ref_logprobs))
+    return metrics

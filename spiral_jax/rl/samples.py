@@ -1,0 +1,128 @@
+"""Turn samples and their packing into padded, bucketed arrays for the train step.
+
+Every turn of every player is one sample: the templated observation (prompt) and the model's whole
+response, stop token included. Packing lays each sample out as one row, *right-padded*:
+
+    tokens    = prompt + response + pad            positions = 0, 1, 2, ... (RoPE)
+    targets   = tokens shifted left by one         (targets[t] is the token predicted at slot t)
+    loss_mask = 1 where targets[t] is a response token of a real row, else 0
+
+so `log p(targets[t] | tokens[:t+1])` is read at slot t and the loss covers exactly the response
+tokens. Right padding keeps positions trivial; the decoder's key mask makes the padding invisible, so
+a row's log-probs equal those the (left-padded) sampler saw. Lengths are bucketed to powers of two and
+the row count is padded with all-zero rows (loss_mask 0, advantage 0), so the jitted step compiles
+once per bucket and padding never changes the loss.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnSample:
+    """One player's turn. `sampler_logprobs` are the sampler's raw (temperature 1, untruncated)
+    log-probs of the response tokens; `advantage` is filled in by RAE once the game has ended."""
+
+    prompt_ids: Sequence[int]
+    response_ids: Sequence[int]
+    sampler_logprobs: Sequence[float]
+    game_id: str
+    role: int | str
+    turn: int
+    advantage: float = 0.0
+
+    def __post_init__(self):
+        if not len(self.prompt_ids) or not len(self.response_ids):
+            raise ValueError(f"turn {self.turn} of {self.game_id} (role {self.role}) has an empty "
+                             f"prompt or response; every sample needs both")
+        if len(self.sampler_logprobs) != len(self.response_ids):
+            raise ValueError(f"turn {self.turn} of {self.game_id}: {len(self.sampler_logprobs)} "
+                             f"sampler log-probs for {len(self.response_ids)} response tokens")
+
+
+class Batch(NamedTuple):
+    """Device-ready arrays; [B, T] unless noted. Log-prob fields are aligned with `targets`.
+
+    `old_logprobs` (PPO's behaviour policy, recomputed by the learner) and `ref_logprobs` (a frozen
+    reference, for the optional KL) are zeros until a caller fills them in with `_replace`.
+    """
+
+    tokens: np.ndarray  # int32
+    positions: np.ndarray  # int32
+    input_mask: np.ndarray  # bool: real (prompt or response) tokens
+    targets: np.ndarray  # int32
+    loss_mask: np.ndarray  # float32
+    advantages: np.ndarray  # float32 [B]
+    sampler_logprobs: np.ndarray  # float32
+    old_logprobs: np.ndarray  # float32
+    ref_logprobs: np.ndarray  # float32
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.tokens.shape
+
+
+def bucket_length(n: int, min_length: int = 16) -> int:
+    """The smallest power of two >= max(n, min_length)."""
+    return 1 << (max(n, min_length) - 1).bit_length()
+
+
+def pack(samples: Sequence[TurnSample], *, rows: int | None = None, row_multiple: int = 1,
+         min_length: int = 16, max_length: int | None = None) -> Batch:
+    """Pack samples into a right-padded Batch (see the module docstring).
+
+    rows: the exact row count (e.g. a fixed 128 per step, so the step compiles once); by default the
+    sample count rounded up to `row_multiple` (the micro-batch size, a multiple of the batch shards).
+    """
+    if not samples:
+        raise ValueError("pack() needs at least one sample")
+    n_rows = rows if rows is not None else -(-len(samples) // row_multiple) * row_multiple
+    if n_rows < len(samples) or n_rows % row_multiple:
+        raise ValueError(f"rows={n_rows} must hold {len(samples)} samples and be a multiple of "
+                         f"row_multiple={row_multiple}")
+    longest = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    length = bucket_length(longest, min_length)
+    if max_length is not None and length > max_length:
+        raise ValueError(f"a {longest}-token sample needs a {length}-slot bucket, above "
+                         f"max_length={max_length}; raise max_length or cap the response length")
+
+    tokens = np.zeros((n_rows, length), np.int32)
+    loss_mask = np.zeros((n_rows, length), np.float32)
+    sampler_logprobs = np.zeros((n_rows, length), np.float32)
+    input_mask = np.zeros((n_rows, length), bool)
+    advantages = np.zeros((n_rows,), np.float32)
+    for row, s in enumerate(samples):
+        p, r = len(s.prompt_ids), len(s.response_ids)
+        tokens[row, :p] = s.prompt_ids
+        tokens[row, p:p + r] = s.response_ids
+        input_mask[row, :p + r] = True
+        # Slot t predicts token t+1, so the response tokens are predicted at slots p-1 .. p+r-2.
+        loss_mask[row, p - 1:p + r - 1] = 1.0
+        sampler_logprobs[row, p - 1:p + r - 1] = s.sampler_logprobs
+        advantages[row] = s.advantage
+    targets = np.zeros_like(tokens)
+    targets[:, :-1] = tokens[:, 1:]
+    positions = np.broadcast_to(np.arange(length, dtype=np.int32), tokens.shape).copy()
+    zeros = np.zeros((n_rows, length), np.float32)
+    return Batch(tokens, positions, input_mask, targets, loss_mask, advantages, sampler_logprobs,
+                 zeros, zeros.copy())
+
+
+def batch_shardings(mesh: Mesh) -> Batch:
+    """NamedSharding per field: rows over the ('data', 'fsdp') mesh axes, everything else whole."""
+    rows = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+    return Batch(*(rows for _ in Batch._fields))
+
+
+def shard_batch(batch: Batch, mesh: Mesh | None) -> Batch:
+    """Put a host batch on the mesh. With several hosts each passes its own rows (the global batch is
+    their concatenation), via `jax.make_array_from_process_local_data`."""
+    if mesh is None:
+        return jax.device_put(batch)
+    return Batch(*(jax.make_array_from_process_local_data(s, x)
+                   for s, x in zip(batch_shardings(mesh), batch)))

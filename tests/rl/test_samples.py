@@ -1,0 +1,64 @@
+"""Packing turn samples: right-padded rows, loss on the response tokens only, power-of-two buckets."""
+import jax
+import numpy as np
+import pytest
+
+from spiral_jax.rl.samples import TurnSample, bucket_length, pack, shard_batch
+from spiral_jax.sharding import make_mesh
+
+
+def _sample(prompt, response, adv=1.0):
+    return TurnSample(prompt, response, [-0.5 - i for i in range(len(response))], "g", 0, 0, adv)
+
+
+def test_pack_layout():
+    stop = 9
+    batch = pack([_sample([1, 2, 3], [4, 5, stop], adv=0.5), _sample([6], [stop], adv=-1.0)],
+                 rows=4, min_length=8)
+    assert batch.shape == (4, 8)
+    np.testing.assert_array_equal(batch.tokens[0], [1, 2, 3, 4, 5, stop, 0, 0])
+    np.testing.assert_array_equal(batch.targets[0], [2, 3, 4, 5, stop, 0, 0, 0])
+    # Slots 2..4 predict the response 4, 5 and the stop token; the prompt is never a target.
+    np.testing.assert_array_equal(batch.loss_mask[0], [0, 0, 1, 1, 1, 0, 0, 0])
+    np.testing.assert_array_equal(batch.sampler_logprobs[0], [0, 0, -0.5, -1.5, -2.5, 0, 0, 0])
+    np.testing.assert_array_equal(batch.input_mask[0], [1, 1, 1, 1, 1, 1, 0, 0])
+    np.testing.assert_array_equal(batch.loss_mask[1], [1, 0, 0, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(batch.targets[1, :1], [stop])
+    np.testing.assert_array_equal(batch.positions[1], np.arange(8))
+    np.testing.assert_array_equal(batch.advantages, [0.5, -1.0, 0.0, 0.0])
+    # Padding rows carry nothing: no tokens, no loss, no advantage.
+    for field in ("tokens", "input_mask", "loss_mask", "sampler_logprobs", "old_logprobs", "ref_logprobs"):
+        assert not getattr(batch, field)[2:].any(), field
+    assert batch.tokens.dtype == np.int32 and batch.loss_mask.dtype == np.float32
+
+
+@pytest.mark.parametrize("n, expected", [(2, 16), (16, 16), (17, 32), (100, 128), (4097, 8192)])
+def test_length_buckets_are_powers_of_two(n, expected):
+    assert bucket_length(n) == expected
+    assert pack([_sample([1] * (n - 1), [2])]).shape[1] == expected
+
+
+def test_row_padding_and_limits():
+    samples = [_sample([1, 2], [3])] * 5
+    assert pack(samples).shape[0] == 5
+    assert pack(samples, row_multiple=4).shape[0] == 8
+    assert pack(samples, rows=12, row_multiple=4).shape[0] == 12
+    with pytest.raises(ValueError, match="rows=4 must hold 5"):
+        pack(samples, rows=4)
+    with pytest.raises(ValueError, match="multiple of row_multiple=4"):
+        pack(samples, rows=6, row_multiple=4)
+    with pytest.raises(ValueError, match="max_length=16"):
+        pack([_sample([1] * 20, [2])], max_length=16)
+    with pytest.raises(ValueError, match="sampler log-probs"):
+        TurnSample([1], [2, 3], [0.0], "g", 0, 0)
+    with pytest.raises(ValueError, match="empty"):
+        TurnSample([1], [], [], "g", 0, 0)
+
+
+def test_shard_batch_splits_rows_over_data_and_fsdp():
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    batch = shard_batch(pack([_sample([1, 2], [3])] * 3, row_multiple=4), mesh)
+    for x in batch:
+        assert x.sharding.spec[0] == ("data", "fsdp")
+        assert {s.data.shape[0] for s in x.addressable_shards} == {1}
+    assert isinstance(shard_batch(pack([_sample([1], [2])]), None).tokens, jax.Array)
