@@ -1,0 +1,208 @@
+"""Batched KV-cache sampling: prefill and the whole decode loop in one compiled program.
+
+Shapes are static so a running trainer never recompiles: prompts are left-padded to a power-of-two
+length bucket, the batch to a power-of-two batch bucket, and the new-token budget to a power-of-two
+cache bucket. Prefill runs the model's own `decoder` over the prompt block and writes the cache;
+decoding is a `lax.while_loop` that feeds one token per row per step and exits as soon as every row
+has stopped. The cache lives inside the program, so XLA updates it in place. Only the last
+position's logits are ever formed: there is no [batch, length, vocab] buffer.
+
+Each row's randomness is `fold_in(fold_in(key(seed), row_id), step)`, so a row samples the same
+tokens alone or in any batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spiral_jax.models.config import ModelConfig
+from spiral_jax.models.params import param_shardings
+from spiral_jax.models.transformer import KVCache, decoder, unembed
+from spiral_jax.sampling.logits import sample_token
+from spiral_jax.sharding import Rules
+
+_MAX_STOP_IDS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. top_k=0 and top_p=1.0 mean no truncation."""
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    greedy: bool = False
+    stop_token_ids: frozenset[int] = frozenset()
+
+    def __post_init__(self):
+        object.__setattr__(self, "stop_token_ids", frozenset(int(t) for t in self.stop_token_ids))
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.greedy and not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if len(self.stop_token_ids) > _MAX_STOP_IDS:
+            raise ValueError(f"at most {_MAX_STOP_IDS} stop token ids, got {len(self.stop_token_ids)}")
+
+
+@dataclasses.dataclass
+class SampleOutput:
+    """Per row: generated ids (stop token included, nothing after), their log-probs, finish reason."""
+
+    tokens: list[list[int]]
+    logprobs: list[np.ndarray]  # under the distribution sampled from (tempered, truncated)
+    raw_logprobs: list[np.ndarray]  # temperature 1, full vocabulary
+    finish_reasons: list[str]  # "stop" or "length"
+
+
+def _bucket(n: int, minimum: int) -> int:
+    return max(minimum, 1 << max(0, n - 1).bit_length())
+
+
+class Sampler:
+    """Generates continuations for many prompts at once with one compiled program per bucket.
+
+    max_prompt_len / max_cache_len bound the prompt and prompt+generation lengths (after bucketing);
+    they default to the model's max_position_embeddings.
+    """
+
+    def __init__(self, cfg: ModelConfig, mesh=None, max_prompt_len: int | None = None,
+                 max_cache_len: int | None = None, min_prompt_bucket: int = 16, min_batch_bucket: int = 1):
+        self.cfg = cfg.replace(remat=False)
+        self.rules = Rules.create(mesh, "sample")
+        self.max_cache_len = max_cache_len or cfg.max_position_embeddings
+        self.max_prompt_len = max_prompt_len or self.max_cache_len
+        self.min_prompt_bucket = min_prompt_bucket
+        # Every data-parallel shard needs at least one row.
+        dp = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+        self.min_batch_bucket = max(min_batch_bucket, dp)
+        self.params_sharding = param_shardings(self.cfg, self.rules) if self.rules else None
+        self._program = self._compile_program()
+
+    def _compile_program(self):
+        cfg, rules = self.cfg, self.rules
+
+        @functools.partial(jax.jit, static_argnames=("slots", "greedy", "truncated"))
+        def program(params, prompt, prompt_mask, keys, max_new, temperature, top_k, top_p, stop_ids,
+                    *, slots, greedy, truncated):
+            batch, plen = prompt.shape
+            budget = slots - plen  # output buffer length (the new-token bucket)
+            pick = functools.partial(sample_token, temperature=temperature, top_k=top_k, top_p=top_p,
+                                     greedy=greedy, truncated=truncated)
+            step_keys = lambda step: jax.vmap(jax.random.fold_in, (0, None))(keys, step)  # noqa: E731
+            is_stop = lambda tok: jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)  # noqa: E731
+
+            kv_mask = jnp.zeros((batch, slots), bool).at[:, :plen].set(prompt_mask.astype(bool))
+            positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=-1) - 1, 0)
+            cache = KVCache.zeros(cfg, batch, slots)
+            if rules is not None:
+                cache = KVCache(*(jax.lax.with_sharding_constraint(
+                    c, rules.sharding(("layers", "batch", "seq", "kv_heads", "head_dim"), c.shape))
+                    for c in cache))
+            hidden, cache = decoder(params, cfg, prompt, positions, kv_mask, cache, 0, rules)
+            token, lp, raw = pick(unembed(params, cfg, hidden[:, -1]), step_keys(0))
+
+            out = jnp.zeros((batch, budget), jnp.int32).at[:, 0].set(token)
+            out_lp = jnp.zeros((batch, budget), jnp.float32).at[:, 0].set(lp)
+            out_raw = jnp.zeros((batch, budget), jnp.float32).at[:, 0].set(raw)
+            done = is_stop(token) | (max_new <= 1)
+            lengths = jnp.ones((batch,), jnp.int32)
+            next_pos = positions[:, -1] + 1
+
+            def cond(state):
+                step, _, _, _, done, *_ = state
+                return (step < max_new) & ~jnp.all(done)
+
+            def body(state):
+                step, out, out_lp, out_raw, done, lengths, cache, kv_mask = state
+                slot = plen + step - 1  # where the previous token goes
+                prev = out[:, step - 1]
+                kv_mask = kv_mask.at[:, slot].set(True)
+                pos = (next_pos + step - 1)[:, None]
+                hidden, cache = decoder(params, cfg, prev[:, None], pos, kv_mask, cache, slot, rules)
+                token, lp, raw = pick(unembed(params, cfg, hidden[:, 0]), step_keys(step))
+                live = ~done
+                out = out.at[:, step].set(jnp.where(live, token, 0))
+                out_lp = out_lp.at[:, step].set(jnp.where(live, lp, 0.0))
+                out_raw = out_raw.at[:, step].set(jnp.where(live, raw, 0.0))
+                lengths = lengths + live
+                done = done | is_stop(token) | (step + 1 >= max_new)
+                return step + 1, out, out_lp, out_raw, done, lengths, cache, kv_mask
+
+            state = (jnp.int32(1), out, out_lp, out_raw, done, lengths, cache, kv_mask)
+            _, out, out_lp, out_raw, _, lengths, _, _ = jax.lax.while_loop(cond, body, state)
+            return out, out_lp, out_raw, lengths
+
+        return program
+
+    def _validate(self, prompts: Sequence[Sequence[int]], sp: SamplingParams) -> tuple[int, int]:
+        if len(prompts) == 0:
+            raise ValueError("generate() needs at least one prompt")
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token "
+                                 f"(e.g. the BOS token or a chat template)")
+            if len(p) > self.max_prompt_len:
+                raise ValueError(f"prompt {i} has {len(p)} tokens, more than max_prompt_len="
+                                 f"{self.max_prompt_len}; shorten it or raise max_prompt_len")
+        longest = max(len(p) for p in prompts)
+        plen = _bucket(longest, self.min_prompt_bucket)
+        slots = plen + _bucket(sp.max_new_tokens, 1)
+        if slots > self.max_cache_len:
+            raise ValueError(
+                f"max_new_tokens={sp.max_new_tokens} does not fit the KV cache: the prompt bucket "
+                f"({plen} tokens for a longest prompt of {longest}) plus the new-token bucket "
+                f"({slots - plen}) is {slots} > max_cache_len={self.max_cache_len}; lower "
+                f"max_new_tokens, shorten the prompts or raise max_cache_len")
+        return plen, slots
+
+    def generate(self, params, prompts: Sequence[Sequence[int]], sampling_params: SamplingParams,
+                 seed: int = 0, row_ids: Sequence[int] | None = None) -> SampleOutput:
+        """Sample a continuation of every prompt. row_ids (default 0..n-1) key each row's randomness."""
+        sp = sampling_params
+        plen, slots = self._validate(prompts, sp)
+        n = len(prompts)
+        batch = _bucket(n, self.min_batch_bucket)
+        if batch % self.min_batch_bucket:
+            batch = -(-batch // self.min_batch_bucket) * self.min_batch_bucket
+        prompt = np.zeros((batch, plen), np.int32)
+        mask = np.zeros((batch, plen), np.int32)
+        for i, p in enumerate(prompts):
+            prompt[i, plen - len(p):] = p
+            mask[i, plen - len(p):] = 1
+        mask[n:, -1] = 1  # padding rows: one dummy token, so every row has a real last position
+        ids = np.arange(n) if row_ids is None else np.asarray(row_ids)
+        if len(ids) != n:
+            raise ValueError(f"row_ids has {len(ids)} entries for {n} prompts")
+        ids = np.concatenate([ids, np.full(batch - n, -1)]).astype(np.uint32)
+        keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.key(seed), ids)
+        stop = np.full((_MAX_STOP_IDS,), -1, np.int32)
+        stop[:len(sp.stop_token_ids)] = sorted(sp.stop_token_ids)
+        if self.rules is not None:
+            params = jax.device_put(params, self.params_sharding)
+            rows = self.rules.sharding(("batch", "seq"), prompt.shape)
+            prompt, mask = jax.device_put(prompt, rows), jax.device_put(mask, rows)
+        truncated = not sp.greedy and (sp.top_k > 0 or sp.top_p < 1.0)
+        out, lp, raw, lengths = self._program(
+            params, prompt, mask, keys, np.int32(sp.max_new_tokens), np.float32(sp.temperature),
+            np.int32(sp.top_k), np.float32(sp.top_p), stop, slots=slots, greedy=sp.greedy,
+            truncated=truncated)
+        out, lp, raw, lengths = jax.device_get((out, lp, raw, lengths))
+        result = SampleOutput([], [], [], [])
+        for i in range(n):
+            k = int(lengths[i])
+            result.tokens.append(out[i, :k].tolist())
+            result.logprobs.append(lp[i, :k])
+            result.raw_logprobs.append(raw[i, :k])
+            stopped = k > 0 and int(out[i, k - 1]) in sp.stop_token_ids
+            result.finish_reasons.append("stop" if stopped else "length")
+        return result

@@ -1,0 +1,174 @@
+"""The sampler: exact greedy decoding, exact log-probs, correct sampling statistics, static shapes."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from spiral_jax.compilation import compile_count
+from spiral_jax.models import forward, load_pretrained
+from spiral_jax.sampling import Sampler, SamplingParams, sample_token
+from spiral_jax.sharding import make_mesh
+
+PROMPTS = [[5, 6, 7, 8, 9], [1, 2, 3], list(range(10, 47)), [100] * 17]
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    from tests.tiny_models import make_hf_model
+
+    path = tmp_path_factory.mktemp("qwen3")
+    make_hf_model("qwen3", path)
+    return load_pretrained(path)
+
+
+def test_greedy_matches_transformers_generate(hf_model):
+    _, path, model = hf_model
+    cfg, params = load_pretrained(path)
+    out = Sampler(cfg).generate(params, PROMPTS, SamplingParams(max_new_tokens=40, greedy=True))
+    for prompt, tokens, reason in zip(PROMPTS, out.tokens, out.finish_reasons):
+        ref = model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)
+        assert tokens == ref[0, len(prompt):].tolist()
+        assert reason == "length"
+
+
+def _teacher_forced_logits(params, cfg, prompt, tokens):
+    ids = np.asarray([prompt + tokens])
+    logits = np.asarray(forward(params, cfg, ids))[0]
+    return logits[len(prompt) - 1:-1]  # logits that predicted each generated token
+
+
+def test_logprobs_equal_teacher_forced(qwen3):
+    cfg, params = qwen3
+    out = Sampler(cfg).generate(params, PROMPTS, SamplingParams(max_new_tokens=24), seed=3)
+    for prompt, tokens, lp, raw in zip(PROMPTS, out.tokens, out.logprobs, out.raw_logprobs):
+        logits = _teacher_forced_logits(params, cfg, prompt, tokens)
+        expected = jax.nn.log_softmax(logits, -1)[np.arange(len(tokens)), tokens]
+        np.testing.assert_allclose(lp, expected, atol=1e-5)
+        np.testing.assert_allclose(raw, expected, atol=1e-5)
+
+
+def _truncated_logprobs(logits, temperature, top_k, top_p):
+    """Reference: log of the renormalised top-k / top-p distribution at `temperature` (numpy)."""
+    out = []
+    for row in logits / temperature:
+        order = np.argsort(-row, kind="stable")
+        keep = np.zeros(row.shape, bool)
+        k = top_k or len(row)
+        probs = np.exp(row[order[:k]] - row[order[0]])
+        probs /= probs.sum()
+        mass = 0.0
+        for idx, p in zip(order[:k], probs):
+            if mass >= top_p:
+                break
+            keep[idx] = True
+            mass += p
+        z = np.where(keep, row, -np.inf)
+        out.append(z - np.logaddexp.reduce(z[keep]))
+    return np.asarray(out)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 0, 1.0), (1.0, 20, 1.0), (1.3, 0, 0.8),
+                                                      (0.6, 50, 0.95)])
+def test_truncated_logprobs(qwen3, temperature, top_k, top_p):
+    cfg, params = qwen3
+    sp = SamplingParams(max_new_tokens=16, temperature=temperature, top_k=top_k, top_p=top_p)
+    out = Sampler(cfg).generate(params, PROMPTS[:2], sp, seed=1)
+    for prompt, tokens, lp, raw in zip(PROMPTS, out.tokens, out.logprobs, out.raw_logprobs):
+        logits = _teacher_forced_logits(params, cfg, prompt, tokens)
+        ref = _truncated_logprobs(logits, temperature, top_k, top_p)[np.arange(len(tokens)), tokens]
+        assert np.all(np.isfinite(ref)), "sampled a token outside the truncated support"
+        np.testing.assert_allclose(lp, ref, atol=1e-5)
+        np.testing.assert_allclose(raw, jax.nn.log_softmax(logits, -1)[np.arange(len(tokens)), tokens],
+                                   atol=1e-5)
+
+
+# Chi-square critical value at p = 0.001 for 7 degrees of freedom (8-token vocabulary).
+CHI2_CRIT_DF7 = 24.32
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.5, 0, 1.0), (2.0, 0, 1.0),
+                                                      (1.0, 3, 1.0), (1.0, 0, 0.7)])
+def test_sampling_frequencies_match_target(temperature, top_k, top_p):
+    logits = jnp.asarray([[2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0]])
+    n = 40000
+    keys = jax.random.split(jax.random.key(0), n)
+    draw = jax.jit(jax.vmap(lambda k: sample_token(
+        logits, k[None], temperature, jnp.int32(top_k), jnp.float32(top_p), greedy=False,
+        truncated=top_k > 0 or top_p < 1)[0][0]))
+    counts = np.bincount(np.asarray(draw(keys)), minlength=8)
+    target = np.exp(_truncated_logprobs(np.asarray(logits), temperature, top_k, top_p)[0])
+    support = target > 0
+    assert counts[~support].sum() == 0, "sampled outside the truncated support"
+    expected = n * target[support]
+    chi2 = ((counts[support] - expected) ** 2 / expected).sum()
+    assert chi2 < CHI2_CRIT_DF7, (counts, expected)
+
+
+def test_row_is_independent_of_batch(qwen3):
+    cfg, params = qwen3
+    sampler = Sampler(cfg)
+    sp = SamplingParams(max_new_tokens=20, temperature=1.0)
+    alone = sampler.generate(params, [PROMPTS[2]], sp, seed=7, row_ids=[2])
+    batch = sampler.generate(params, PROMPTS + PROMPTS, sp, seed=7, row_ids=range(8))
+    assert alone.tokens[0] == batch.tokens[2]
+    assert batch.tokens[2] != batch.tokens[6], "different row ids should sample differently"
+
+
+def test_stop_tokens_and_finish_reason(qwen3):
+    cfg, params = qwen3
+    sampler = Sampler(cfg)
+    free = sampler.generate(params, PROMPTS, SamplingParams(max_new_tokens=12, greedy=True))
+    stop = free.tokens[0][4]
+    out = sampler.generate(params, PROMPTS, SamplingParams(max_new_tokens=12, greedy=True,
+                                                           stop_token_ids={stop, 10**6}))
+    for full, got, reason in zip(free.tokens, out.tokens, out.finish_reasons):
+        if stop in full:
+            cut = full.index(stop) + 1
+            assert got == full[:cut] and reason == "stop"
+        else:
+            assert got == full and reason == "length"
+    assert out.finish_reasons[0] == "stop" and len(out.tokens[0]) <= 5
+
+
+@pytest.mark.parametrize("mesh_shape", [dict(data=2, fsdp=2, tensor=2), dict(data=1, fsdp=8, tensor=1)])
+def test_sharded_sampler_matches_single_device(hf_model, mesh_shape):
+    _, path, _ = hf_model
+    cfg, params = load_pretrained(path)
+    sp = SamplingParams(max_new_tokens=16, greedy=True)
+    single = Sampler(cfg).generate(params, PROMPTS, sp)
+    mesh = make_mesh(**mesh_shape)
+    cfg_s, params_s = load_pretrained(path, mesh=mesh, rules="sample")
+    sharded = Sampler(cfg_s, mesh=mesh).generate(params_s, PROMPTS, sp)
+    assert sharded.tokens == single.tokens
+
+
+def test_no_recompilation_within_buckets(qwen3):
+    cfg, params = qwen3
+    sampler = Sampler(cfg)
+    sp = SamplingParams(max_new_tokens=10, temperature=0.9, top_p=0.9)
+    sampler.generate(params, PROMPTS, sp, seed=0)  # warm-up
+    before = compile_count()
+    sampler.generate(params, [[1, 2], [3] * 40, [4] * 9], sp, seed=1)
+    sampler.generate(params, PROMPTS[::-1], SamplingParams(max_new_tokens=13, temperature=0.5, top_p=0.5,
+                                                           stop_token_ids={3}), seed=2)
+    assert compile_count() == before
+    sampler.generate(params, [[1] * 100], sp)  # a new prompt bucket compiles
+    assert compile_count() > before
+
+
+def test_clear_errors(qwen3):
+    cfg, params = qwen3
+    sampler = Sampler(cfg, max_prompt_len=64, max_cache_len=128)
+    sp = SamplingParams(max_new_tokens=8)
+    with pytest.raises(ValueError, match="at least one prompt"):
+        sampler.generate(params, [], sp)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        sampler.generate(params, [[1], []], sp)
+    with pytest.raises(ValueError, match="prompt 0 has 65 tokens, more than max_prompt_len=64"):
+        sampler.generate(params, [[1] * 65], sp)
+    with pytest.raises(ValueError, match="max_new_tokens=100 does not fit the KV cache"):
+        sampler.generate(params, [[1] * 40], SamplingParams(max_new_tokens=100))
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        SamplingParams(temperature=0.0)
