@@ -1,0 +1,72 @@
+"""Env ids -> game classes and their settings; `make` builds an env from an id."""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from spiral_jax.envs.base import Env
+from spiral_jax.envs.connect_four import ConnectFour
+from spiral_jax.envs.kuhn import KuhnPoker
+from spiral_jax.envs.liars_dice import LiarsDice
+from spiral_jax.envs.negotiation import SimpleNegotiation
+from spiral_jax.envs.nim import Nim
+from spiral_jax.envs.pig import PigDice
+from spiral_jax.envs.snake import Snake
+from spiral_jax.envs.tak import SimpleTak
+from spiral_jax.envs.tictactoe import TicTacToe
+
+TEXTARENA_PREFIX = "textarena:"
+
+_REGISTRY: dict[str, tuple[type[Env], dict[str, Any]]] = {
+    # SPIRAL's training games
+    "TicTacToe-v0": (TicTacToe, {}),
+    "KuhnPoker-v1": (KuhnPoker, {}),
+    "KuhnPoker-v2": (KuhnPoker, {"fixed_pot": False, "outcome": "chips", "first_opener": 0}),
+    "SimpleNegotiation-v1": (SimpleNegotiation, {}),
+    # evaluation (out-of-distribution) games
+    "PigDice-v1": (PigDice, {}),
+    "LiarsDice-v1": (LiarsDice, {}),
+    "Snake-v0": (Snake, {}),
+    "ConnectFour-v0": (ConnectFour, {}),
+    "Nim-v0": (Nim, {}),
+    "SimpleTak-v0": (SimpleTak, {}),
+}
+
+
+def registered_ids() -> list[str]:
+    """The native env ids (any TextArena id also works as "textarena:<id>", see `make`)."""
+    return list(_REGISTRY)
+
+
+def make(env_id: str, **overrides: Any) -> Env:
+    """Build a fresh env (call `reset(seed)` before playing).
+
+    `overrides` replace the registered settings, e.g. `make("KuhnPoker-v2", rounds=1)` or
+    `make("TicTacToe-v0", error_allowance=0, observation_style="full_history")`.  An id of the form
+    "textarena:<id>" wraps that TextArena env (needs `pip install spiral-jax[textarena]`).
+    """
+    if env_id.startswith(TEXTARENA_PREFIX):
+        from spiral_jax.envs.textarena import TextArenaEnv
+
+        return TextArenaEnv(env_id[len(TEXTARENA_PREFIX):], **overrides)
+    if env_id not in _REGISTRY:
+        raise ValueError(f"unknown env id {env_id!r}; known ids: {', '.join(_REGISTRY)} "
+                         f"(or '{TEXTARENA_PREFIX}<TextArena id>')")
+    cls, settings = _REGISTRY[env_id]
+    accepted = _keyword_params(cls)
+    unknown = sorted(set(overrides) - accepted)
+    if unknown:
+        raise ValueError(f"{env_id} has no setting(s) {', '.join(unknown)}; "
+                         f"it accepts: {', '.join(sorted(accepted))}")
+    env = cls(**{**settings, **overrides})
+    env.env_id = env_id
+    return env
+
+
+def _keyword_params(cls: type) -> set[str]:
+    names = set()
+    for klass in cls.__mro__:
+        if "__init__" in vars(klass) and klass is not object:
+            names |= {p.name for p in inspect.signature(klass.__init__).parameters.values()
+                      if p.kind is p.KEYWORD_ONLY}
+    return names
