@@ -1,0 +1,129 @@
+"""Sampler throughput: spiral_jax vs transformers `generate`, side by side in one run.
+
+Same random model, batch and lengths on both sides, 2 CPU threads each, prompt 64 tokens, sampling at
+temperature 1 (no top-k / top-p, no stop token so every row generates the full budget). Also reports
+the decode step time against the memory floor (parameter bytes / read bandwidth measured here).
+
+    python bench/sampler.py              # tiny Qwen3 at batch 1, 8, 32, 64 and the 0.6B shape at 1, 8
+    python bench/sampler.py --only tiny  # just the tiny model
+"""
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads=2")
+
+import argparse  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from spiral_jax.models import load_pretrained  # noqa: E402
+from spiral_jax.sampling import Sampler, SamplingParams  # noqa: E402
+
+torch.set_num_threads(2)
+
+TINY = dict(vocab_size=32000, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+            num_attention_heads=8, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True)
+QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)
+PROMPT_LEN = 64
+
+
+def read_bandwidth_gbs() -> float:
+    x = np.ones(256 * 2**20 // 4, np.float32)  # 256 MiB
+    x.sum()
+    best = min(_timed(x.sum) for _ in range(5))
+    return x.nbytes / best / 1e9
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def build(shape: dict, path: str):
+    config = transformers.Qwen3Config(**shape, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
+    model.save_pretrained(path)
+    cfg, params = load_pretrained(path)
+    return model, cfg, params
+
+
+def hf_tokens_per_s(model, prompts: np.ndarray, new: int, repeats: int) -> float:
+    ids = torch.tensor(prompts, dtype=torch.long)
+    kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=True, temperature=1.0, top_k=0,
+                  top_p=1.0, pad_token_id=0, eos_token_id=None)
+    with torch.no_grad():
+        model.generate(ids, **{**kwargs, "max_new_tokens": 2, "min_new_tokens": 2})
+        best = min(_timed(lambda: model.generate(ids, **kwargs)) for _ in range(repeats))
+    return prompts.shape[0] * new / best
+
+
+def jax_tokens_per_s(sampler, params, prompts: np.ndarray, new: int, repeats: int) -> float:
+    sp = SamplingParams(max_new_tokens=new, temperature=1.0)
+    rows = prompts.tolist()
+    sampler.generate(params, rows, sp, seed=0)  # compile
+    best = min(_timed(lambda: sampler.generate(params, rows, sp, seed=1)) for _ in range(repeats))
+    return prompts.shape[0] * new / best
+
+
+def decode_ms_per_step(sampler, params, new: int) -> float:
+    """(time for `new` tokens - time for 1 token) / (new - 1) at batch 1: the pure decode step."""
+    rows = [list(range(1, PROMPT_LEN + 1))]
+    times = {}
+    for n in (1, new):
+        sp = SamplingParams(max_new_tokens=n, temperature=1.0)
+        sampler.generate(params, rows, sp)
+        times[n] = min(_timed(lambda: sampler.generate(params, rows, sp)) for _ in range(5))
+    return (times[new] - times[1]) / (new - 1) * 1e3
+
+
+def run(name: str, shape: dict, batches, new: int, repeats: int, bf16: bool, bandwidth: float):
+    with tempfile.TemporaryDirectory() as tmp:
+        model, cfg, params = build(shape, tmp)
+    sampler = Sampler(cfg)
+    rng = np.random.default_rng(0)
+    print(f"\n{name}: {cfg.num_params / 1e6:.1f}M params, prompt {PROMPT_LEN}, {new} new tokens, "
+          f"temperature 1")
+    header = f"{'batch':>6} {'spiral_jax tok/s':>17} {'transformers f32':>17} {'ratio':>7}"
+    print(header + (f" {'transformers bf16':>18} {'ratio':>7}" if bf16 else ""))
+    for batch in batches:
+        prompts = rng.integers(1, cfg.vocab_size, (batch, PROMPT_LEN))
+        ours = jax_tokens_per_s(sampler, params, prompts, new, repeats)
+        ref = hf_tokens_per_s(model, prompts, new, repeats)
+        line = f"{batch:>6} {ours:>17.1f} {ref:>17.1f} {ours / ref:>6.2f}x"
+        if bf16:
+            ref16 = hf_tokens_per_s(model.to(torch.bfloat16), prompts, new, 1)
+            model.float()
+            line += f" {ref16:>18.1f} {ours / ref16:>6.2f}x"
+        print(line, flush=True)
+    step = decode_ms_per_step(sampler, params, new)
+    floor = cfg.num_params * 4 / (bandwidth * 1e9) * 1e3
+    print(f"decode step at batch 1: {step:.2f} ms; memory floor {floor:.2f} ms "
+          f"({cfg.num_params * 4 / 1e6:.0f} MB of fp32 params at {bandwidth:.1f} GB/s); "
+          f"{step / floor:.2f}x the floor")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", choices=["tiny", "0.6b"], default=None)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__}, "
+          f"transformers {transformers.__version__}, 2 threads each")
+    bandwidth = read_bandwidth_gbs()
+    print(f"measured memory read bandwidth: {bandwidth:.1f} GB/s")
+    if args.only in (None, "tiny"):
+        run("tiny Qwen3", TINY, [1, 8, 32, 64], 64, args.repeats, bf16=False, bandwidth=bandwidth)
+    if args.only in (None, "0.6b"):
+        run("Qwen3-0.6B shape", QWEN3_06B, [1, 8], 32, max(1, args.repeats - 1), bf16=True,
+            bandwidth=bandwidth)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Build the small byte-level BPE tokenizer shipped for the embedded tiny model.
+
+The tiny default run must work with nothing downloaded, so the project trains its own tokenizer on
+text it generates itself: observations from random games of every registered env, the prompt
+templates, and boxed answers. Byte-level BPE means any text still encodes (via single bytes), so the
+tokenizer keeps working when game wording changes; rebuild it to keep prompts short.
+
+    python scripts/build_tiny_tokenizer.py   # writes spiral_jax/assets/tiny_tokenizer/
+"""
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from spiral_jax.envs import RandomOpponent, make, registered_ids
+from spiral_jax.templates import Template
+
+OUT = Path(__file__).resolve().parents[1] / "spiral_jax" / "assets" / "tiny_tokenizer"
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+VOCAB_SIZE = 1024
+# A minimal Qwen-style chat template, so the `chat` prompt template works with this tokenizer too.
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                 "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def corpus(games_per_env: int = 60, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    template = Template()
+    for env_id in registered_ids():
+        for g in range(games_per_env):
+            env = make(env_id)
+            env.reset(seed=int(rng.integers(1 << 30)))
+            opponent = RandomOpponent(seed=g)
+            while not env.done:
+                yield template.render(env.observation())
+                action = opponent.act(env)
+                yield f"\\boxed{{{action.strip('[]')}}}<|im_end|>"
+                env.step(action)
+    for cell in range(9):
+        yield f"I take the free cell {cell}. \\boxed{{{cell}}}"
+
+
+def main():
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus(), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=SPECIAL[1:2])
+    fast.chat_template = CHAT_TEMPLATE
+    OUT.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(OUT)
+    print(f"wrote {OUT} ({len(fast)} tokens)")
+
+
+if __name__ == "__main__":
+    main()

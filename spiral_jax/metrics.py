@@ -1,0 +1,63 @@
+"""TensorBoard event files without TensorFlow, written by process 0 only.
+
+Uses tensorboard's own event writer and protos: scalars for numbers, text for game transcripts.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Mapping
+
+import jax
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.compat.proto.tensor_pb2 import TensorProto
+from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+
+class MetricsWriter:
+    """Scalars and text to `logdir`; a no-op on every process but 0 (or when logdir is None)."""
+
+    def __init__(self, logdir: str | Path | None):
+        self._writer = None
+        if logdir is not None and jax.process_index() == 0:
+            Path(logdir).mkdir(parents=True, exist_ok=True)
+            self._writer = EventFileWriter(str(logdir))
+
+    def _add(self, step: int, value: summary_pb2.Summary.Value) -> None:
+        event = event_pb2.Event(wall_time=time.time(), step=int(step),
+                                summary=summary_pb2.Summary(value=[value]))
+        self._writer.add_event(event)
+
+    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+        if self._writer is None:
+            return
+        for tag, v in values.items():
+            self._add(step, summary_pb2.Summary.Value(tag=tag, simple_value=float(v)))
+
+    def text(self, step: int, tag: str, text: str) -> None:
+        if self._writer is None:
+            return
+        tensor = TensorProto(dtype="DT_STRING", string_val=[text.encode("utf-8")],
+                             tensor_shape=TensorShapeProto(dim=[]))
+        meta = summary_pb2.SummaryMetadata(
+            plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="text"))
+        self._add(step, summary_pb2.Summary.Value(tag=tag, metadata=meta, tensor=tensor))
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def read_scalars(logdir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """All scalars in a run's event files: tag -> [(step, value)], for tests and plots."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}

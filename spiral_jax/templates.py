@@ -1,0 +1,42 @@
+"""Prompt templates: how a game observation becomes the text the model continues.
+
+- `qwen_raw`: SPIRAL's choice: one raw Qwen chat turn (user: the game instruction, the observation,
+  "reason, then box the move"; then an open assistant turn). No system prompt, no thinking toggle, the
+  same string for base and instruct models. Wording ours; override it with `instruction`/`suffix`.
+- `chat`: the tokenizer's own chat template (any model family), with `enable_thinking` for Qwen3.
+- `plain`: plain text for base models without chat tokens.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+INSTRUCTION = ("You are one of two players in a zero-sum game. Only valid moves count; "
+               "play to win.\nHere is what you see:\n")
+SUFFIX = ("\n\nThink it through step by step, then write your move inside \\boxed{}.")
+TEMPLATES = ("qwen_raw", "chat", "plain")
+
+
+@dataclasses.dataclass(frozen=True)
+class Template:
+    name: str = "qwen_raw"
+    instruction: str = INSTRUCTION
+    suffix: str = SUFFIX
+    enable_thinking: bool = False  # only read by `chat`, for tokenizers that support it (Qwen3)
+
+    def __post_init__(self):
+        if self.name not in TEMPLATES:
+            raise ValueError(f"unknown template {self.name!r}; use one of {', '.join(TEMPLATES)}")
+
+    def render(self, observation: str, tokenizer=None) -> str:
+        """The prompt text for one turn. `chat` needs the HF tokenizer (for its chat template)."""
+        user = f"{self.instruction}{observation}{self.suffix}"
+        if self.name == "qwen_raw":
+            return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+        if self.name == "plain":
+            return f"{user}\n\nAnswer: "
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise ValueError("template 'chat' needs a tokenizer with a chat_template; use 'qwen_raw' or "
+                             "'plain' for tokenizers without one")
+        return tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
+                                             add_generation_prompt=True,
+                                             enable_thinking=self.enable_thinking)

@@ -1,0 +1,69 @@
+"""The checkpoint's tokenizer (via transformers), its stop ids, and the check that it fits the model."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from spiral_jax.models.config import CheckpointError, ModelConfig
+from spiral_jax.templates import Template
+
+# Tokens that end an assistant turn in the families spiral_jax supports.
+_END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>")
+
+
+class Tokenizer:
+    """Text <-> ids for one model, with the stop ids and prompt template used during play."""
+
+    def __init__(self, hf_tokenizer, template: Template, stop_ids: frozenset[int]):
+        self.hf = hf_tokenizer
+        self.template = template
+        self.stop_ids = stop_ids
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False)
+
+    def decode(self, ids) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=True)
+
+    def prompt_ids(self, observation: str) -> list[int]:
+        return self.encode(self.template.render(observation, self.hf))
+
+
+def stop_ids_for(hf_tokenizer, path: Path | None = None) -> frozenset[int]:
+    """EOS from the tokenizer, its end-of-turn tokens, and generation_config.json's eos ids."""
+    ids = set()
+    if hf_tokenizer.eos_token_id is not None:
+        ids.add(int(hf_tokenizer.eos_token_id))
+    vocab = hf_tokenizer.get_vocab()
+    ids.update(vocab[t] for t in _END_OF_TURN if t in vocab)
+    gen = Path(path) / "generation_config.json" if path is not None else None
+    if gen is not None and gen.exists():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+    if not ids:
+        raise CheckpointError("the tokenizer defines no EOS / end-of-turn token, so generation could "
+                              "never stop; add eos_token to tokenizer_config.json")
+    return frozenset(ids)
+
+
+def load_tokenizer(path, cfg: ModelConfig, template: Template | None = None) -> Tokenizer:
+    """Load with AutoTokenizer (fast or sentencepiece) and check it against the model's embedding."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"tokenizer folder {path} does not exist")
+    try:
+        hf = AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError, TypeError) as e:
+        raise CheckpointError(f"could not load a tokenizer from {path}: {e}") from None
+    if len(hf) > cfg.vocab_size:
+        raise CheckpointError(
+            f"the tokenizer at {path} has {len(hf)} tokens but the model's embedding has only "
+            f"{cfg.vocab_size} rows; this tokenizer does not belong to this model (point "
+            f"tokenizer.path at the model's own tokenizer)")
+    return Tokenizer(hf, template or Template(), stop_ids_for(hf, path))
