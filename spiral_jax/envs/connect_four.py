@@ -22,6 +22,26 @@ def parse_column(text: str) -> int | None:
     return to_int(on_line[-1].group(1))
 
 
+def four_in_line(grid: list[list[str]], row: int, col: int) -> bool:
+    """Whether the disc at (row, col) is part of four in a row, column or diagonal."""
+    disc, rows, cols = grid[row][col], len(grid), len(grid[0])
+    for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
+        count = 1
+        for sign in (1, -1):
+            r, c = row + sign * dr, col + sign * dc
+            while 0 <= r < rows and 0 <= c < cols and grid[r][c] == disc:
+                count += 1
+                r, c = r + sign * dr, c + sign * dc
+        if count >= 4:
+            return True
+    return False
+
+
+def drop_row(grid: list[list[str]], col: int) -> int:
+    """The row a disc dropped into `col` lands on (the column must not be full)."""
+    return max(r for r in range(len(grid)) if grid[r][col] == ".")
+
+
 class ConnectFour(Env):
     """Player 0 drops 'X', player 1 drops 'O'; four in a row, column or diagonal wins.
 
@@ -55,28 +75,15 @@ class ConnectFour(Env):
         elif self._grid[0][col] != ".":
             self._invalid(player, "full", f"Column {col} is full.")
         else:
-            row = max(r for r in range(self.num_rows) if self._grid[r][col] == ".")
+            row = drop_row(self._grid, col)
             self._grid[row][col] = DISCS[player]
-            if self._connects(row, col):
+            if four_in_line(self._grid, row, col):
                 self._win(player, f"Player {player} connected four.")
             elif all(c != "." for c in self._grid[0]):
                 self._draw("The grid is full.")
             else:
                 self._tell("board", (self._rows(),), f"The grid now:\n{self._render()}")
                 self._advance(1 - player)
-
-    def _connects(self, row: int, col: int) -> bool:
-        grid, disc = self._grid, self._grid[row][col]
-        for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
-            count = 1
-            for sign in (1, -1):
-                r, c = row + sign * dr, col + sign * dc
-                while 0 <= r < self.num_rows and 0 <= c < self.num_cols and grid[r][c] == disc:
-                    count += 1
-                    r, c = r + sign * dr, c + sign * dc
-            if count >= 4:
-                return True
-        return False
 
     def _rows(self) -> tuple[str, ...]:
         return tuple("".join(row) for row in self._grid)

@@ -4,6 +4,24 @@ from __future__ import annotations
 from spiral_jax.envs.placement import SYMBOLS, PlacementGame
 
 
+def joins_edges(cells: list[str], n: int, cell: int, symbol: str) -> bool:
+    """Whether the chain of `symbol` stones through `cell` touches two opposite edges."""
+    seen, stack = {cell}, [cell]
+    top = bottom = left = right = False
+    while stack:
+        c = stack.pop()
+        r, k = divmod(c, n)
+        top |= r == 0
+        bottom |= r == n - 1
+        left |= k == 0
+        right |= k == n - 1
+        for nb, ok in ((c - n, r > 0), (c + n, r < n - 1), (c - 1, k > 0), (c + 1, k < n - 1)):
+            if ok and nb not in seen and cells[nb] == symbol:
+                seen.add(nb)
+                stack.append(nb)
+    return (top and bottom) or (left and right)
+
+
 class SimpleTak(PlacementGame):
     """Stones connect orthogonally; a chain touching top and bottom, or left and right, wins.
 
@@ -28,22 +46,7 @@ class SimpleTak(PlacementGame):
         )
 
     def _wins(self, cell: int, symbol: str) -> bool:
-        # Only the chain containing the new stone can have become winning.
-        n, cells = self.size, self._cells
-        seen, stack = {cell}, [cell]
-        top = bottom = left = right = False
-        while stack:
-            c = stack.pop()
-            r, k = divmod(c, n)
-            top |= r == 0
-            bottom |= r == n - 1
-            left |= k == 0
-            right |= k == n - 1
-            for nb, ok in ((c - n, r > 0), (c + n, r < n - 1), (c - 1, k > 0), (c + 1, k < n - 1)):
-                if ok and nb not in seen and cells[nb] == symbol:
-                    seen.add(nb)
-                    stack.append(nb)
-        return (top and bottom) or (left and right)
+        return joins_edges(self._cells, self.size, cell, symbol)
 
     def _win_reason(self, player: int) -> str:
         return f"Player {player} connected two opposite edges."

@@ -1,0 +1,97 @@
+"""Trainer-side rules: `\\boxed{}` extraction and strict matching with invalid-move rewards."""
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spiral_jax.envs import (EVAL_INVALID_REWARDS, apply_action, extract_action, make,
+                             registered_ids)
+
+
+@pytest.mark.parametrize("response, action", [
+    ("I will bet. \\boxed{[bet]}", "[bet]"),
+    ("\\boxed{bet}", "[bet]"),
+    ("first \\boxed{[check]} then \\boxed{[bet]}", "[bet]"),  # the last box counts
+    ("\\boxed{\\text{[fold]}}", "[fold]"),
+    ("\\boxed{\\text{call}}", "[call]"),
+    ("\\fbox{[4]}", "[4]"),
+    ("\\boxed{[Offer: {1} Wood -> 2 Gold]}", "[Offer: {1} Wood -> 2 Gold]"),  # braces matched
+    ("  [3]  ", "[3]"),  # no box: the whole stripped response
+    ("center please", "[center please]"),  # short and bracket-free: wrapped
+    ("one two three four five six", "one two three four five six"),  # more than 5 words
+    ("play \\boxed{4} here \\boxed{unclosed", "play [4] here \\boxed{unclosed"),  # last box unclosed
+    ("\\boxed{ [ 4 ]\n }", "[ 4 ]"),
+    ("\\boxed{ bet }", "[ bet ]"),
+    ("a\n\tb", "[a b]"),
+    ("", ""),
+    ("\\boxed{}", "[]"),
+])
+def test_extract_action(response, action):
+    assert extract_action(response) == action
+
+
+@given(st.text())
+@settings(max_examples=2000, deadline=None)
+def test_extract_action_never_raises(text):
+    assert isinstance(extract_action(text), str)
+
+
+_BOXISH = st.lists(st.sampled_from(["\\boxed{", "\\fbox{", "\\text{", "{", "}", "[", "]", "[bet]",
+                                    "[4]", " ", "\n", "x"]), max_size=30).map("".join)
+
+
+@given(st.one_of(st.text(), _BOXISH))
+@settings(max_examples=2000, deadline=None)
+def test_extract_action_never_raises_on_brace_soup(text):
+    assert isinstance(extract_action(text), str)
+
+
+@given(st.sampled_from(registered_ids()), st.one_of(st.text(max_size=200), _BOXISH), st.integers(0, 3))
+@settings(max_examples=500, deadline=None)
+def test_apply_action_never_raises(env_id, text, seed):
+    for mode in ("strict", "env"):
+        env = make(env_id)
+        env.reset(seed)
+        result = apply_action(env, text, mode)
+        assert isinstance(result.info["action"], str)
+        assert isinstance(result.info["valid"], bool)
+
+
+def test_strict_invalid_move_ends_game_with_training_rewards():
+    env = make("TicTacToe-v0")
+    env.reset(0)
+    apply_action(env, "\\boxed{4}")
+    result = apply_action(env, "I take the centre: \\boxed{4}")  # occupied now: not a legal action
+    assert result.done and not result.info["valid"] and result.info["action"] == "[4]"
+    assert result.rewards == {1: -1.5, 0: 0.5} == env.rewards
+    with pytest.raises(RuntimeError):
+        env.step("[0]")
+
+
+def test_strict_is_case_sensitive_and_eval_rewards_configurable():
+    env = make("KuhnPoker-v1")
+    env.reset(0)
+    player = env.current_player()
+    result = apply_action(env, "\\boxed{[CHECK]}", invalid_rewards=EVAL_INVALID_REWARDS)
+    assert result.done and result.rewards == {player: -1.0, 1 - player: 1.0}
+
+
+def test_strict_legal_move_steps_the_env():
+    env = make("KuhnPoker-v1")
+    env.reset(0)
+    player = env.current_player()
+    result = apply_action(env, "Reasoning... so \\boxed{check}")
+    assert result.info == {"valid": True, "action": "[check]"} and not result.done
+    echo = env.messages(env.current_player())[-2]  # the opponent is shown only the extracted action
+    assert (echo.sender, echo.kind, echo.data) == (player, "action", ("[check]",))
+
+
+def test_env_mode_uses_the_env_rules_and_retries():
+    env = make("KuhnPoker-v1", error_allowance=1)
+    env.reset(0)
+    player = env.current_player()
+    result = apply_action(env, "I think I should [Check] \\boxed{}", mode="env")  # "[]" is not a move
+    assert not result.info["valid"] and not result.done and env.current_player() == player
+    result = apply_action(env, "\\boxed{I think I should [CHECK]}", mode="env")  # decorated: accepted
+    assert result.info["valid"]
+    with pytest.raises(ValueError):
+        apply_action(env, "[bet]", mode="lenient")

@@ -1,0 +1,98 @@
+"""The optional TextArena adapter (runs only where the `textarena` extra is installed)."""
+import importlib.util
+
+import pytest
+
+from spiral_jax.envs import apply_action, make
+
+HAS_TEXTARENA = importlib.util.find_spec("textarena") is not None
+needs_textarena = pytest.mark.skipif(not HAS_TEXTARENA, reason="textarena is not installed "
+                                     "(pip install spiral-jax[textarena])")
+
+
+@pytest.mark.skipif(HAS_TEXTARENA, reason="textarena is installed")
+def test_missing_textarena_says_how_to_install():
+    with pytest.raises(ImportError, match=r"pip install spiral-jax\[textarena\]"):
+        make("textarena:TicTacToe-v0")
+
+
+@needs_textarena
+def test_textarena_game_through_our_protocol():
+    env = make("textarena:TicTacToe-v0", error_allowance=0)
+    env.reset(seed=0)
+    assert env.current_player() == 0 and env.observation() and env.legal_actions() == []
+    for cell in ("[0]", "[3]", "[1]", "[4]"):
+        assert apply_action(env, f"\\boxed{{{cell}}}", mode="env").info["valid"]
+    result = apply_action(env, "\\boxed{[2]}", mode="env")
+    assert result.done and result.rewards[0] > result.rewards[1]
+
+
+@needs_textarena
+def test_textarena_invalid_move_is_reported():
+    env = make("textarena:TicTacToe-v0", error_allowance=0)
+    env.reset(seed=0)
+    result = env.step("no move here")
+    assert result.done and not result.info["valid"] and result.rewards[0] < result.rewards[1]
+
+
+class _FakeState:
+    def __init__(self):
+        self.observations = {0: [(-1, "rules for 0")], 1: [(-1, "rules for 1")]}
+        self.current_player_id, self.turn, self.error_count, self.error_allowance = 0, 0, 0, 1
+        self.game_state = {"moves": 0}
+
+
+class _FakeTextArenaEnv:
+    """Just enough of TextArena's env interface: four valid moves end the game, player 0 wins."""
+
+    def reset(self, num_players, seed=None):
+        assert num_players == 2
+        self.state = _FakeState()
+
+    def get_observation(self):
+        pid = self.state.current_player_id
+        pending, self.state.observations[pid] = self.state.observations[pid], []
+        return pid, pending
+
+    def step(self, action):
+        state, pid = self.state, self.state.current_player_id
+        for other in (0, 1):
+            state.observations[other].append((pid, action))
+        if action != "[x]":
+            if state.error_count < state.error_allowance:
+                state.error_count += 1
+                return False, {}
+            self.rewards = {pid: -1, 1 - pid: 0}
+            return True, {"reason": "Invalid Move: not [x]"}
+        state.game_state["moves"] += 1
+        state.turn, state.error_count, state.current_player_id = state.turn + 1, 0, 1 - pid
+        if state.game_state["moves"] == 4:
+            self.rewards = {0: 1, 1: -1}
+            return True, {"reason": "four moves"}
+        return False, {}
+
+    def close(self):
+        return self.rewards, {}
+
+
+class _Wrapper:
+    def __init__(self, env):
+        self.env = env
+
+
+def test_adapter_logic_with_a_stand_in_module(monkeypatch):
+    """Exercise the adapter without TextArena: a stand-in module with TextArena's interface."""
+    fake = type("textarena", (), {"make": staticmethod(lambda env_id, **kw: _Wrapper(_FakeTextArenaEnv()))})
+    monkeypatch.setitem(__import__("sys").modules, "textarena", fake)
+    env = make("textarena:Fake-v0", error_allowance=1)
+    env.reset(seed=0)
+    assert env.env_id == "textarena:Fake-v0" and env.observation(1).startswith("rules for 1")
+    result = apply_action(env, "\\boxed{y}", mode="env")
+    assert not result.info["valid"] and not result.done and env.error_count == 1
+    for _ in range(4):
+        result = apply_action(env, "\\boxed{x}", mode="env")
+        assert result.info["valid"]
+    assert result.done and result.rewards == {0: 1, 1: -1} and env.reason == "four moves"
+    assert "[Player 0] [y]" in env.observation(1) and env.state()["game_state"] == {"moves": 4}
+    with pytest.raises(ValueError, match="chance"):
+        env.reset(seed=0, chance={"deal": [(0, 1)]})
