@@ -152,14 +152,15 @@ class SimpleNegotiation(Env):
             for name, q in offer["requested"]:
                 self._held[player][name] -= q
                 self._held[proposer][name] += q
-            self._tell("accept", (player, proposer), f"Player {player} accepted Player {proposer}'s offer; the trade is done.")
+            self._tell("accept", (player, proposer),
+                       f"Player {player} accepted Player {proposer}'s offer; the trade is done.")
             self._close_offer("Accepted")
         elif not acceptor_ok and proposer_ok:
             self._invalid(player, "accept_resources", "You do not have the items this trade asks of you.")
         else:
             who = "both" if not acceptor_ok else "proposer"
-            self._tell("cancelled", (who,), "The trade is cancelled: "
-                       + ("neither player can pay." if who == "both" else f"Player {proposer} no longer has the offered items."))
+            why = "neither player can pay." if who == "both" else f"Player {proposer} no longer has the items."
+            self._tell("cancelled", (who,), f"The trade is cancelled: {why}")
             self._offer = None
 
     def _new_offer(self, player: int, action: str) -> None:
@@ -175,11 +176,12 @@ class SimpleNegotiation(Env):
             self._invalid(player, "offer_resources", "You cannot offer more than you hold.")
             return
         if self._offer is not None and self._offer["to"] == player:
-            self._tell("implicit_deny", (player,), f"Player {player} answered the open offer with a new one, turning it down.")
+            self._tell("implicit_deny", (player,),
+                       f"Player {player} answered the open offer with a new one, turning it down.")
             self._close_offer("Implicitly Denied")
         self._offer = {"from": player, "to": 1 - player, "offered": offered, "requested": requested}
-        self._tell("offer", (player, 1 - player, offered, requested),
-                   f"Player {player} offers Player {1 - player}: {_items_text(offered)} in exchange for {_items_text(requested)}.")
+        self._tell("offer", (player, 1 - player, offered, requested), f"Player {player} offers Player {1 - player}: "
+                   f"{_items_text(offered)} in exchange for {_items_text(requested)}.")
 
     def _close_offer(self, outcome: str) -> None:
         self._history.append({**self._offer, "outcome": outcome})
