@@ -73,10 +73,10 @@ def kl_to_reference(logp, ref_logp):
 
 
 def behaviour_logprobs(logp, batch: Batch, on_policy: bool):
-    """The log-probs the ratio is taken against.
+    """The learner-side log-probs of the policy that produced the batch (PPO ratio, TIS weight).
 
-    on_policy: the learner's own, stop-gradiented (ratio exactly 1, so the gradient is REINFORCE's
-    -A * grad log p). Otherwise `batch.old_logprobs`, recomputed by the learner before PPO's first epoch.
+    on_policy: the current ones, stop-gradiented. Otherwise `batch.old_logprobs`, recomputed by the
+    learner before PPO's first epoch (so that epoch's ratio is 1 and its gradient REINFORCE's).
     """
     return jax.lax.stop_gradient(logp) if on_policy else batch.old_logprobs
 
@@ -85,6 +85,9 @@ def token_loss(logp, batch: Batch, *, on_policy: bool, clip: float | None, tis_c
                kl_coef: float):
     """Per-token loss [B, T] (unweighted, 0 off the response) and where the PPO clip is active.
 
+    on_policy: REINFORCE, -A log p. Otherwise PPO's -min(r A, clip(r) A), r = p / p_old. Optional
+    factors: the truncated importance weight against the sampler, and a KL penalty to a reference.
+
     Off the response logp is replaced by 0 (as the batch's other log-prob fields are, by
     construction): padding slots hold arbitrary log-probs whose exp() may overflow, and a masked-out
     inf would still turn the gradient into NaN.
@@ -92,13 +95,16 @@ def token_loss(logp, batch: Batch, *, on_policy: bool, clip: float | None, tis_c
     logp = jnp.where(batch.loss_mask > 0, logp, 0.0)
     old = behaviour_logprobs(logp, batch, on_policy)
     adv = batch.advantages[:, None]
-    ratio = jnp.exp(logp - old)
-    surrogate = ratio * adv
     clipped = jnp.zeros(logp.shape, bool)
-    if clip is not None:
-        bounded = jnp.clip(ratio, 1.0 - clip, 1.0 + clip) * adv
-        clipped = bounded < surrogate  # the min below picks the clipped term: no gradient there
-        surrogate = jnp.minimum(surrogate, bounded)
+    if on_policy:  # REINFORCE: the value is the log-likelihood objective, the gradient A grad log p
+        surrogate = adv * logp
+    else:
+        ratio = jnp.exp(logp - old)
+        surrogate = ratio * adv
+        if clip is not None:
+            bounded = jnp.clip(ratio, 1.0 - clip, 1.0 + clip) * adv
+            clipped = bounded < surrogate  # the min below picks the clipped term: no gradient there
+            surrogate = jnp.minimum(surrogate, bounded)
     loss = -surrogate
     if tis_cap is not None:
         loss = loss * jax.lax.stop_gradient(tis_weight(old, batch.sampler_logprobs, tis_cap))

@@ -63,6 +63,9 @@ class TrainConfig:
             raise ValueError(f"unknown normaliser {self.normaliser!r}; use one of {losses.NORMALISERS}")
         if self.epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {self.epochs}")
+        for name in ("tis_cap", "micro_batch_size"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, or None for off / the whole batch")
 
     @property
     def on_policy(self) -> bool:
@@ -190,7 +193,7 @@ def make_train_step(cfg: ModelConfig, tc: TrainConfig, mesh=None):
                                state.step + ok.astype(jnp.int32), state.skipped + (~ok).astype(jnp.int32))
         metrics = losses.loss_metrics(logp, entropy, clipped, batch, on_policy=tc.on_policy,
                                       tis_cap=tc.tis_cap, kl_coef=tc.kl_coef)
-        metrics.update(loss=loss, grad_norm=optax.global_norm(grads), learning_rate=schedule(state.step),
+        metrics.update(loss=loss, grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step),
                        nonfinite_loss=(~jnp.isfinite(loss)).astype(jnp.float32),
                        nonfinite_grads=nonfinite, skipped=(~ok).astype(jnp.float32),
                        skipped_total=new_state.skipped.astype(jnp.float32))
