@@ -112,7 +112,10 @@ def state_shardings(cfg: ModelConfig, tc: TrainConfig, mesh) -> TrainState | Non
 
 
 def init_train_state(params, cfg: ModelConfig, tc: TrainConfig, mesh=None) -> TrainState:
-    """Optimiser state for `params`, everything placed on the TRAIN layout (a no-op if it already is)."""
+    """Optimiser state for `params`, everything placed on the TRAIN layout (a no-op if it already is).
+
+    The state takes the arrays over: the train step donates them, so keep no other reference.
+    """
     shardings = state_shardings(cfg, tc, mesh)
     opt = make_optimizer(tc)
     if shardings is None:
@@ -176,7 +179,14 @@ def _nonfinite(tree) -> jax.Array:
 
 
 def make_train_step(cfg: ModelConfig, tc: TrainConfig, mesh=None):
-    """jit((state, batch) -> (state, metrics)); the state is donated. See the module docstring."""
+    """jit((state, batch) -> (state, metrics)); the state is donated. See the module docstring.
+
+    Metrics (replicated fp32 scalars): loss, grad_norm (before clipping), learning_rate, entropy and
+    clip_fraction (token means), advantage_mean/min/max (real rows), drift_mean/max/outside (|learner -
+    sampler| log-prob over response tokens, and the share with probability ratio outside [0.9, 1.1];
+    on a batch's first epoch the learner's parameters are the sampler's), response_tokens, rows,
+    nonfinite_loss/grads/logprobs, skipped (this step) and skipped_total; tis_weight and kl when on.
+    """
     rules = Rules.create(mesh, "train")
     opt = make_optimizer(tc)
     schedule = make_schedule(tc)
@@ -225,16 +235,21 @@ def make_compute_logprobs(cfg: ModelConfig, tc: TrainConfig, mesh=None):
 
 
 def make_update(cfg: ModelConfig, tc: TrainConfig, mesh=None):
-    """(state, batch) -> (state, [metrics per epoch]): one training iteration on a packed batch.
+    """(state, batch, ref_params=None) -> (state, [metrics per epoch]): one iteration on a packed batch.
 
-    With epochs > 1 the old log-probs are first recomputed by the learner. Pass a batch already on
-    the mesh (`samples.shard_batch`) so the epochs do not transfer it again.
+    With epochs > 1 the old log-probs are first recomputed by the learner; with kl_coef > 0 the
+    reference log-probs come from `ref_params` (on the TRAIN layout). Pass a batch already on the
+    mesh (`samples.shard_batch`) so the epochs do not transfer it again.
     """
     train_step = make_train_step(cfg, tc, mesh)
-    compute_logprobs = make_compute_logprobs(cfg, tc, mesh) if not tc.on_policy else None
+    compute_logprobs = make_compute_logprobs(cfg, tc, mesh)
 
-    def update(state: TrainState, batch: Batch):
-        if compute_logprobs is not None:
+    def update(state: TrainState, batch: Batch, ref_params=None):
+        if tc.kl_coef:
+            if ref_params is None:
+                raise ValueError("kl_coef > 0 needs the frozen reference's parameters (ref_params)")
+            batch = batch._replace(ref_logprobs=compute_logprobs(ref_params, batch))
+        if not tc.on_policy:
             batch = batch._replace(old_logprobs=compute_logprobs(state.params, batch))
         metrics = []
         for _ in range(tc.epochs):

@@ -100,15 +100,27 @@ def test_one_step_moves_the_policy_the_right_way(host_params, step, logprobs):
     assert good1 > good0 + 0.1 and bad1 < bad0 - 0.1
 
 
-def test_ppo_update_two_epochs(host_params, logprobs):
-    tc = TrainConfig(learning_rate=3e-3, epochs=2, clip=0.2, micro_batch_size=4, logprob_chunk=16)
-    batch = shard_batch(_toy_batch(), None)
+def test_ppo_update_with_tis_and_kl(host_params, logprobs):
+    """Two PPO epochs via make_update, with the sampler's log-probs and a frozen reference."""
+    tc = TrainConfig(learning_rate=3e-3, epochs=2, clip=0.2, tis_cap=2.0, kl_coef=0.1, micro_batch_size=4,
+                     logprob_chunk=16)
     state = _state(host_params, tc)
-    good0, bad0 = _response_logprob(logprobs(state.params, batch), batch)
-    state, metrics = make_update(TINY, tc)(state, batch)
+    batch = shard_batch(_toy_batch(), None)
+    sampled = logprobs(state.params, batch)  # what a sampler with these parameters would report
+    batch = batch._replace(sampler_logprobs=sampled)
+    ref = jax.tree.map(jax.numpy.asarray, host_params)
+    update = make_update(TINY, tc)
+    with pytest.raises(ValueError, match="ref_params"):
+        update(state, batch)
+    state, metrics = update(state, batch, ref_params=ref)
     assert int(state.step) == 2 and len(metrics) == 2
-    assert metrics[0]["clip_fraction"] == 0  # epoch 1: ratio exactly 1 (REINFORCE)
-    assert metrics[1]["clip_fraction"] > 0  # epoch 2: one step off-policy, 3e-3 moves it past 20%
+    first, second = metrics
+    assert first["clip_fraction"] == 0  # epoch 1: ratio exactly 1 (REINFORCE)
+    assert first["drift_max"] < 1e-5 and first["drift_outside"] == 0
+    assert first["tis_weight"] == pytest.approx(1.0, abs=1e-5) and first["kl"] < 1e-6
+    assert second["clip_fraction"] > 0 and second["kl"] > 0  # one step off-policy
+    assert second["drift_mean"] > 0.01
+    good0, bad0 = _response_logprob(sampled, batch)
     good1, bad1 = _response_logprob(logprobs(state.params, batch), batch)
     assert good1 > good0 and bad1 < bad0
 
