@@ -18,7 +18,7 @@ from spiral_jax.templates import Template
 
 OUT = Path(__file__).resolve().parents[1] / "spiral_jax" / "assets" / "tiny_tokenizer"
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-VOCAB_SIZE = 1024
+VOCAB_SIZE = 2048
 # A minimal Qwen-style chat template, so the `chat` prompt template works with this tokenizer too.
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -43,7 +43,9 @@ def corpus(games_per_env: int = 60, seed: int = 0):
 
 def main():
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # No pre-splitting on spaces: merges may span words, so the constant rules text of each game
+    # collapses into a few tokens and prompts stay short (attention cost is quadratic in length).
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())

@@ -69,17 +69,22 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
 
 
 def attention(q, k, v, q_slots, kv_mask):
-    """GQA attention. q [B,T,H,hd]; k, v [B,S,KV,hd]; q_slots [T]; kv_mask [B,S] -> [B,T,H,hd]."""
+    """GQA attention. q [B,T,H,hd]; k, v [B,S,KV,hd]; q_slots [T]; kv_mask [B,S] -> [B,T,H,hd].
+
+    Heads are moved in front of the sequence axes so both products are plain batched matmuls
+    (measurably faster on CPU than the equivalent einsum with interleaved batch axes).
+    """
     b, t, h, hd = q.shape
-    kv = k.shape[2]
-    q = q.reshape(b, t, kv, h // kv, hd)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-    scores = scores * (hd ** -0.5)
+    kv, g = k.shape[2], h // k.shape[2]
+    qh = q.reshape(b, t, kv, g, hd).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, hd)
+    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, KV, S, hd]
+    scores = jnp.matmul(qh, kh.swapaxes(-1, -2), preferred_element_type=jnp.float32)
+    scores = scores.reshape(b, kv, g, t, -1) * (hd ** -0.5)
     allowed = kv_mask[:, None, :] & (jnp.arange(k.shape[1])[None, None, :] <= q_slots[None, :, None])
     scores = jnp.where(allowed[:, None, None], scores, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-    return out.reshape(b, t, h, hd)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kv, g * t, -1)
+    out = jnp.matmul(probs, vh).reshape(b, kv, g, t, hd)
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd)
 
 
 def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positions, kv_mask, cache,

@@ -1,0 +1,81 @@
+"""The default experiment config, and building the model + tokenizer it names.
+
+Config files in configs/ start from `base_config()` and change what their experiment needs; the
+result is locked, so a misspelt key (in a file or a --config.a.b=v override) is an error.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from ml_collections import ConfigDict
+
+from spiral_jax.models import CheckpointError, ModelConfig, init_params, load_pretrained
+from spiral_jax.templates import INSTRUCTION, SUFFIX, Template
+from spiral_jax.tokenizer import Tokenizer, load_tokenizer
+
+EMBEDDED_TOKENIZER = Path(__file__).parent / "assets" / "tiny_tokenizer"
+
+
+def base_config() -> ConfigDict:
+    c = ConfigDict()
+    c.seed = 0
+    c.out_dir = "runs/spiral"
+    # model.path: a Hugging Face checkpoint folder. Empty: a random model with the `random` shape.
+    c.model = ConfigDict(dict(
+        path="", compute_dtype="float32", scan_layers=False, remat=True,
+        random=ConfigDict(dict(model_type="qwen3", vocab_size=1024, hidden_size=64, intermediate_size=128,
+                               num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                               tie_word_embeddings=True, max_position_embeddings=2048,
+                               rope_theta=1000000.0, rms_norm_eps=1e-6))))
+    # tokenizer.path: a folder, "embedded" (the project's tiny BPE), or empty: the model's folder.
+    c.tokenizer = ConfigDict(dict(path="", template="qwen_raw", instruction=INSTRUCTION, suffix=SUFFIX,
+                                  enable_thinking=False))
+    c.mesh = ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+    c.games = ConfigDict(dict(env_ids=("TicTacToe-v0",), weights=(1.0,), max_turns=50,
+                              invalid_rewards=(-1.5, 0.5)))
+    # mode: self_play | fixed_opponent (opponent: random, scripted) | pool (past snapshots).
+    c.rollout = ConfigDict(dict(
+        mode="self_play", opponent="random", pool_size=4, pool_every=10, pool_self_weight=0.5,
+        games_per_batch=32, samples_per_step=128, selection="exact", max_new_tokens=4096,
+        temperature=1.0, top_p=1.0, top_k=0, max_prompt_len=2048))
+    c.rae = ConfigDict(dict(enabled=True, decay=0.95, drop_zero=True))
+    # Fields of spiral_jax.rl.TrainConfig (optimiser, loss, micro-batching).
+    c.optim = ConfigDict(dict(
+        learning_rate=1e-6, schedule="constant", warmup_steps=0, decay_steps=0, final_lr_fraction=0.0,
+        b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, max_grad_norm=1.0, epochs=1, clip=0.2,
+        normaliser="constant", normaliser_constant=4096.0, tis_cap=0.0, kl_coef=0.0,
+        micro_batch_size=0, logprob_chunk=512))
+    c.train = ConfigDict(dict(steps=400, log_every=1, eval_every=16, checkpoint_every=16, keep=3,
+                              async_checkpointing=True, transcripts=2))
+    c.eval = ConfigDict(dict(opponents=("random", "scripted"), games=64, final_games=200, temperature=0.6,
+                             top_p=0.95, max_new_tokens=4096, invalid_rewards=(-1.0, 1.0)))
+    # Imitation of scripted games before RL: for random tiny models only (real checkpoints skip it).
+    c.bootstrap = ConfigDict(dict(enabled=False, steps=200, batch_size=64, learning_rate=1e-3,
+                                  explore=0.5))
+    return c
+
+
+def lock(c: ConfigDict) -> ConfigDict:
+    c.lock()
+    return c
+
+
+def build_model(c: ConfigDict, mesh=None) -> tuple[ModelConfig, dict]:
+    runtime = dict(compute_dtype=c.model.compute_dtype, scan_layers=c.model.scan_layers,
+                   remat=c.model.remat)
+    if c.model.path:
+        return load_pretrained(c.model.path, mesh=mesh, **runtime)
+    cfg = ModelConfig(**c.model.random.to_dict(), **runtime)
+    return cfg, init_params(cfg, jax.random.key(c.seed), mesh=mesh, dtype=jnp.float32)
+
+
+def build_tokenizer(c: ConfigDict, cfg: ModelConfig) -> Tokenizer:
+    t = c.tokenizer
+    path = EMBEDDED_TOKENIZER if t.path == "embedded" else (t.path or c.model.path)
+    if not path:
+        raise CheckpointError("no tokenizer: set tokenizer.path (a folder, or 'embedded' for the "
+                              "project's tiny tokenizer) when model.path is empty")
+    template = Template(t.template, t.instruction, t.suffix, t.enable_thinking)
+    return load_tokenizer(path, cfg, template)

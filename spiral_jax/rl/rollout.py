@@ -1,0 +1,121 @@
+"""Rollout: many games in flight, every pending model move of every game in one sampler call.
+
+Each game slot has two seats, each played by a policy: a name in `params` ("model" for the current
+weights, "pool/3" for a frozen snapshot, ...) is sampled by the LLM; anything else is a scripted
+opponent ("random", or "scripted" for the game's strongest script). Per loop the runner's pending
+requests are grouped by policy, each LLM group is one `Sampler.generate` call, responses go through
+the trainer-side action rules (an unusable response is an invalid move, never an exception), and
+finished games come back with every LLM turn's token ids and log-probs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import defaultdict
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from spiral_jax.envs import BatchRunner, GameRecord, RandomOpponent, make, scripted_opponent
+from spiral_jax.rl.rae import RAEConfig, label_game
+from spiral_jax.rl.samples import TurnSample
+from spiral_jax.sampling import Sampler, SamplingParams
+
+
+@dataclasses.dataclass
+class ModelTurn:
+    """An LLM move: the prompt it saw, what it generated, and the sampler's raw log-probs."""
+
+    player: int
+    policy: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: np.ndarray
+    finish_reason: str  # "stop", "length", or "prompt_too_long" (no tokens generated)
+
+
+@dataclasses.dataclass
+class PlayedGame:
+    record: GameRecord
+    seats: tuple[str, str]
+    model_turns: list[ModelTurn]
+
+
+def make_opponent(name: str, env_id: str, seed: int):
+    if name == "random":
+        return RandomOpponent(seed)
+    if name == "scripted":
+        return scripted_opponent(env_id, seed)
+    raise ValueError(f"unknown opponent {name!r}; use 'random', 'scripted' or a model policy name")
+
+
+class Rollout:
+    """Plays batches of games between LLM policies and scripted opponents."""
+
+    def __init__(self, sampler: Sampler, tokenizer, sampling: SamplingParams, *,
+                 invalid_rewards: Sequence[float] = (-1.5, 0.5), max_turns: int | None = 50):
+        self.sampler, self.tokenizer = sampler, tokenizer
+        self.sampling = dataclasses.replace(sampling, stop_token_ids=tokenizer.stop_ids)
+        self.invalid_rewards, self.max_turns = tuple(invalid_rewards), max_turns
+        self.sample_seconds, self.generated_tokens = 0.0, 0  # running totals, for throughput logs
+
+    def play(self, env_ids: Sequence[str], seats: Sequence[tuple[str, str]], params: Mapping[str, object],
+             seed: int) -> list[PlayedGame]:
+        """Play one game per (env id, seats) pair to the end; results in slot order."""
+        runner = BatchRunner([make(e) for e in env_ids], seed=seed, invalid_rewards=self.invalid_rewards,
+                             max_turns=self.max_turns, auto_reset=False)
+        scripted = {(g, p): make_opponent(seats[g][p], env_ids[g], seed * 7919 + 2 * g + p)
+                    for g in range(len(env_ids)) for p in (0, 1) if seats[g][p] not in params}
+        turns: list[list[ModelTurn]] = [[] for _ in env_ids]
+        finished: list[GameRecord] = []
+        calls = 0
+        while requests := runner.pending():
+            responses: dict[int, str] = {}
+            groups = defaultdict(list)
+            for r in requests:
+                policy = seats[r.game][r.player]
+                if policy in params:
+                    groups[policy].append(r)
+                else:
+                    responses[r.game] = scripted[r.game, r.player].act(runner.envs[r.game])
+            for policy, group in sorted(groups.items()):
+                calls += 1
+                self._sample(policy, group, params[policy], seed * 100003 + calls, responses, turns)
+            finished += runner.submit(responses)
+        finished.sort(key=lambda rec: rec.game)
+        return [PlayedGame(rec, tuple(seats[rec.game]), turns[rec.game]) for rec in finished]
+
+    def _sample(self, policy, group, params, seed, responses, turns):
+        prompts = [self.tokenizer.prompt_ids(r.observation) for r in group]
+        fits = [len(p) <= self.sampler.max_prompt_len for p in prompts]
+        for r, p, ok in zip(group, prompts, fits):
+            if not ok:  # an observation too long for the sampler is an invalid move, not a crash
+                responses[r.game] = ""
+                turns[r.game].append(ModelTurn(r.player, policy, p, [], np.zeros(0), "prompt_too_long"))
+        live = [(r, p) for r, p, ok in zip(group, prompts, fits) if ok]
+        if not live:
+            return
+        start = time.perf_counter()
+        out = self.sampler.generate(params, [p for _, p in live], self.sampling, seed=seed % (1 << 31),
+                                    row_ids=[r.game for r, _ in live])
+        self.sample_seconds += time.perf_counter() - start
+        self.generated_tokens += sum(len(t) for t in out.tokens)
+        for (r, p), ids, lp, reason in zip(live, out.tokens, out.raw_logprobs, out.finish_reasons):
+            responses[r.game] = self.tokenizer.decode(ids)
+            turns[r.game].append(ModelTurn(r.player, policy, p, ids, lp, reason))
+
+
+def label_games(games: Sequence[PlayedGame], rae_state: dict, rae: RAEConfig, trained: str = "model"
+                ) -> tuple[list[TurnSample], dict]:
+    """Turn samples (with RAE advantages) from the `trained` policy's turns, games in order."""
+    samples: list[TurnSample] = []
+    for game in games:
+        rec = game.record
+        roles = {p: rec.rewards[p] for p in (0, 1) if game.seats[p] == trained}
+        if not roles:
+            continue
+        mine = [TurnSample(t.prompt_ids, t.response_ids, t.logprobs, rec.env_id, t.player, i)
+                for i, t in enumerate(game.model_turns) if t.policy == trained and t.response_ids]
+        labelled, rae_state = label_game(rae_state, rec.env_id, mine, roles, rae)
+        samples += labelled
+    return samples, rae_state

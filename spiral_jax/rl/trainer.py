@@ -1,0 +1,274 @@
+"""The self-play trainer: rollout -> RAE -> update, with evaluation, metrics and checkpoints.
+
+One step: hand the parameters to the sampler (a jitted reshard when the layouts differ), play batches
+of games until enough turn samples exist (the reference's "whole games, then exactly N samples", or
+all turns), label them with RAE, pack, and run the jitted update. Every step is seeded by
+(seed, step) alone, so a resumed run repeats the uninterrupted one exactly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import signal
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+from ml_collections import ConfigDict
+
+from spiral_jax.checkpoint import Checkpointer
+from spiral_jax.config import build_model, build_tokenizer
+from spiral_jax.eval.games import TABLE_HEADER, evaluate, summarize
+from spiral_jax.metrics import MetricsWriter
+from spiral_jax.rl.bootstrap import imitation_samples
+from spiral_jax.rl.rae import RAEConfig, baseline_metrics, init_rae_state
+from spiral_jax.rl.reshard import make_reshard
+from spiral_jax.rl.rollout import PlayedGame, Rollout, label_games
+from spiral_jax.rl.samples import bucket_length, pack, shard_batch
+from spiral_jax.rl.train_step import TrainConfig, init_train_state, make_update
+from spiral_jax.sampling import Sampler, SamplingParams
+from spiral_jax.sharding import make_mesh
+
+MODES = ("self_play", "fixed_opponent", "pool")
+
+
+def train_config(optim: ConfigDict, **changes) -> TrainConfig:
+    fields = {**optim.to_dict(), **changes}
+    fields["tis_cap"] = fields["tis_cap"] or None  # 0 = off in config files
+    fields["micro_batch_size"] = fields["micro_batch_size"] or None
+    return TrainConfig(**fields)
+
+
+def transcript(game: PlayedGame) -> str:
+    rec = game.record
+    lines = [f"{rec.env_id} seed {rec.seed}, seats {game.seats}, rewards {rec.rewards}: {rec.reason}", ""]
+    for t in rec.turns:
+        lines.append(f"**player {t.player}** -> `{t.action}`{'' if t.valid else ' (invalid)'}\n\n"
+                     f"    {t.response.strip()[:500]}")
+    return "\n\n".join(lines)
+
+
+class Trainer:
+    def __init__(self, c: ConfigDict, resume: bool = False, log=print):
+        if c.rollout.mode not in MODES:
+            raise ValueError(f"rollout.mode={c.rollout.mode!r}; use one of {', '.join(MODES)}")
+        if len(c.games.weights) != len(c.games.env_ids):
+            raise ValueError(f"games.weights has {len(c.games.weights)} entries for "
+                             f"{len(c.games.env_ids)} games.env_ids")
+        from spiral_jax.envs import make
+        for env_id in c.games.env_ids:
+            make(env_id)  # unknown ids fail here, before anything is compiled
+        self.c, self.log = c, log
+        self.out = Path(c.out_dir)
+        self.mesh = make_mesh(**c.mesh)
+        self.cfg, params = build_model(c, self.mesh)
+        self.tokenizer = build_tokenizer(c, self.cfg)
+        self.tc = train_config(c.optim)
+        r, e = c.rollout, c.eval
+        slots = bucket_length(r.max_prompt_len) + bucket_length(max(r.max_new_tokens, e.max_new_tokens), 1)
+        self.sampler = Sampler(self.cfg, self.mesh, max_prompt_len=r.max_prompt_len, max_cache_len=slots)
+        self.rollout = Rollout(self.sampler, self.tokenizer,
+                               SamplingParams(r.max_new_tokens, r.temperature, r.top_k, r.top_p),
+                               invalid_rewards=c.games.invalid_rewards, max_turns=c.games.max_turns)
+        self.eval_rollout = Rollout(self.sampler, self.tokenizer,
+                                    SamplingParams(e.max_new_tokens, e.temperature, 0, e.top_p),
+                                    invalid_rewards=e.invalid_rewards, max_turns=c.games.max_turns)
+        self.rae = RAEConfig(c.rae.decay, c.rae.enabled, c.rae.drop_zero)
+        self.update = make_update(self.cfg, self.tc, self.mesh)
+        self.to_sampler = make_reshard(self.cfg, self.mesh)
+        self.state = init_train_state(params, self.cfg, self.tc, self.mesh)
+        self.rae_state, self.pool, self.pool_steps, self.step = init_rae_state(), [], [], 0
+        self.writer = MetricsWriter(self.out / "tensorboard")
+        self.ckpt = Checkpointer(self.out / "checkpoints", c.train.keep, c.train.async_checkpointing)
+        self._stop = False
+        if resume:
+            self._restore()
+        elif c.bootstrap.enabled:
+            self._bootstrap()
+
+    # ----------------------------------------------------------------------------- checkpoints
+
+    def _restore(self):
+        state, pool, meta = self.ckpt.restore(None, self.state, self.to_sampler(self.state.params))
+        self.state, self.pool = state, pool
+        self.rae_state, self.pool_steps, self.step = meta["rae"], meta["pool_steps"], meta["step"]
+        self.log(f"resumed from {self.ckpt.directory} at step {self.step}")
+
+    def save(self):
+        meta = dict(step=self.step, seed=self.c.seed, rae=self.rae_state, pool_steps=self.pool_steps,
+                    config=self.c.to_json())
+        self.ckpt.save(self.step, self.state, self.pool, meta)
+
+    # ------------------------------------------------------------------------------- bootstrap
+
+    def _bootstrap(self):
+        """Imitation of scripted games (see rl/bootstrap.py), then a fresh optimiser for RL."""
+        b, c = self.c.bootstrap, self.c
+        tc = train_config(c.optim, learning_rate=b.learning_rate, normaliser="token_mean", epochs=1)
+        update = make_update(self.cfg, tc, self.mesh)
+        state = init_train_state(self.state.params, self.cfg, tc, self.mesh)
+        self.log(f"[bootstrap] {b.steps} imitation steps of the scripted players "
+                 f"(teaches the \\boxed{{}} answer format; real checkpoints skip this stage)")
+        from tqdm import tqdm
+        bar = tqdm(range(b.steps), desc="bootstrap", unit="step", dynamic_ncols=True)
+        for i in bar:
+            samples = imitation_samples(c.games.env_ids, c.games.weights, self.tokenizer, b.batch_size,
+                                        seed=c.seed * 1_000_003 + i, explore=b.explore)
+            batch = shard_batch(pack(samples, row_multiple=self._row_multiple(tc)), self.mesh)
+            state, metrics = update(state, batch)
+            if i % 10 == 0 or i == b.steps - 1:
+                loss = float(metrics[-1]["loss"])
+                bar.set_postfix(loss=f"{loss:.3f}")
+                self.writer.scalars(i, {"bootstrap/loss": loss})
+        self.state = init_train_state(state.params, self.cfg, self.tc, self.mesh)
+
+    # -------------------------------------------------------------------------------- rollout
+
+    def _row_multiple(self, tc: TrainConfig) -> int:
+        shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        return tc.micro_batch_size or shards
+
+    def _seats(self, rng: np.random.Generator, n: int) -> list[tuple[str, str]]:
+        r = self.c.rollout
+        seats = []
+        for g in range(n):
+            if r.mode == "self_play" or (r.mode == "pool" and (not self.pool or rng.random() < r.pool_self_weight)):
+                seats.append(("model", "model"))
+                continue
+            other = r.opponent if r.mode == "fixed_opponent" else \
+                f"pool/{self.pool_steps[int(rng.integers(len(self.pool)))]}"
+            seats.append(("model", other) if g % 2 == 0 else (other, "model"))
+        return seats
+
+    def collect(self, params):
+        """Games and exactly `samples_per_step` (or all) RAE-labelled turn samples for this step."""
+        r, c = self.c.rollout, self.c
+        rng = np.random.default_rng([c.seed, self.step])
+        policies = {"model": params, **{f"pool/{s}": p for s, p in zip(self.pool_steps, self.pool)}}
+        weights = np.asarray(c.games.weights, float) / np.sum(c.games.weights)
+        samples, games = [], []
+        for round_ in range(1000):
+            env_ids = [c.games.env_ids[i] for i in rng.choice(len(weights), r.games_per_batch, p=weights)]
+            played = self.rollout.play(env_ids, self._seats(rng, r.games_per_batch), policies,
+                                       seed=int(rng.integers(1 << 31)))
+            new, self.rae_state = label_games(played, self.rae_state, self.rae)
+            samples += new
+            games += played
+            if r.selection == "all" or len(samples) >= r.samples_per_step:
+                break
+        else:
+            raise RuntimeError(f"1000 rounds of games gave only {len(samples)} trainable samples")
+        if r.selection == "exact":
+            keep = np.sort(rng.choice(len(samples), r.samples_per_step, replace=False))
+            samples = [samples[i] for i in keep]
+        return samples, games
+
+    # ---------------------------------------------------------------------------------- steps
+
+    def train_step(self) -> dict:
+        t0 = time.perf_counter()
+        sample_params = self.to_sampler(self.state.params)
+        jax.block_until_ready(sample_params)
+        t_handover = time.perf_counter() - t0
+        sample_s0, tokens0 = self.rollout.sample_seconds, self.rollout.generated_tokens
+        samples, games = self.collect(sample_params)
+        t_rollout = time.perf_counter() - t0 - t_handover
+        t_sample = self.rollout.sample_seconds - sample_s0
+        generated = self.rollout.generated_tokens - tokens0
+
+        t1 = time.perf_counter()
+        multiple = self._row_multiple(self.tc)
+        rows = None if self.c.rollout.selection == "exact" else \
+            -(-bucket_length(len(samples), 1) // multiple) * multiple
+        batch = shard_batch(pack(samples, rows=rows, row_multiple=multiple), self.mesh)
+        self.state, epochs = self.update(self.state, batch)
+        metrics = {f"train/{k}": float(v) for k, v in jax.device_get(epochs[-1]).items()}
+        t_update = time.perf_counter() - t1
+
+        self.step += 1
+        if self.c.rollout.mode == "pool" and self.step % self.c.rollout.pool_every == 0:
+            self.pool.append(jax.tree.map(lambda x: x.copy(), self.to_sampler(self.state.params)))
+            self.pool_steps.append(self.step)
+            if len(self.pool) > self.c.rollout.pool_size:
+                self.pool.pop(0), self.pool_steps.pop(0)
+
+        for env_id in sorted(set(g.record.env_id for g in games)):
+            stats = summarize([g for g in games if g.record.env_id == env_id])
+            metrics.update(stats.scalars(f"rollout/{env_id}"))
+        model_turns = [t for g in games for t in g.model_turns if t.policy == "model"]
+        responses = [t.response for g in games for t in g.record.turns]
+        metrics.update({
+            "rollout/response_chars": float(np.mean([len(x) for x in responses])) if responses else 0.0,
+            "rollout/valid_action_rate": float(np.mean([t.valid for g in games for t in g.record.turns])),
+            "rollout/truncation_rate": float(np.mean([t.finish_reason != "stop" for t in model_turns]))
+            if model_turns else 0.0,
+            "rollout/games": len(games), "rollout/samples": len(samples),
+            "time/step": time.perf_counter() - t0, "time/sampling": t_sample,
+            "time/env": t_rollout - t_sample, "time/update": t_update, "time/handover": t_handover,
+            "throughput/sampled_tokens_per_s": generated / max(t_sample, 1e-9),
+        })
+        metrics.update(baseline_metrics(self.rae_state))
+        return metrics
+
+    def evaluate(self, n_games: int, transcripts: int = 0) -> dict:
+        """The current model against every configured opponent on every training game."""
+        params = self.to_sampler(self.state.params)
+        results, scalars = {}, {}
+        for env_id in self.c.games.env_ids:
+            for opponent in self.c.eval.opponents:
+                stats, games = evaluate(self.eval_rollout, params, env_id, opponent, n_games,
+                                        seed=self.c.seed * 31 + self.step)
+                results[env_id, opponent] = stats
+                scalars.update(stats.scalars(f"eval/{env_id}/{opponent}"))
+                for i, g in enumerate(games[:transcripts]):
+                    self.writer.text(self.step, f"transcripts/{env_id}/{opponent}/{i}", transcript(g))
+        self.writer.scalars(self.step, scalars)
+        return results
+
+    def request_stop(self, signum=None, frame=None):
+        self._stop = True
+        self.log(f"\nreceived signal {signum}: saving a checkpoint after this step, then exiting")
+
+    def run(self) -> dict:
+        """Train to `train.steps`, then print and return the final evaluation table."""
+        from tqdm import tqdm
+        c = self.c
+        handlers = {s: signal.signal(s, self.request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        bar = tqdm(total=c.train.steps, initial=self.step, desc="self-play", unit="step", dynamic_ncols=True)
+        try:
+            while self.step < c.train.steps and not self._stop:
+                metrics = self.train_step()
+                self.writer.scalars(self.step, metrics)
+                bar.update(1)
+                first = c.games.env_ids[0]
+                bar.set_postfix({"loss": f"{metrics['train/loss']:.4f}",
+                                 "invalid": f"{metrics[f'rollout/{first}/invalid_rate']:.2f}",
+                                 "len": f"{metrics['rollout/{}/response_tokens'.format(first)]:.0f}",
+                                 "s/step": f"{metrics['time/step']:.1f}"})
+                if self.step % c.train.eval_every == 0:
+                    self.evaluate(c.eval.games, c.train.transcripts)
+                if self.step % c.train.checkpoint_every == 0 or self._stop:
+                    self.save()
+                self.writer.flush()
+            bar.close()
+            if self._stop:
+                self.ckpt.wait()
+                self.log(f"stopped at step {self.step}; resume with --resume")
+                return {}
+            if self.step % c.train.checkpoint_every:
+                self.save()
+            results = self.evaluate(c.eval.final_games, c.train.transcripts)
+            self.log(self.table(results))
+            return results
+        finally:
+            for s, h in handlers.items():
+                signal.signal(s, h)
+            self.ckpt.close()
+            self.writer.close()
+
+    def table(self, results) -> str:
+        lines = [f"\nfinal evaluation after {self.step} steps (temperature {self.c.eval.temperature}, "
+                 f"top-p {self.c.eval.top_p}, both seats; invalid = lost by an invalid move)",
+                 TABLE_HEADER]
+        lines += [stats.row(f"{env_id} vs {opp}") for (env_id, opp), stats in results.items()]
+        return "\n".join(lines)
