@@ -7,8 +7,10 @@ from spiral_jax.rl.train_step import (TrainConfig, TrainState, init_train_state,
                                       make_optimizer, make_train_step, make_update)
 
 __all__ = [
-    "token_logprobs", "token_loss", "token_weights", "RAEConfig", "assign_advantages",
-    "baseline_metrics", "init_rae_state", "label_game", "make_reshard", "Batch", "TurnSample", "pack", "shard_batch",
+    "token_logprobs", "token_loss", "token_weights",
+    "RAEConfig", "assign_advantages", "baseline_metrics", "init_rae_state", "label_game",
+    "make_reshard",
+    "Batch", "TurnSample", "pack", "shard_batch",
     "TrainConfig", "TrainState", "init_train_state", "make_compute_logprobs", "make_optimizer",
     "make_train_step", "make_update",
 ]

@@ -37,7 +37,7 @@ def token_logprobs(params, cfg: ModelConfig, batch: Batch, chunk: int, rules: Ru
         logits = constrain(unembed(params, cfg, h), rules, ("batch", "seq", "vocab"))
         logz = jax.nn.logsumexp(logits, axis=-1)
         logp = jnp.take_along_axis(logits, y[..., None], axis=-1)[..., 0] - logz
-        entropy = logz - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
+        entropy = logz - jnp.sum(jnp.exp(logits - logz[..., None]) * logits, axis=-1)
         return logp, jax.lax.stop_gradient(entropy)
 
     _, (logp, entropy) = jax.lax.scan(lambda c, xs: (c, one_chunk(params, *xs)), None,

@@ -7,8 +7,8 @@ batch splits into row-sharded micro-batches without moving data; their fp32 grad
 a `lax.scan`. Token weights are computed over the whole batch first, so the sum equals the
 full-batch gradient exactly.
 
-`epochs == 1` is REINFORCE. `epochs > 1` is the reference's PPO learner: `update` recomputes the old
-log-probs with the current parameters (so epoch 1 is exactly REINFORCE) and then takes `epochs`
+`epochs == 1` is REINFORCE. `epochs > 1` is the reference's PPO learner: `make_update` recomputes the
+old log-probs with the current parameters (so epoch 1 is exactly REINFORCE), then takes `epochs`
 clipped steps on the same batch.
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ class TrainConfig:
     normaliser: str = "constant"  # see losses.token_weights
     normaliser_constant: float = 4096.0
     tis_cap: float | None = None  # truncated importance weight against the sampler (e.g. 2.0)
-    kl_coef: float = 0.0  # KL to a frozen reference; needs batch.ref_logprobs
+    kl_coef: float = 0.0  # KL to a frozen reference (make_update's ref_params)
     # Execution.
     micro_batch_size: int | None = None  # rows per micro-batch (a multiple of the batch shards)
     logprob_chunk: int = 512  # sequence slots unembedded at a time (a power of two)

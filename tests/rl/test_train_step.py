@@ -39,13 +39,16 @@ def _host(tree):
     return jax.tree.map(np.asarray, tree)
 
 
-def test_sharded_step_equals_single_device(host_params, step):
+def test_sharded_step_equals_single_device(host_params, step, logprobs):
     batch = pack(random_samples(8, seed=2), row_multiple=4)
+    want_logprobs = logprobs(jax.tree.map(jax.numpy.asarray, host_params), shard_batch(batch, None))
     single, single_metrics = step(_state(host_params), shard_batch(batch, None))
 
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
-    sharded, metrics = make_train_step(TINY, TC, mesh)(_state(host_params, mesh=mesh),
-                                                       shard_batch(batch, mesh))
+    state, on_mesh = _state(host_params, mesh=mesh), shard_batch(batch, mesh)
+    got_logprobs = make_compute_logprobs(TINY, TC, mesh)(state.params, on_mesh)
+    np.testing.assert_allclose(got_logprobs, want_logprobs, atol=1e-5)
+    sharded, metrics = make_train_step(TINY, TC, mesh)(state, on_mesh)
     train = param_shardings(TINY, Rules.create(mesh, "train"))
     for p, s, mu in zip(jax.tree.leaves(sharded.params), jax.tree.leaves(train),
                         jax.tree.leaves(sharded.opt_state[1][0].mu)):
