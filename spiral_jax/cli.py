@@ -11,6 +11,9 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
+from spiral_jax.models.config import CheckpointError
+from spiral_jax.sharding import MeshError
+
 COMMANDS = ("train", "eval", "export")
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).",
@@ -18,11 +21,22 @@ config_flags.DEFINE_config_file("config", None, "Experiment config file (configs
 flags.DEFINE_bool("resume", False, "train: continue from the newest checkpoint in out_dir.")
 flags.DEFINE_integer("games", 0, "eval: games per (game, opponent); default eval.final_games.")
 flags.DEFINE_string("out", "", "export: the folder to write the Hugging Face checkpoint to.")
-flags.DEFINE_integer("step", -1, "eval/export: checkpoint step (default: the newest).")
 
 
 def _usage() -> str:
     return __doc__.strip()
+
+
+def _parse(argv: list[str]) -> None:
+    """Parse flags; repeatable in one process (tests call main() several times)."""
+    for name in [n for n in FLAGS if n.startswith("config.")]:
+        delattr(FLAGS, name)  # override flags registered by an earlier parse
+    FLAGS.unparse_flags()
+    saved, sys.argv = sys.argv, argv  # config_flags finds --config.a.b overrides in sys.argv
+    try:
+        FLAGS(argv)
+    finally:
+        sys.argv = saved
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,29 +46,43 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     command = argv.pop(1)
     try:
-        FLAGS(argv)
+        _parse(argv)
     except flags.Error as e:
         print(f"spiral-jax {command}: {e}", file=sys.stderr)
+        return 2
+    except (AttributeError, KeyError) as e:  # ml_collections: a key the config does not have
+        message = str(e).strip("'\"").replace("\\n", " ").replace("\n", " ")
+        print(f"spiral-jax {command}: unknown config key in an override: {message}", file=sys.stderr)
         return 2
     if FLAGS.config is None:
         print(f"spiral-jax {command}: --config is required (e.g. --config configs/tiny_tictactoe.py)",
               file=sys.stderr)
         return 2
+    try:
+        return _run(command, FLAGS.config)
+    except (CheckpointError, MeshError, FileNotFoundError, ValueError) as e:
+        print(f"spiral-jax {command}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+
+
+def _run(command: str, c) -> int:
+    from spiral_jax.checkpoint import Checkpointer
     from spiral_jax.rl.trainer import Trainer
 
-    c = FLAGS.config
     if command == "train":
         Trainer(c, resume=FLAGS.resume).run()
         return 0
-    trainer = Trainer(c, resume=True)
+    if command == "export" and not FLAGS.out:
+        raise ValueError("--out is required (the folder to write the Hugging Face checkpoint to)")
+    # eval / export: the newest checkpoint in out_dir, else the weights at model.path as they are.
+    has_checkpoint = Checkpointer(f"{c.out_dir}/checkpoints").latest_step() is not None
+    if not has_checkpoint and not c.model.path:
+        raise FileNotFoundError(f"nothing to {command}: no checkpoint in {c.out_dir}/checkpoints and "
+                                f"no model.path; train first or pass --config.model.path=HF_FOLDER")
+    trainer = Trainer(c, resume=has_checkpoint, bootstrap=False)
     if command == "eval":
-        results = trainer.evaluate(FLAGS.games or c.eval.final_games)
-        print(trainer.table(results))
+        print(trainer.table(trainer.evaluate(FLAGS.games or c.eval.final_games)))
         return 0
-    if not FLAGS.out:
-        print("spiral-jax export: --out is required (the folder for the Hugging Face checkpoint)",
-              file=sys.stderr)
-        return 2
     from spiral_jax.models import save_pretrained
     save_pretrained(trainer.cfg, trainer.state.params, FLAGS.out)
     trainer.tokenizer.hf.save_pretrained(FLAGS.out)

@@ -79,3 +79,15 @@ def build_tokenizer(c: ConfigDict, cfg: ModelConfig) -> Tokenizer:
                               "project's tiny tokenizer) when model.path is empty")
     template = Template(t.template, t.instruction, t.suffix, t.enable_thinking)
     return load_tokenizer(path, cfg, template)
+
+
+def config_from_file(name: str, relative_to: str | None = None) -> ConfigDict:
+    """`get_config()` of another config file (by path, or a name next to `relative_to`), so one
+    experiment can start from another's settings."""
+    import importlib.util
+
+    path = Path(relative_to).with_name(name) if relative_to else Path(name)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()

@@ -45,9 +45,10 @@ class ModelConfig:
     rope_scaling: RopeScaling | None = None
     max_position_embeddings: int = 32768
     tie_word_embeddings: bool = False
-    qkv_bias: bool = False  # Qwen2: bias on q/k/v only
-    o_bias: bool = False  # attention_bias=True on Llama/Qwen3 also puts a bias on o_proj
-    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before RoPE
+    # None = the family's default: Qwen2 has q/k/v bias, Qwen3 has q/k RMSNorm, Llama neither.
+    qkv_bias: bool | None = None  # bias on q/k/v
+    o_bias: bool | None = None  # attention_bias=True on Llama/Qwen3 also puts a bias on o_proj
+    qk_norm: bool | None = None  # RMSNorm over head_dim on q and k before RoPE
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     # Runtime choices (not part of the checkpoint).
@@ -60,6 +61,10 @@ class ModelConfig:
             raise CheckpointError(
                 f"unsupported model_type {self.model_type!r}; spiral_jax supports "
                 f"{', '.join(SUPPORTED_MODEL_TYPES)} (Qwen2/2.5, Qwen3, Llama 3.x)")
+        family = dict(qkv_bias=self.model_type == "qwen2", o_bias=False, qk_norm=self.model_type == "qwen3")
+        for name, default in family.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default)
         if self.num_heads % self.num_kv_heads:
             raise CheckpointError(
                 f"num_attention_heads={self.num_heads} is not a multiple of "

@@ -128,7 +128,10 @@ def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache
     without a cache and S = cache slots with one (the caller marks the new block's slots too).
     """
     dt = jnp.dtype(cfg.compute_dtype)
-    x = jnp.take(params["embed"], tokens, axis=0).astype(dt)
+    # Gather from a table whole along embed (vocab may stay split): gathering rows of an
+    # fsdp-split table would make XLA rematerialise the whole table on every device.
+    embed = constrain(params["embed"], rules, ("vocab", None))
+    x = jnp.take(embed, tokens, axis=0).astype(dt)
     x = constrain(x, rules, ACT)
     kv_mask = kv_mask.astype(bool)
     inv_freq = rope_inv_freq(cfg)

@@ -49,7 +49,7 @@ def transcript(game: PlayedGame) -> str:
 
 
 class Trainer:
-    def __init__(self, c: ConfigDict, resume: bool = False, log=print):
+    def __init__(self, c: ConfigDict, resume: bool = False, log=print, bootstrap: bool = True):
         if c.rollout.mode not in MODES:
             raise ValueError(f"rollout.mode={c.rollout.mode!r}; use one of {', '.join(MODES)}")
         if len(c.games.weights) != len(c.games.env_ids):
@@ -64,6 +64,12 @@ class Trainer:
         self.cfg, params = build_model(c, self.mesh)
         self.tokenizer = build_tokenizer(c, self.cfg)
         self.tc = train_config(c.optim)
+        shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        micro = self.tc.micro_batch_size or shards
+        if micro % shards or (c.rollout.selection == "exact" and c.rollout.samples_per_step % micro):
+            raise ValueError(
+                f"optim.micro_batch_size={micro} must be a multiple of the data x fsdp mesh size "
+                f"({shards}) and divide rollout.samples_per_step={c.rollout.samples_per_step}")
         r, e = c.rollout, c.eval
         slots = bucket_length(r.max_prompt_len) + bucket_length(max(r.max_new_tokens, e.max_new_tokens), 1)
         self.sampler = Sampler(self.cfg, self.mesh, max_prompt_len=r.max_prompt_len, max_cache_len=slots)
@@ -83,7 +89,7 @@ class Trainer:
         self._stop = False
         if resume:
             self._restore()
-        elif c.bootstrap.enabled:
+        elif c.bootstrap.enabled and bootstrap:
             self._bootstrap()
 
     # ----------------------------------------------------------------------------- checkpoints
@@ -192,6 +198,7 @@ class Trainer:
             if len(self.pool) > self.c.rollout.pool_size:
                 self.pool.pop(0), self.pool_steps.pop(0)
 
+        metrics.update(summarize(games).scalars("rollout/all"))
         for env_id in sorted(set(g.record.env_id for g in games)):
             stats = summarize([g for g in games if g.record.env_id == env_id])
             metrics.update(stats.scalars(f"rollout/{env_id}"))
@@ -240,10 +247,9 @@ class Trainer:
                 metrics = self.train_step()
                 self.writer.scalars(self.step, metrics)
                 bar.update(1)
-                first = c.games.env_ids[0]
                 bar.set_postfix({"loss": f"{metrics['train/loss']:.4f}",
-                                 "invalid": f"{metrics[f'rollout/{first}/invalid_rate']:.2f}",
-                                 "len": f"{metrics['rollout/{}/response_tokens'.format(first)]:.0f}",
+                                 "invalid": f"{metrics['rollout/all/invalid_rate']:.2f}",
+                                 "tokens": f"{metrics['rollout/all/response_tokens']:.0f}",
                                  "s/step": f"{metrics['time/step']:.1f}"})
                 if self.step % c.train.eval_every == 0:
                     self.evaluate(c.eval.games, c.train.transcripts)

@@ -1,0 +1,163 @@
+"""The self-play trainer end to end on a tiny random model: modes, resume, SIGTERM, export, errors."""
+import os
+import signal
+
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from spiral_jax.cli import main as cli_main
+from spiral_jax.config import base_config, config_from_file
+from spiral_jax.models import CheckpointError, forward, load_pretrained
+from spiral_jax.rl.trainer import Trainer
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def tiny_config(tmp_path, **changes):
+    c = base_config()
+    c.out_dir = str(tmp_path / "run")
+    c.model.random.update(vocab_size=2048, hidden_size=32, intermediate_size=64, num_layers=2,
+                          num_heads=2, num_kv_heads=1, head_dim=16, max_position_embeddings=512)
+    c.tokenizer.path = "embedded"
+    c.rollout.update(games_per_batch=4, samples_per_step=16, max_new_tokens=8, max_prompt_len=256)
+    c.optim.update(learning_rate=1e-3, micro_batch_size=8, logprob_chunk=64)  # 8 fake devices
+    c.train.update(steps=3, eval_every=2, checkpoint_every=2, async_checkpointing=False)
+    c.eval.update(games=2, final_games=4, max_new_tokens=8)
+    for key, value in changes.items():
+        section, name = key.split(".")
+        c[section][name] = value
+    c.lock()
+    return c
+
+
+@pytest.mark.parametrize("changes", [
+    {},
+    {"rollout.mode": "fixed_opponent", "rollout.opponent": "random"},
+    {"rollout.mode": "pool", "rollout.pool_every": 1, "rollout.pool_self_weight": 0.0},
+    {"games.env_ids": ("TicTacToe-v0", "KuhnPoker-v1"), "games.weights": (1.0, 1.0),
+     "rollout.selection": "all"},
+], ids=["self_play", "fixed_opponent", "pool", "two_games"])
+def test_three_steps_in_every_mode(tmp_path, changes):
+    """A random model writes garbage: every game still ends (invalid moves), nothing crashes."""
+    trainer = Trainer(tiny_config(tmp_path, **changes), log=lambda *_: None)
+    results = trainer.run()
+    assert trainer.step == 3 and int(trainer.state.step) == 3
+    assert results and all(s.games == 4 for s in results.values())
+    assert trainer.ckpt.latest_step() == 3
+    baselines = trainer.rae_state["baselines"]
+    assert set(baselines) <= set(trainer.c.games.env_ids) and baselines
+    if changes.get("rollout.mode") == "pool":
+        assert trainer.pool_steps == [1, 2, 3][-trainer.c.rollout.pool_size:]
+    from spiral_jax.metrics import read_scalars
+    scalars = read_scalars(tmp_path / "run" / "tensorboard")
+    for tag in ("train/loss", "train/grad_norm", "train/entropy", "rollout/valid_action_rate",
+                "time/sampling", "time/update", "throughput/sampled_tokens_per_s"):
+        assert len(scalars[tag]) == 3 and all(np.isfinite(v) for _, v in scalars[tag])
+    assert any(t.startswith("rae/baseline/") for t in scalars)
+    assert any(t.startswith("eval/") for t in scalars)
+
+
+def _params(trainer):
+    return [np.asarray(x) for x in jax.tree.leaves(trainer.state.params)]
+
+
+def test_resume_continues_exactly(tmp_path):
+    full = Trainer(tiny_config(tmp_path / "a", **{"train.steps": 4}), log=lambda *_: None)
+    full.run()
+    first = Trainer(tiny_config(tmp_path / "b", **{"train.steps": 2}), log=lambda *_: None)
+    first.run()
+    resumed = Trainer(tiny_config(tmp_path / "b", **{"train.steps": 4}), resume=True, log=lambda *_: None)
+    assert resumed.step == 2
+    resumed.run()
+    for a, b in zip(_params(full), _params(resumed)):
+        np.testing.assert_array_equal(a, b)
+    assert full.rae_state == resumed.rae_state
+
+
+def test_sigterm_saves_and_exits(tmp_path):
+    trainer = Trainer(tiny_config(tmp_path, **{"train.steps": 100, "train.checkpoint_every": 50}),
+                      log=lambda *_: None)
+    step = trainer.train_step
+
+    def step_then_signal():
+        metrics = step()
+        if trainer.step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return metrics
+
+    trainer.train_step = step_then_signal
+    assert trainer.run() == {}
+    assert trainer.step == 2 and trainer.ckpt.latest_step() == 2
+    resumed = Trainer(tiny_config(tmp_path, **{"train.steps": 3}), resume=True, log=lambda *_: None)
+    assert resumed.step == 2
+
+
+def test_export_loads_in_transformers(tmp_path):
+    config = tmp_path / "cfg.py"
+    config.write_text(
+        "from tests.trainer.test_trainer import tiny_config\n"
+        "from pathlib import Path\n"
+        f"def get_config():\n    return tiny_config(Path({str(tmp_path)!r}))\n")
+    assert cli_main(["spiral-jax", "train", f"--config={config}", "--config.train.steps=1"]) == 0
+    out = tmp_path / "exported"
+    assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={out}"]) == 0
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    trainer = Trainer(tiny_config(tmp_path), resume=True, log=lambda *_: None)
+    ids = np.asarray([tokenizer.encode("Free cells: [0], [4]. \\boxed{4}")])
+    ours = np.asarray(forward(trainer.state.params, trainer.cfg, ids))
+    with torch.no_grad():
+        theirs = model(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(theirs, ours, atol=1e-4)
+    assert load_pretrained(out)[0] == trainer.cfg.replace(remat=True)  # strict: no tensor missing
+
+
+def test_kuhn_paper_config_runs_one_step_with_tiny_sizes(tmp_path):
+    c = config_from_file(os.path.join(REPO, "configs", "spiral_kuhn_qwen3_4b.py"))
+    c.out_dir = str(tmp_path)
+    c.model.path = ""  # random weights, same architecture (qwen3, tied, q/k norm), tiny sizes
+    c.model.update(compute_dtype="float32")
+    c.model.random.update(vocab_size=2048, hidden_size=32, intermediate_size=64, num_layers=2,
+                          num_heads=4, num_kv_heads=2, head_dim=16)
+    c.tokenizer.path = "embedded"
+    c.rollout.update(games_per_batch=4, samples_per_step=8, max_new_tokens=16, max_prompt_len=512)
+    c.optim.update(micro_batch_size=8)
+    c.train.update(steps=1, async_checkpointing=False)
+    c.eval.update(final_games=2, max_new_tokens=16)
+    trainer = Trainer(c, log=lambda *_: None)
+    assert trainer.cfg.scan_layers and trainer.tc.epochs == 2 and trainer.tc.normaliser_constant == 4096
+    trainer.run()
+    assert int(trainer.state.step) == 2  # PPO: two optimizer steps per iteration
+
+
+# ------------------------------------------------------------------------------------------ errors
+
+def test_bad_config_key_is_an_error(tmp_path, capsys):
+    code = cli_main(["spiral-jax", "train", f"--config={REPO}/configs/tiny_tictactoe.py",
+                     "--config.train.stepz=3"])
+    assert code == 2 and "stepz" in capsys.readouterr().err
+
+
+def test_unknown_env_id(tmp_path):
+    with pytest.raises(ValueError, match="Chess-v0.*TicTacToe-v0"):
+        Trainer(tiny_config(tmp_path, **{"games.env_ids": ("Chess-v0",)}))
+
+
+def test_missing_checkpoint(tmp_path):
+    c = tiny_config(tmp_path)
+    with c.unlocked():
+        c.model.path = str(tmp_path / "no_such_model")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        Trainer(c)
+    with pytest.raises(FileNotFoundError, match="no checkpoint to resume from"):
+        Trainer(tiny_config(tmp_path), resume=True)
+
+
+def test_tokenizer_that_does_not_fit_the_model(tmp_path):
+    c = tiny_config(tmp_path)
+    c.model.random.vocab_size = 1000
+    with pytest.raises(CheckpointError, match="2048 tokens but the model's embedding has only 1000 rows"):
+        Trainer(c)
