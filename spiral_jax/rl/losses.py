@@ -1,7 +1,7 @@
 """Token log-probs in sequence chunks, and the policy-gradient / PPO-clip loss.
 
 Full [B, T, V] logits never exist: the decoder runs over the whole sequence, then a scan over
-sequence chunks unembeds [B, C, V] at a time. The chunk function is rematerialised, so the backward
+chunks of the response slots unembeds [B, C, V] at a time (prompt slots are never unembedded). The chunk function is rematerialised, so the backward
 pass recomputes each chunk's logits instead of storing them.
 
 The loss is written per token and reduced with per-token weights computed once over the whole batch
@@ -22,27 +22,35 @@ DRIFT_RANGE = (0.9, 1.1)  # learner/sampler probability ratios outside this coun
 
 
 def token_logprobs(params, cfg: ModelConfig, batch: Batch, chunk: int, rules: Rules | None = None):
-    """(log p(targets), entropy) per slot, both fp32 [B, T]; entropy carries no gradient."""
+    """(log p(targets), entropy) per slot, both fp32 [B, T] and 0 off the response; entropy carries
+    no gradient. Logits are formed only at `batch.response_slots`, `chunk` slots at a time."""
     hidden, _ = decoder(params, cfg, batch.tokens, batch.positions, batch.input_mask, rules=rules)
     b, t, d = hidden.shape
-    chunk = min(chunk, t)
-    if t % chunk:
-        raise ValueError(f"sequence length {t} is not a multiple of the log-prob chunk {chunk}; "
+    slots = batch.response_slots
+    r = slots.shape[1]
+    chunk = min(chunk, r)
+    if r % chunk:
+        raise ValueError(f"response bucket {r} is not a multiple of the log-prob chunk {chunk}; "
                          f"use power-of-two buckets and chunk sizes")
-    hidden = hidden.reshape(b, t // chunk, chunk, d).swapaxes(0, 1)  # [n, B, C, D]
-    targets = batch.targets.reshape(b, t // chunk, chunk).swapaxes(0, 1)
+    real = jnp.take_along_axis(batch.loss_mask, slots, axis=1) > 0
+    hidden = jnp.take_along_axis(hidden, slots[..., None], axis=1)  # [B, R, D]
+    hidden = hidden.reshape(b, r // chunk, chunk, d).swapaxes(0, 1)  # [n, B, C, D]
+    targets = jnp.take_along_axis(batch.targets, slots, axis=1)
+    targets = targets.reshape(b, r // chunk, chunk).swapaxes(0, 1)
 
     @jax.checkpoint
     def one_chunk(params, h, y):
         logits = constrain(unembed(params, cfg, h), rules, ("batch", "seq", "vocab"))
         logz = jax.nn.logsumexp(logits, axis=-1)
         logp = jnp.take_along_axis(logits, y[..., None], axis=-1)[..., 0] - logz
-        entropy = logz - jnp.sum(jnp.exp(logits - logz[..., None]) * logits, axis=-1)
+        entropy = logz - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
         return logp, jax.lax.stop_gradient(entropy)
 
     _, (logp, entropy) = jax.lax.scan(lambda c, xs: (c, one_chunk(params, *xs)), None,
                                       (hidden, targets))
-    unsplit = lambda x: x.swapaxes(0, 1).reshape(b, t)  # noqa: E731
+    # Back to the slot layout; real response slots are distinct, padding entries add 0.
+    to_slots = jax.vmap(lambda s, v: jnp.zeros((t,), jnp.float32).at[s].add(v))
+    unsplit = lambda x: to_slots(slots, jnp.where(real, x.swapaxes(0, 1).reshape(b, r), 0.0))  # noqa: E731
     return unsplit(logp), unsplit(entropy)
 
 

@@ -8,7 +8,9 @@ response, stop token included. Packing lays each sample out as one row, *right-p
     loss_mask = 1 where targets[t] is a response token of a real row, else 0
 
 so `log p(targets[t] | tokens[:t+1])` is read at slot t and the loss covers exactly the response
-tokens. Right padding keeps positions trivial; the decoder's key mask makes the padding invisible, so
+tokens. `response_slots` [B, R] lists, per row, the slots that predict its response tokens (R is the
+longest response, bucketed), so logits are only ever formed there: with short answers after long
+prompts (most game turns) that skips almost all of the unembedding. Right padding keeps positions trivial; the decoder's key mask makes the padding invisible, so
 a row's log-probs equal those the (left-padded) sampler saw. Lengths are bucketed to powers of two and
 the row count is padded with all-zero rows (loss_mask 0, advantage 0), so the jitted step compiles
 once per bucket and padding never changes the loss.
@@ -61,6 +63,7 @@ class Batch(NamedTuple):
     sampler_logprobs: np.ndarray  # float32
     old_logprobs: np.ndarray  # float32
     ref_logprobs: np.ndarray  # float32
+    response_slots: np.ndarray  # int32 [B, R]: slot predicting each response token (0 past the end)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -96,6 +99,8 @@ def pack(samples: Sequence[TurnSample], *, rows: int | None = None, row_multiple
     sampler_logprobs = np.zeros((n_rows, length), np.float32)
     input_mask = np.zeros((n_rows, length), bool)
     advantages = np.zeros((n_rows,), np.float32)
+    response_slots = np.zeros((n_rows, bucket_length(max(len(s.response_ids) for s in samples), 1)),
+                              np.int32)
     for row, s in enumerate(samples):
         p, r = len(s.prompt_ids), len(s.response_ids)
         tokens[row, :p] = s.prompt_ids
@@ -104,13 +109,14 @@ def pack(samples: Sequence[TurnSample], *, rows: int | None = None, row_multiple
         # Slot t predicts token t+1, so the response tokens are predicted at slots p-1 .. p+r-2.
         loss_mask[row, p - 1:p + r - 1] = 1.0
         sampler_logprobs[row, p - 1:p + r - 1] = s.sampler_logprobs
+        response_slots[row, :r] = np.arange(p - 1, p + r - 1)
         advantages[row] = s.advantage
     targets = np.zeros_like(tokens)
     targets[:, :-1] = tokens[:, 1:]
     positions = np.broadcast_to(np.arange(length, dtype=np.int32), tokens.shape).copy()
     zeros = np.zeros((n_rows, length), np.float32)
     return Batch(tokens, positions, input_mask, targets, loss_mask, advantages, sampler_logprobs,
-                 zeros, zeros.copy())
+                 zeros, zeros.copy(), response_slots)
 
 
 def batch_shardings(mesh: Mesh) -> Batch:

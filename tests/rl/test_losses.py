@@ -50,7 +50,8 @@ def test_chunked_logprobs_and_entropy_equal_full_logits(params, chunk):
     full = jax.nn.log_softmax(logits, axis=-1)
     want_logp = np.take_along_axis(np.asarray(full), batch.targets[..., None], -1)[..., 0]
     want_entropy = -np.sum(np.exp(full) * full, axis=-1)
-    on = batch.input_mask
+    on = batch.loss_mask > 0
+    assert np.all(np.asarray(logp)[~on] == 0)  # only response slots are unembedded
     np.testing.assert_allclose(np.asarray(logp)[on], want_logp[on], atol=1e-5)
     np.testing.assert_allclose(np.asarray(entropy)[on], want_entropy[on], atol=1e-5)
 
