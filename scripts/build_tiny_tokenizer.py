@@ -45,7 +45,10 @@ def main():
     tok = Tokenizer(models.BPE())
     # No pre-splitting on spaces: merges may span words, so the constant rules text of each game
     # collapses into a few tokens and prompts stay short (attention cost is quadratic in length).
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    # Digits stay single tokens, so a move in the answer is the same token as on the board.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())

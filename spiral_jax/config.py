@@ -53,7 +53,7 @@ def base_config() -> ConfigDict:
                              top_p=0.95, max_new_tokens=4096, invalid_rewards=(-1.0, 1.0)))
     # Imitation of scripted games before RL: for random tiny models only (real checkpoints skip it).
     c.bootstrap = ConfigDict(dict(enabled=False, steps=200, batch_size=64, learning_rate=1e-3,
-                                  explore=0.5))
+                                  warmup_steps=50, explore=0.5))
     return c
 
 

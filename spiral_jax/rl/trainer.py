@@ -110,7 +110,8 @@ class Trainer:
     def _bootstrap(self):
         """Imitation of scripted games (see rl/bootstrap.py), then a fresh optimiser for RL."""
         b, c = self.c.bootstrap, self.c
-        tc = train_config(c.optim, learning_rate=b.learning_rate, normaliser="token_mean", epochs=1)
+        tc = train_config(c.optim, learning_rate=b.learning_rate, normaliser="token_mean", epochs=1,
+                          warmup_steps=b.warmup_steps, micro_batch_size=0)
         update = make_update(self.cfg, tc, self.mesh)
         state = init_train_state(self.state.params, self.cfg, tc, self.mesh)
         self.log(f"[bootstrap] {b.steps} imitation steps of the scripted players "
