@@ -14,7 +14,6 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import argparse  # noqa: E402
-import gc  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
@@ -74,8 +73,6 @@ def bench_step(name: str, steps: int):
     slots = batch.tokens.size
     print(f"{name:6s} {cfg.num_params / 1e6:8.1f}M {rows:3d} x {batch.tokens.shape[1]:4d} "
           f"{rows // micro:5d} {first:9.1f} {t:9.3f} {slots / t:10,.0f} {RESPONSE * rows / t:10,.0f}")
-    del holder, state, step
-    gc.collect()
 
 
 def bench_handover(name: str, repeats: int):
@@ -94,8 +91,6 @@ def bench_handover(name: str, repeats: int):
     t = float(np.median(later))
     gb = cfg.num_params * 4 / 1e9
     print(f"{name:6s} {'x'.join(map(str, shape)):>6s} {gb:8.2f} {first:9.2f} {t * 1e3:9.1f} {gb / t:8.2f}")
-    del holder, params
-    gc.collect()
 
 
 def main():

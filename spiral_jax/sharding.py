@@ -34,18 +34,8 @@ TRAIN_RULES = (
     ("seq", None),
     ("act_embed", None),
 )
-SAMPLE_RULES = (
-    ("batch", ("data", "fsdp")),
-    ("vocab", "tensor"),
-    ("embed", None),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("mlp", "tensor"),
-    ("head_dim", None),
-    ("layers", None),
-    ("seq", None),
-    ("act_embed", None),
-)
+# Sampling: the same, except that weights are not split over fsdp (no all-gathers while decoding).
+SAMPLE_RULES = tuple((name, None if name == "embed" else target) for name, target in TRAIN_RULES)
 RULE_SETS = {"train": TRAIN_RULES, "sample": SAMPLE_RULES}
 
 

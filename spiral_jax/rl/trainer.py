@@ -7,7 +7,6 @@ all turns), label them with RAE, pack, and run the jitted update. Every step is 
 """
 from __future__ import annotations
 
-import dataclasses
 import signal
 import time
 from pathlib import Path
@@ -15,9 +14,11 @@ from pathlib import Path
 import jax
 import numpy as np
 from ml_collections import ConfigDict
+from tqdm import tqdm
 
 from spiral_jax.checkpoint import Checkpointer
 from spiral_jax.config import build_model, build_tokenizer
+from spiral_jax.envs import make
 from spiral_jax.eval.games import TABLE_HEADER, evaluate, summarize
 from spiral_jax.metrics import MetricsWriter
 from spiral_jax.rl.bootstrap import imitation_samples
@@ -55,7 +56,6 @@ class Trainer:
         if len(c.games.weights) != len(c.games.env_ids):
             raise ValueError(f"games.weights has {len(c.games.weights)} entries for "
                              f"{len(c.games.env_ids)} games.env_ids")
-        from spiral_jax.envs import make
         for env_id in c.games.env_ids:
             make(env_id)  # unknown ids fail here, before anything is compiled
         self.c, self.log = c, log
@@ -116,7 +116,6 @@ class Trainer:
         state = init_train_state(self.state.params, self.cfg, tc, self.mesh)
         self.log(f"[bootstrap] {b.steps} imitation steps of the scripted players "
                  f"(teaches the \\boxed{{}} answer format; real checkpoints skip this stage)")
-        from tqdm import tqdm
         bar = tqdm(range(b.steps), desc="bootstrap", unit="step", dynamic_ncols=True)
         for i in bar:
             samples = imitation_samples(c.games.env_ids, c.games.weights, self.tokenizer, b.batch_size,
@@ -197,7 +196,7 @@ class Trainer:
             self.pool.append(jax.tree.map(lambda x: x.copy(), self.to_sampler(self.state.params)))
             self.pool_steps.append(self.step)
             if len(self.pool) > self.c.rollout.pool_size:
-                self.pool.pop(0), self.pool_steps.pop(0)
+                del self.pool[0], self.pool_steps[0]
 
         metrics.update(summarize(games).scalars("rollout/all"))
         for env_id in sorted(set(g.record.env_id for g in games)):
@@ -239,7 +238,6 @@ class Trainer:
 
     def run(self) -> dict:
         """Train to `train.steps`, then print and return the final evaluation table."""
-        from tqdm import tqdm
         c = self.c
         handlers = {s: signal.signal(s, self.request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
         bar = tqdm(total=c.train.steps, initial=self.step, desc="self-play", unit="step", dynamic_ncols=True)
