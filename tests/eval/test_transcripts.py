@@ -1,0 +1,34 @@
+"""Transcripts: every game is a line, invalid games included, with per-move LLM details."""
+import numpy as np
+
+from spiral_jax.envs import GameRecord, Turn
+from spiral_jax.eval.games import summarize
+from spiral_jax.eval.transcripts import read_transcripts, write_transcripts
+from spiral_jax.rl.rollout import ModelTurn, PlayedGame
+
+
+def _game(i, seats, turns, rewards, model_turns):
+    return PlayedGame(GameRecord(i, "KuhnPoker-v2", 100 + i, turns, rewards, "end"), seats, model_turns)
+
+
+def test_every_game_written_and_no_box_is_invalid(tmp_path):
+    no_box = _game(0, ("model", "random"),
+                   [Turn(0, "obs0", "I check", "", False), Turn(0, "obs0b", "hmm", "", False)],
+                   {0: -1.5, 1: 0.5},
+                   [ModelTurn(0, "model", [1, 2], [3], np.zeros(1), "stop"),
+                    ModelTurn(0, "model", [1, 2], [4, 5], np.zeros(2), "length")])
+    won = _game(1, ("random", "model"),
+                [Turn(0, "o", "[bet]", "[bet]", True), Turn(1, "o2", "\\boxed{call}", "[call]", True)],
+                {0: -2.0, 1: 2.0}, [ModelTurn(1, "model", [1], [7, 8, 9], np.zeros(3), "stop")])
+    path = write_transcripts(tmp_path / "t" / "games.jsonl", [no_box, won],
+                             extra={"temperature": 0.6, "top_p": 0.95})
+    lines = read_transcripts(path)
+    assert len(lines) == 2
+    assert lines[0]["outcomes"] == {"0": "invalid"} and lines[1]["outcomes"] == {"1": "win"}
+    assert [t["response_tokens"] for t in lines[0]["turns"]] == [1, 2]
+    assert lines[0]["turns"][1]["finish_reason"] == "length"
+    assert "response_tokens" not in lines[1]["turns"][0]  # the random opponent's move
+    assert lines[1]["turns"][1]["response_tokens"] == 3
+    assert all(line["temperature"] == 0.6 and line["top_p"] == 0.95 for line in lines)
+    stats = summarize([no_box, won])
+    assert stats.counts == {"win": 1, "draw": 0, "loss": 0, "invalid": 1}
