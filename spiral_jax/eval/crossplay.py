@@ -1,0 +1,174 @@
+"""Cross-play between a set of players (checkpoints, model folders or scripts): every pair, both seats.
+
+Reports the score matrix (win = 1, draw = 1/2, loss or invalid = 0, from the row player's side),
+Bradley-Terry strengths fitted by minorisation-maximisation, the same on the Elo scale, and the
+residual: observed minus BT-predicted score.  One strength per player can only express a transitive
+order, so a large residual (and any cycle a > b > c > a of majority wins) means the players'
+relation is non-transitive, as with rock-paper-scissors.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+
+from spiral_jax.eval.games import outcome
+
+# play(first, second, n) -> n outcomes ("win"/"draw"/"loss"/"invalid") for the player in seat 0.
+PlayFn = Callable[[str, str, int], Sequence[str]]
+_SCORE = {"win": 1.0, "draw": 0.5, "loss": 0.0, "invalid": 0.0}
+
+
+@dataclasses.dataclass
+class CrossPlay:
+    """score[i, j]: points of player i against j (both seats); games[i, j]: games they played."""
+
+    names: list[str]
+    score: np.ndarray
+    games: np.ndarray
+    seat_score: np.ndarray  # [2, n, n]: points of i against j with i in seat 0 / seat 1
+
+    @property
+    def win_rate(self) -> np.ndarray:
+        """Score share of the row player (NaN on the diagonal and for unplayed pairs)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.games > 0, self.score / np.maximum(self.games, 1), np.nan)
+
+
+def cross_play(names: Sequence[str], play: PlayFn, games_per_pair: int) -> CrossPlay:
+    """Every unordered pair plays `games_per_pair` games, half with each player in seat 0."""
+    if games_per_pair < 2 or games_per_pair % 2:
+        raise ValueError(f"games_per_pair must be even and >= 2 (both seats), got {games_per_pair}")
+    n = len(names)
+    score, games, seat_score = np.zeros((n, n)), np.zeros((n, n)), np.zeros((2, n, n))
+    for i, j in itertools.combinations(range(n), 2):
+        for first, second in ((i, j), (j, i)):
+            outcomes = list(play(names[first], names[second], games_per_pair // 2))
+            if len(outcomes) != games_per_pair // 2:
+                raise ValueError(f"play returned {len(outcomes)} outcomes, expected {games_per_pair // 2}")
+            pts = sum(_SCORE[o] for o in outcomes)
+            score[first, second] += pts
+            score[second, first] += len(outcomes) - pts
+            seat_score[0, first, second] += pts
+            seat_score[1, second, first] += len(outcomes) - pts
+            games[first, second] += len(outcomes)
+            games[second, first] += len(outcomes)
+    return CrossPlay(list(names), score, games, seat_score)
+
+
+def bradley_terry(score: np.ndarray, games: np.ndarray, prior: float = 0.5, iters: int = 10000,
+                  tol: float = 1e-12) -> np.ndarray:
+    """Strengths p (geometric mean 1) maximising sum_ij score_ij log(p_i / (p_i + p_j)).
+
+    Hunter's MM update p_i <- W_i / sum_j n_ij / (p_i + p_j).  `prior` adds that many virtual wins
+    and losses of every player against every other it met, so an unbeaten player has a finite
+    strength.
+    """
+    played = games > 0
+    s = score + prior * played
+    n = games + 2 * prior * played
+    wins = s.sum(1)
+    p = np.ones(len(score))
+    for _ in range(iters):
+        denom = (n / (p[:, None] + p[None, :])).sum(1)
+        new = np.where(denom > 0, wins / np.maximum(denom, 1e-300), 1.0)
+        new = new / math.exp(np.mean(np.log(new)))
+        if np.max(np.abs(new - p)) < tol:
+            return new
+        p = new
+    return p
+
+
+def elo(strengths: np.ndarray, base: float = 1000.0) -> np.ndarray:
+    """The Elo scale: 400 points = 10:1 odds; the mean rating is `base`."""
+    r = 400 * np.log10(strengths)
+    return r - r.mean() + base
+
+
+def predicted(strengths: np.ndarray) -> np.ndarray:
+    """BT expected score of the row player against the column player."""
+    return strengths[:, None] / (strengths[:, None] + strengths[None, :])
+
+
+@dataclasses.dataclass
+class Ratings:
+    names: list[str]
+    strength: np.ndarray
+    elo: np.ndarray
+    residual: np.ndarray  # observed minus predicted score share (NaN where unplayed)
+    residual_rms: float   # over played pairs, weighted by games
+    cycles: list[tuple[tuple[str, str, str], float]]  # (a, b, c) with a > b > c > a; min margin
+
+
+def rate(result: CrossPlay, prior: float = 0.5) -> Ratings:
+    """Bradley-Terry / Elo ratings and the residual that shows what a single rating cannot."""
+    p = bradley_terry(result.score, result.games, prior)
+    residual = result.win_rate - predicted(p)
+    played = result.games > 0
+    rms = float(np.sqrt(np.sum(result.games[played] * residual[played] ** 2) / result.games[played].sum())
+                ) if played.any() else 0.0
+    rates, cycles = result.win_rate, []
+    for a, b, c in itertools.combinations(range(len(result.names)), 3):
+        for x, y, z in ((a, b, c), (a, c, b)):  # the two orientations of the triangle
+            margins = [rates[x, y], rates[y, z], rates[z, x]]
+            if all(m > 0.5 for m in margins if not np.isnan(m)) and not any(np.isnan(margins)):
+                cycles.append(((result.names[x], result.names[y], result.names[z]), min(margins) - 0.5))
+    cycles.sort(key=lambda c: -c[1])
+    return Ratings(list(result.names), p, elo(p), residual, rms, cycles)
+
+
+def markdown(result: CrossPlay, ratings: Ratings) -> str:
+    """The score matrix (row player's share) and the ratings as markdown tables."""
+    names, rates = result.names, result.win_rate
+    lines = ["| row vs column | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for i, name in enumerate(names):
+        cells = ["-" if np.isnan(r) else f"{r:.2f}" for r in rates[i]]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "| player | Elo | BT strength |", "|---|---|---|"]
+    for i in np.argsort(-ratings.elo):
+        lines.append(f"| {names[i]} | {ratings.elo[i]:.0f} | {ratings.strength[i]:.3f} |")
+    lines += ["", f"Residual (observed - BT predicted score), RMS over games: {ratings.residual_rms:.3f}."]
+    if ratings.cycles:
+        (a, b, c), m = ratings.cycles[0]
+        lines.append(f"Non-transitive: {len(ratings.cycles)} cycle(s), strongest {a} > {b} > {c} > {a} "
+                     f"(every margin >= {m:.2f} above 1/2).")
+    return "\n".join(lines) + "\n"
+
+
+def heatmap(result: CrossPlay, path, title: str = "cross-play score (row vs column)"):
+    """Save the score matrix as a PNG (needs matplotlib, the `eval` extra)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ImportError("the cross-play heatmap needs matplotlib: pip install 'spiral-jax[eval]'") from e
+    n = len(result.names)
+    fig, ax = plt.subplots(figsize=(1.2 * n + 2, 1.0 * n + 1.5))
+    im = ax.imshow(result.win_rate, vmin=0, vmax=1, cmap="RdBu")
+    ax.set_xticks(range(n), result.names, rotation=45, ha="right")
+    ax.set_yticks(range(n), result.names)
+    for i, j in itertools.product(range(n), range(n)):
+        if result.games[i, j] > 0:
+            ax.text(j, i, f"{result.win_rate[i, j]:.2f}", ha="center", va="center", fontsize=8)
+    fig.colorbar(im, ax=ax)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def rollout_play(rollout, params: dict, env_id: str, seed: int = 0) -> PlayFn:
+    """A `PlayFn` over LLM policies (names in `params`) and scripted ones ('random', 'scripted'),
+    played by a `Rollout`; a different seed for every call."""
+    calls = itertools.count()
+
+    def play(first: str, second: str, n: int) -> list[str]:
+        pools = {k: params[k] for k in (first, second) if k in params}
+        games = rollout.play([env_id] * n, [(first, second)] * n, pools, seed * 1009 + next(calls))
+        return [outcome(g, 0) for g in games]
+    return play
