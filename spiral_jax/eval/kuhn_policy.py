@@ -1,0 +1,181 @@
+"""Exploitability of a model's Kuhn poker policy (one-round KuhnPoker-v2, the textbook game).
+
+The model's behaviour policy is read off at the 12 information sets: each set's observation is built
+by playing the env to that node (the other player's card is hidden, so any deal that reaches it
+gives the same text), the model is asked, and its probability of the aggressive move (bet / call)
+goes to the exact `kuhn_exploitability`.  Two ways to ask:
+
+* sampling: K responses per set, counted after the trainer's action rules; the estimate is the
+  aggressive share among valid moves, with a Wilson interval; invalid responses are reported, not
+  hidden (a set with no valid response is played as 1/2 and flagged);
+* exact: for a template without reasoning, the log-probability of each legal answer's token sequence
+  (e.g. `\\boxed{bet}`) after the prompt, renormalised over the two moves; `coverage` says how much of
+  the model's probability the two answers hold.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spiral_jax.envs import INFO_SETS, KuhnExploitability, extract_action, kuhn_exploitability, make
+from spiral_jax.eval.games import wilson_interval
+
+ENV_ID = "KuhnPoker-v2"
+_CARDS = "JQK"
+_HISTORY_MOVES = {"": [], "c": ["[check]"], "b": ["[bet]"], "cb": ["[check]", "[bet]"]}
+_AGGRESSIVE = {"": "[bet]", "c": "[bet]", "b": "[call]", "cb": "[call]"}
+
+
+@dataclasses.dataclass(frozen=True)
+class InfoSetPrompt:
+    info_set: str
+    player: int
+    observation: str
+    legal_actions: tuple[str, ...]
+    aggressive: str
+
+
+def info_set_prompts() -> list[InfoSetPrompt]:
+    """The observation shown at each of the 12 information sets of one-round KuhnPoker-v2."""
+    out = []
+    for info in INFO_SETS:
+        card, history = _CARDS.index(info[0]), info[1:]
+        player = len(history) % 2  # player 0 opens in v2
+        other = (card + 1) % 3
+        env = make(ENV_ID, rounds=1)
+        env.reset(seed=0, chance={"deal": [(card, other) if player == 0 else (other, card)]})
+        for move in _HISTORY_MOVES[history]:
+            env.step(move)
+        assert env.current_player() == player and env.info_set(player) == info
+        out.append(InfoSetPrompt(info, player, env.observation(player), tuple(env.legal_actions()),
+                                 _AGGRESSIVE[history]))
+    return out
+
+
+@dataclasses.dataclass
+class KuhnPolicyEstimate:
+    """The estimated policy (aggressive-move probability per set), its intervals and exploitability."""
+
+    aggression: dict[str, float]
+    interval: dict[str, tuple[float, float]]
+    samples: dict[str, int]        # valid responses per set (0 for the exact method)
+    invalid_rate: dict[str, float]  # sampling: share of invalid responses; exact: 1 - coverage
+    exploitability: KuhnExploitability
+
+    def scalars(self, prefix: str = "kuhn") -> dict[str, float]:
+        out = {f"{prefix}/exploitability": self.exploitability.exploitability,
+               f"{prefix}/nash_conv": self.exploitability.nash_conv,
+               f"{prefix}/self_play_value": self.exploitability.value,
+               f"{prefix}/invalid_rate": float(np.mean(list(self.invalid_rate.values())))}
+        out.update({f"{prefix}/p_aggressive/{k}": v for k, v in self.aggression.items()})
+        return out
+
+    def markdown(self) -> str:
+        lines = ["| info set | P(bet/call) | 95% CI | valid samples | invalid |", "|---|---|---|---|---|"]
+        for info in INFO_SETS:
+            lo, hi = self.interval[info]
+            lines.append(f"| {info} | {self.aggression[info]:.3f} | [{lo:.3f}, {hi:.3f}] | "
+                         f"{self.samples[info]} | {self.invalid_rate[info]:.2f} |")
+        e = self.exploitability
+        lines.append(f"\nExploitability {e.exploitability:.4f} chips/hand (NashConv {e.nash_conv:.4f}; "
+                     f"self-play value for the first player {e.value:+.4f}).")
+        return "\n".join(lines) + "\n"
+
+
+# sample(observations, k) -> k raw responses per observation.
+SampleFn = Callable[[Sequence[str], int], Sequence[Sequence[str]]]
+# probs(prompts) -> per prompt, a probability for each of its legal actions.
+ProbFn = Callable[[Sequence[InfoSetPrompt]], Sequence[Mapping[str, float]]]
+
+
+def estimate_by_sampling(sample: SampleFn, k: int) -> KuhnPolicyEstimate:
+    """K responses per information set, counted with the trainer's strict action rules."""
+    prompts = info_set_prompts()
+    responses = sample([p.observation for p in prompts], k)
+    aggression, interval, samples, invalid = {}, {}, {}, {}
+    for p, resp in zip(prompts, responses):
+        actions = [extract_action(r) for r in resp]
+        valid = [a for a in actions if a in p.legal_actions]
+        hits = sum(a == p.aggressive for a in valid)
+        aggression[p.info_set] = hits / len(valid) if valid else 0.5
+        interval[p.info_set] = wilson_interval(hits, len(valid))
+        samples[p.info_set] = len(valid)
+        invalid[p.info_set] = 1 - len(valid) / len(actions) if actions else 1.0
+    return KuhnPolicyEstimate(aggression, interval, samples, invalid, kuhn_exploitability(aggression))
+
+
+def estimate_exact(probs: ProbFn) -> KuhnPolicyEstimate:
+    """Exact probabilities per set (renormalised over the legal moves; the rest is `invalid_rate`)."""
+    prompts = info_set_prompts()
+    aggression, invalid = {}, {}
+    for p, dist in zip(prompts, probs(prompts)):
+        mass = sum(float(dist.get(a, 0.0)) for a in p.legal_actions)
+        aggression[p.info_set] = float(dist.get(p.aggressive, 0.0)) / mass if mass > 0 else 0.5
+        invalid[p.info_set] = max(0.0, 1.0 - mass)
+    exact = {i: (a, a) for i, a in aggression.items()}
+    return KuhnPolicyEstimate(aggression, exact, {i: 0 for i in INFO_SETS}, invalid,
+                              kuhn_exploitability(aggression))
+
+
+def answer_text(action: str, template: str = "\\boxed{{{move}}}") -> str:
+    """The response that plays `action` ("[bet]") without reasoning, e.g. "\\boxed{bet}"."""
+    return template.format(move=action.strip("[]"))
+
+
+def sequence_logprobs(params, cfg, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+                      bucket: int = 64) -> np.ndarray:
+    """log p(continuation | prompt) for each (prompt ids, continuation ids) pair, in one forward
+    pass (left padded to a multiple of `bucket`, so repeated calls reuse the compiled program)."""
+    rows = [list(p) + list(c) for p, c in pairs]
+    width = -(-max(len(r) for r in rows) // bucket) * bucket
+    ids = np.zeros((len(rows), width), np.int32)
+    mask = np.zeros((len(rows), width), bool)
+    targets = np.zeros((len(rows), width - 1), np.int32)
+    weights = np.zeros((len(rows), width - 1), np.float32)
+    for i, (r, (_, c)) in enumerate(zip(rows, pairs)):  # left padding, as the sampler does
+        ids[i, width - len(r):], mask[i, width - len(r):] = r, True
+        if c:  # token at position t is predicted at t - 1
+            targets[i, width - 1 - len(c):] = c
+            weights[i, width - 1 - len(c):] = 1.0
+    return np.asarray(_scored(params, cfg, ids, mask, targets, weights))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _scored(params, cfg, ids, mask, targets, weights):
+    from spiral_jax.models import forward
+
+    logp = jax.nn.log_softmax(forward(params, cfg, ids, mask)[:, :-1].astype(jnp.float32), axis=-1)
+    picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    return (picked * weights).sum(-1)
+
+
+def model_prob_fn(params, cfg, tokenizer, template: str = "\\boxed{{{move}}}",
+                  end_ids: Sequence[int] = ()) -> ProbFn:
+    """Exact action probabilities from an LLM whose template asks for the answer alone.
+
+    Each action's answer text (`template`) is scored after the prompt, followed by `end_ids` (the
+    end-of-turn token, so that a longer answer that merely starts the same way does not count).
+    """
+    def probs(prompts: Sequence[InfoSetPrompt]) -> list[dict[str, float]]:
+        pairs = [(tokenizer.prompt_ids(p.observation), tokenizer.encode(answer_text(a, template)) + list(end_ids))
+                 for p in prompts for a in p.legal_actions]
+        lp = iter(sequence_logprobs(params, cfg, pairs))
+        return [{a: float(np.exp(next(lp))) for a in p.legal_actions} for p in prompts]
+    return probs
+
+
+def model_sample_fn(sampler, tokenizer, params, sampling, seed: int = 0) -> SampleFn:
+    """K sampled responses per observation from an LLM, all in one sampler call."""
+    sp = dataclasses.replace(sampling, stop_token_ids=tokenizer.stop_ids)
+
+    def sample(observations: Sequence[str], k: int) -> list[list[str]]:
+        prompts = [tokenizer.prompt_ids(o) for o in observations for _ in range(k)]
+        out = sampler.generate(params, prompts, sp, seed=seed)
+        texts = [tokenizer.decode(t) for t in out.tokens]
+        return [texts[i * k:(i + 1) * k] for i in range(len(observations))]
+    return sample
