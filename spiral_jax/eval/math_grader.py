@@ -1,0 +1,136 @@
+"""Grading benchmark answers: the last `\\boxed{}` of a response against the reference answer.
+
+Math: equal after normalisation (spacing, `\\left`/`\\right`, `\\dfrac`, degrees, `\\text{}`, dollar
+signs, a trailing period, a leading `x =`), or numerically equal (integers, decimals, fractions,
+`\\frac`, percentages), or, when the optional `math-verify` package is installed, symbolically
+equivalent by its parser and verifier under a per-item timeout.  Without math-verify, answers that
+need algebra to compare (e.g. `\\sqrt{8}` vs `2\\sqrt{2}`) are graded wrong: install the `eval` extra
+for benchmark numbers.  Multiple choice: the letter in the last box.
+"""
+from __future__ import annotations
+
+import re
+import threading
+from fractions import Fraction
+
+_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last complete (brace-matched) `\\boxed{...}`; None when there is none."""
+    for match in reversed(list(_BOX.finditer(text))):
+        depth, start = 1, match.end()
+        for i in range(start, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                return text[start:i]
+    return None
+
+
+def _unwrap(s: str, command: str) -> str:
+    """Replace every `\\command{x}` by x (brace-matched)."""
+    head = "\\" + command + "{"
+    while (i := s.find(head)) >= 0:
+        depth, j = 1, i + len(head)
+        while j < len(s) and depth:
+            depth += {"{": 1, "}": -1}.get(s[j], 0)
+            j += 1
+        if depth:
+            break
+        s = s[:i] + s[i + len(head):j - 1] + s[j:]
+    return s
+
+
+def normalize(answer: str) -> str:
+    """A canonical string form of a math answer (cosmetic differences removed)."""
+    s = answer.strip()
+    for command in ("text", "textbf", "mathrm", "mbox"):
+        s = _unwrap(s, command)
+    s = s.replace("\\left", "").replace("\\right", "")
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?", "", s).replace("\\circ", "").replace("°", "")
+    s = s.replace("\\$", "").replace("$", "")
+    s = re.sub(r"\\[,;:! ]", "", s)
+    s = re.sub(r"\s+", "", s)
+    s = s.rstrip(".")
+    s = re.sub(r"^[a-zA-Z]=(?!=)", "", s)  # "x=5" -> "5"
+    s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)  # "\frac12" -> "\frac{1}{2}"
+    return s
+
+
+def _numbers(s: str) -> set[Fraction]:
+    """The exact values a normalised answer can mean: one, or for a percentage p% both p and p/100."""
+    percent = s.endswith("\\%") or s.endswith("%")
+    s = s.removesuffix("\\%").removesuffix("%")
+    sign = -1 if s.startswith("-") else 1
+    s = s.lstrip("-+")
+    if m := re.fullmatch(r"\\frac\{(-?[\d.]+)\}\{(-?[\d.]+)\}", s):
+        num, den = m.groups()
+    elif m := re.fullmatch(r"(-?[\d.]+)/(-?[\d.]+)", s):
+        num, den = m.groups()
+    elif re.fullmatch(r"\d{1,3}(,\d{3})+(\.\d*)?|\d*\.?\d+\.?", s):
+        num, den = s.replace(",", ""), "1"
+    else:
+        return set()
+    try:
+        value = sign * Fraction(num) / Fraction(den)
+    except (ValueError, ZeroDivisionError):
+        return set()
+    return {value, value / 100} if percent else {value}
+
+
+def _math_verify(pred: str, gold: str, timeout: float) -> bool:
+    try:
+        from math_verify import parse, verify
+    except ImportError:
+        return False
+    # math-verify's timeouts use SIGALRM, which only the main thread may set.
+    t = max(1, int(round(timeout))) if threading.current_thread() is threading.main_thread() else None
+    try:
+        g = parse(f"${gold}$", parsing_timeout=t)
+        p = parse(f"${pred}$", parsing_timeout=t)
+        return bool(g and p and verify(g, p, timeout_seconds=t))
+    except Exception:  # a parser failure or timeout is a wrong answer, never a crash
+        return False
+
+
+def math_verify_available() -> bool:
+    try:
+        import math_verify  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def is_equivalent(pred: str, gold: str, timeout: float = 5.0) -> bool:
+    """Whether an extracted answer equals the reference (string, numeric, then symbolic)."""
+    p, g = normalize(pred), normalize(gold)
+    if not p:
+        return False
+    if p == g:
+        return True
+    pn, gn = _numbers(p), _numbers(g)
+    if pn and gn:
+        return bool(pn & gn)
+    return _math_verify(pred, gold, timeout)
+
+
+def grade_math(response: str, gold: str, timeout: float = 5.0) -> tuple[str | None, bool]:
+    """(the last boxed answer or None, whether it is correct)."""
+    pred = last_boxed(response)
+    return pred, pred is not None and is_equivalent(pred, gold, timeout)
+
+
+def boxed_letter(response: str) -> str | None:
+    """The choice letter in the last box: `\\boxed{B}`, `\\boxed{(B)}`, `\\boxed{\\text{B}}`, ..."""
+    pred = last_boxed(response)
+    if pred is None:
+        return None
+    s = re.sub(r"\s+", "", _unwrap(_unwrap(pred, "text"), "textbf")).strip("().:")
+    return s.upper() if re.fullmatch(r"[A-Za-z]", s) else None
+
+
+def grade_choice(response: str, gold: str) -> tuple[str | None, bool]:
+    """(the boxed letter or None, whether it is the reference letter)."""
+    letter = boxed_letter(response)
+    return letter, letter is not None and letter == gold.strip().upper()
