@@ -1,0 +1,215 @@
+"""Math and general-reasoning benchmarks from local JSONL files: prompt, sample k, grade, report.
+
+Items: one JSON object a line, `{"problem": ..., "answer": ...}` for math (`question` is accepted
+for `problem`) or `{"question": ..., "choices": [...], "answer": "B" | 1}` for multiple choice.
+Every item is asked zero-shot ("Question: ..." then our reason-and-box instruction) or after a few
+worked examples, inside the model's own chat template.  k samples per item; the report gives
+pass@1 from the FIRST sample (the reference's number) and the mean accuracy over all k samples,
+labelled as such, with the settings that produced them (the reference's scores move a lot with the
+prompt).  Every item's responses and grades are saved.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Callable, NamedTuple, Sequence
+
+import numpy as np
+
+from spiral_jax.eval.games import wilson_interval
+from spiral_jax.eval.math_grader import grade_choice, grade_math, math_verify_available
+
+# name -> kind; all read from local JSONL here.
+BENCHMARKS = {"MATH500": "math", "AIME24": "math", "AIME25": "math", "OlympiadBench": "math",
+              "AMC-23": "math", "Minerva-Math": "math", "GPQA-diamond": "choice", "MMLU-Pro": "choice"}
+MATH_INSTRUCTION = "Think it through step by step, then write the final answer inside \\boxed{}."
+CHOICE_INSTRUCTION = ("Think it through step by step, then write the letter of the correct choice "
+                      "inside \\boxed{}, e.g. \\boxed{A}.")
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    id: str
+    problem: str
+    answer: str
+    choices: tuple[str, ...] = ()
+    solution: str = ""  # a worked solution, used when the item is a few-shot example
+
+    @property
+    def kind(self) -> str:
+        return "choice" if self.choices else "math"
+
+
+def load_items(path, limit: int | None = None) -> list[Item]:
+    """Read benchmark items from a JSONL file (see the module docstring for the fields)."""
+    items = []
+    with Path(path).open() as f:
+        for n, line in enumerate(f):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            problem = row.get("problem", row.get("question"))
+            if problem is None or "answer" not in row:
+                raise ValueError(f"{path}:{n + 1}: need 'problem' (or 'question') and 'answer'")
+            choices = tuple(str(c) for c in row.get("choices", ()))
+            answer = row["answer"]
+            if choices and isinstance(answer, int):
+                answer = LETTERS[answer]
+            items.append(Item(str(row.get("id", len(items))), str(problem), str(answer), choices,
+                              str(row.get("solution", ""))))
+            if limit is not None and len(items) == limit:
+                break
+    return items
+
+
+def question_text(item: Item) -> str:
+    """The question with its choices and the instruction (our wording)."""
+    text = f"Question: {item.problem}"
+    if item.choices:
+        text += "\n" + "\n".join(f"({LETTERS[i]}) {c}" for i, c in enumerate(item.choices))
+    return f"{text}\n\n{CHOICE_INSTRUCTION if item.choices else MATH_INSTRUCTION}"
+
+
+def prompt_text(item: Item, shots: Sequence[Item] = ()) -> str:
+    """Zero-shot, or `shots` worked examples first (their solution, plus the boxed answer when the
+    solution has no box)."""
+    def worked(s: Item) -> str:
+        answer = s.solution if "\\boxed" in s.solution else f"{s.solution} The answer is \\boxed{{{s.answer}}}."
+        return f"{question_text(s)}\nAnswer: {answer.strip()}"
+    return "\n\n".join([worked(s) for s in shots] + [question_text(item)])
+
+
+class Response(NamedTuple):
+    text: str
+    tokens: int = 0
+    finish_reason: str = "stop"  # "stop", "length" or "prompt_too_long"
+
+
+# generate(prompt texts, k) -> k responses (Response or plain str) per prompt.
+GenerateFn = Callable[[Sequence[str], int], Sequence[Sequence[Response | str]]]
+
+
+@dataclasses.dataclass
+class BenchmarkResult:
+    name: str
+    items: int
+    samples_per_item: int
+    pass_at_1: float        # accuracy of the first sample of each item
+    pass_at_1_ci: tuple[float, float]
+    mean_accuracy: float    # accuracy over all k samples of all items
+    boxed_rate: float       # share of samples with a gradable answer
+    mean_response_tokens: float
+    truncated_rate: float
+    settings: dict
+
+    def scalars(self, prefix: str = "bench") -> dict[str, float]:
+        p = f"{prefix}/{self.name}"
+        return {f"{p}/pass@1_first_sample": self.pass_at_1,
+                f"{p}/mean_accuracy_over_{self.samples_per_item}_samples": self.mean_accuracy,
+                f"{p}/boxed_rate": self.boxed_rate, f"{p}/response_tokens": self.mean_response_tokens,
+                f"{p}/truncated_rate": self.truncated_rate}
+
+
+def grade(item: Item, response: str, timeout: float) -> tuple[str | None, bool]:
+    return grade_choice(response, item.answer) if item.choices else grade_math(response, item.answer, timeout)
+
+
+def run_benchmark(name: str, items: Sequence[Item], generate: GenerateFn, k: int, out_dir,
+                  shots: Sequence[Item] = (), settings: dict | None = None, timeout: float = 5.0
+                  ) -> BenchmarkResult:
+    """Ask every item k times, grade, save `<name>.items.jsonl`, and return the summary."""
+    if k < 1 or not items:
+        raise ValueError(f"need k >= 1 and at least one item (k={k}, {len(items)} items)")
+    prompts = [prompt_text(item, shots) for item in items]
+    start = time.perf_counter()
+    outputs = generate(prompts, k)
+    seconds = time.perf_counter() - start
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    first, every, boxed, tokens, cut = [], [], [], [], []
+    with (out_dir / f"{name}.items.jsonl").open("w") as f:
+        for item, prompt, responses in zip(items, prompts, outputs):
+            responses = [r if isinstance(r, Response) else Response(str(r)) for r in responses]
+            if len(responses) != k:
+                raise ValueError(f"item {item.id}: {len(responses)} responses, expected {k}")
+            graded = [grade(item, r.text, timeout) for r in responses]
+            first.append(graded[0][1])
+            every += [ok for _, ok in graded]
+            boxed += [pred is not None for pred, _ in graded]
+            tokens += [r.tokens for r in responses]
+            cut += [r.finish_reason != "stop" for r in responses]
+            f.write(json.dumps({"id": item.id, "prompt": prompt, "answer": item.answer,
+                                "responses": [r.text for r in responses],
+                                "finish_reasons": [r.finish_reason for r in responses],
+                                "extracted": [p for p, _ in graded], "correct": [ok for _, ok in graded],
+                                "first_correct": graded[0][1],
+                                "mean_correct": float(np.mean([ok for _, ok in graded]))}) + "\n")
+    settings = {"k": k, "prompt": f"{len(shots)}-shot" if shots else "zero-shot",
+                "grader": "normalised/numeric + math-verify" if math_verify_available()
+                else "normalised/numeric only (math-verify not installed)",
+                "grader_timeout_s": timeout, "seconds": seconds, **(settings or {})}
+    return BenchmarkResult(name, len(items), k, float(np.mean(first)), wilson_interval(sum(first), len(first)),
+                           float(np.mean(every)), float(np.mean(boxed)), float(np.mean(tokens)),
+                           float(np.mean(cut)), settings)
+
+
+def model_generate_fn(sampler, tokenizer, params, sampling, seed: int = 0, batch_size: int = 64
+                      ) -> GenerateFn:
+    """k samples per prompt from an LLM, in the tokenizer's chat template without the game wording.
+
+    Prompts longer than the sampler allows get an empty response ("prompt_too_long", graded wrong
+    and counted), never an exception.
+    """
+    template = dataclasses.replace(tokenizer.template, instruction="", suffix="")
+    sp = dataclasses.replace(sampling, stop_token_ids=tokenizer.stop_ids)
+
+    def generate(prompts: Sequence[str], k: int) -> list[list[Response]]:
+        rows = [(i, tokenizer.encode(template.render(p, tokenizer.hf))) for i, p in enumerate(prompts)]
+        rows = [(i, ids) for i, ids in rows for _ in range(k)]
+        out: list[list[Response]] = [[] for _ in prompts]
+        live = []
+        for r, (i, ids) in enumerate(rows):
+            if len(ids) > sampler.max_prompt_len:
+                out[i].append(Response("", 0, "prompt_too_long"))
+            else:
+                live.append((r, i, ids))
+        for b in range(0, len(live), batch_size):
+            chunk = live[b:b + batch_size]
+            res = sampler.generate(params, [ids for _, _, ids in chunk], sp, seed=seed,
+                                   row_ids=[r for r, _, _ in chunk])
+            for (_, i, _), toks, reason in zip(chunk, res.tokens, res.finish_reasons):
+                out[i].append(Response(tokenizer.decode(toks), len(toks), reason))
+        return out
+    return generate
+
+
+def markdown(results: Sequence[BenchmarkResult]) -> str:
+    """One row per benchmark; the two accuracies are labelled by how they were computed."""
+    if not results:
+        return ""
+    k = sorted({r.samples_per_item for r in results})
+    lines = [f"| benchmark | items | pass@1 (first sample) [95% CI] | mean accuracy over k={'/'.join(map(str, k))} "
+             "samples | boxed | truncated |", "|---|---|---|---|---|---|"]
+    for r in results:
+        lo, hi = r.pass_at_1_ci
+        lines.append(f"| {r.name} | {r.items} | {100 * r.pass_at_1:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] | "
+                     f"{100 * r.mean_accuracy:.1f}% | {100 * r.boxed_rate:.1f}% | {100 * r.truncated_rate:.1f}% |")
+    s = results[0].settings
+    shown = {key: s[key] for key in s if key != "seconds"}
+    return "\n".join(lines) + f"\n\nSettings: {json.dumps(shown)}\n"
+
+
+def write_results(results: Sequence[BenchmarkResult], out_dir, writer=None, step: int = 0) -> Path:
+    """results.json and results.md in `out_dir`; scalars to a `MetricsWriter` when given."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
+    (out_dir / "results.md").write_text(markdown(results))
+    if writer is not None:
+        for r in results:
+            writer.scalars(step, r.scalars())
+        writer.flush()
+    return out_dir / "results.json"

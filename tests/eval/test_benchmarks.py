@@ -1,0 +1,87 @@
+"""Benchmark runner: loading, prompts, pass@1 vs mean over samples, and end to end on a tiny model."""
+import json
+
+import pytest
+
+from spiral_jax.eval.benchmarks import (Item, Response, load_items, markdown, model_generate_fn,
+                                        prompt_text, run_benchmark, write_results)
+
+ITEMS = [
+    {"id": "half", "problem": "What is 1 divided by 2?", "answer": "\\frac{1}{2}"},
+    {"id": "sum", "question": "What is 2 + 3?", "answer": "5"},
+    {"id": "mc", "question": "Which is prime?", "choices": ["4", "6", "7", "9"], "answer": 2},
+]
+
+
+@pytest.fixture
+def items_file(tmp_path):
+    path = tmp_path / "items.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in ITEMS) + "\n")
+    return path
+
+
+def test_load_and_prompts(items_file):
+    items = load_items(items_file)
+    assert [i.id for i in items] == ["half", "sum", "mc"]
+    assert items[2].answer == "C" and items[2].kind == "choice" and items[0].kind == "math"
+    assert load_items(items_file, limit=2)[-1].id == "sum"
+    zero = prompt_text(items[2])
+    assert zero.startswith("Question: Which is prime?") and "(C) 7" in zero and "\\boxed{A}" in zero
+    shot = Item("s", "What is 3 - 1?", "2", solution="3 - 1 = 2.")
+    few = prompt_text(items[0], [shot])
+    assert few.index("What is 3 - 1?") < few.index("1 divided by 2")
+    assert "3 - 1 = 2. The answer is \\boxed{2}." in few
+
+
+def test_pass_at_1_is_first_sample_and_mean_is_over_samples(items_file, tmp_path):
+    answers = {"half": ["\\boxed{0.5}", "\\boxed{2}"], "sum": ["I think 5", "\\boxed{5}"],
+               "mc": ["\\boxed{C}", Response("\\boxed{C", 8, "length")]}
+
+    items = load_items(items_file)
+
+    def generate(prompts, k):
+        assert k == 2
+        return [answers[next(i.id for i in items if i.problem in p)] for p in prompts]
+
+    result = run_benchmark("toy", items, generate, 2, tmp_path / "out",
+                           settings={"temperature": 0.6})
+    assert result.pass_at_1 == pytest.approx(2 / 3)       # half (0.5), mc (C); sum's first has no box
+    assert result.mean_accuracy == pytest.approx(3 / 6)   # 0.5, 5, C
+    assert result.boxed_rate == pytest.approx(4 / 6) and result.truncated_rate == pytest.approx(1 / 6)
+    rows = [json.loads(line) for line in (tmp_path / "out" / "toy.items.jsonl").read_text().splitlines()]
+    assert [r["correct"] for r in rows] == [[True, False], [False, True], [True, False]]
+    assert rows[1]["extracted"] == [None, "5"] and rows[2]["finish_reasons"] == ["stop", "length"]
+    assert result.settings["prompt"] == "zero-shot" and result.settings["temperature"] == 0.6
+    table = markdown([result])
+    assert "pass@1 (first sample)" in table and "mean accuracy over k=2" in table and "| toy | 3 |" in table
+
+
+def test_end_to_end_tiny_model(tiny_model, items_file, tmp_path):
+    """A random model scores ~0; the pipeline, files and counts are what is checked."""
+    from spiral_jax.metrics import MetricsWriter, read_scalars
+    from spiral_jax.sampling import Sampler, SamplingParams
+
+    cfg, params, tok = tiny_model
+    sampler = Sampler(cfg, None, max_prompt_len=192, max_cache_len=256)
+    items = load_items(items_file) + [Item("long", "7 " * 400, "7")]  # too long for the sampler
+    sp = SamplingParams(max_new_tokens=8, temperature=0.6, top_p=0.95)
+    generate = model_generate_fn(sampler, tok, params, sp, seed=3)
+    result = run_benchmark("tiny", items, generate, 2, tmp_path / "bench",
+                           settings={"temperature": 0.6, "top_p": 0.95, "max_new_tokens": 8})
+    assert result.items == 4 and result.samples_per_item == 2
+    assert 0.0 <= result.pass_at_1 <= 1.0 and 0.0 <= result.mean_accuracy <= 1.0
+    rows = [json.loads(line) for line in (tmp_path / "bench" / "tiny.items.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["half", "sum", "mc", "long"]
+    assert all(len(r["responses"]) == 2 and len(r["correct"]) == 2 for r in rows)
+    assert rows[3]["finish_reasons"] == ["prompt_too_long"] * 2
+    assert all("prompt_too_long" not in r["finish_reasons"] for r in rows[:3])
+    assert 0 < result.mean_response_tokens <= 8
+    again = run_benchmark("tiny", items, generate, 2, tmp_path / "again")
+    assert (tmp_path / "again" / "tiny.items.jsonl").read_text() == \
+        (tmp_path / "bench" / "tiny.items.jsonl").read_text()  # seeded: reproducible
+    writer = MetricsWriter(tmp_path / "tb")
+    path = write_results([result], tmp_path / "bench", writer=writer, step=7)
+    writer.close()
+    assert json.loads(path.read_text())[0]["name"] == "tiny"
+    assert "| tiny | 4 |" in (tmp_path / "bench" / "results.md").read_text()
+    assert read_scalars(tmp_path / "tb")["bench/tiny/pass@1_first_sample"][0][0] == 7
