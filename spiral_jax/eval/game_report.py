@@ -1,0 +1,98 @@
+"""Game evaluation runs: a model against named opponents on any games, both seats, every game kept.
+
+One run plays `n_games` per (game, opponent) with the model in each seat for half of them, and
+writes per (game, opponent) a JSONL transcript, plus `games.json` (rates with 95% Wilson intervals,
+overall and per seat, mean game length and response tokens) and `games.md`, under the sampling
+settings it records in both.  Opponents: "random", "scripted" (the game's strongest script), "self"
+(the same weights in the other seat) or any name given weights in `opponent_params` (another
+checkpoint or model folder, loaded by the caller).  The transfer report is the same run on SPIRAL's
+out-of-distribution games.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from spiral_jax.eval.games import OUTCOMES, GameStats, evaluate
+from spiral_jax.eval.transcripts import write_transcripts
+
+TRANSFER_GAMES = ("Snake-v0", "PigDice-v1", "ConnectFour-v0", "Nim-v0", "LiarsDice-v1", "SimpleTak-v0")
+
+
+def evaluate_games(rollout, params, env_ids: Sequence[str], opponents: Sequence[str], n_games: int,
+                   seed: int, out_dir=None, opponent_params: Mapping[str, object] | None = None,
+                   settings: dict | None = None) -> dict[tuple[str, str], GameStats]:
+    """Stats per (game, opponent); transcripts to `out_dir`/transcripts when `out_dir` is given."""
+    if n_games < 2 or n_games % 2:
+        raise ValueError(f"n_games must be even and >= 2 (both seats equally), got {n_games}")
+    extra = dict(opponent_params or {})
+    results = {}
+    for e, env_id in enumerate(env_ids):
+        for o, opponent in enumerate(opponents):
+            weights = params if opponent == "self" else extra.get(opponent)
+            stats, games = evaluate(rollout, params, env_id, opponent, n_games, seed + 1000 * e + o, weights)
+            results[env_id, opponent] = stats
+            if out_dir is not None:
+                llm = ("model", opponent) if weights is not None else ("model",)
+                write_transcripts(Path(out_dir) / "transcripts" / f"{env_id}_vs_{opponent}.jsonl".replace("/", "_"),
+                                  games, llm, extra={"settings": settings or {}})
+    return results
+
+
+def _rates(stats: GameStats, seat: int | None) -> dict:
+    return {w: {"rate": stats.rate(w, seat), "ci95": list(stats.interval(w, seat))} for w in OUTCOMES}
+
+
+def to_json(results: Mapping[tuple[str, str], GameStats], settings: dict | None = None) -> dict:
+    rows = []
+    for (env_id, opponent), s in results.items():
+        rows.append({"env_id": env_id, "opponent": opponent, "games": s.games, "counts": s.counts,
+                     "overall": _rates(s, None), "seat0": _rates(s, 0), "seat1": _rates(s, 1),
+                     "mean_game_length": s.mean_turns, "mean_response_tokens": s.mean_response_tokens,
+                     "truncated_responses": s.truncated_responses})
+    return {"settings": settings or {}, "results": rows}
+
+
+def to_markdown(results: Mapping[tuple[str, str], GameStats], settings: dict | None = None,
+                title: str = "Game evaluation") -> str:
+    """A table per seat (overall, seat 0, seat 1) with intervals, lengths, and the settings."""
+    head = ("| game | opponent | seat | games | win [95% CI] | draw | loss | invalid | turns | resp. tokens |\n"
+            "|---|---|---|---|---|---|---|---|---|---|")
+    lines = [f"## {title}", "", head]
+    for (env_id, opponent), s in results.items():
+        for seat, label in ((None, "both"), (0, "0"), (1, "1")):
+            counts = s.counts if seat is None else s.seat_counts[seat]
+            cells = []
+            for w in OUTCOMES:
+                lo, hi = s.interval(w, seat)
+                cells.append(f"{100 * s.rate(w, seat):.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]")
+            tail = f"{s.mean_turns:.1f} | {s.mean_response_tokens:.0f}" if seat is None else " | "
+            lines.append(f"| {env_id} | {opponent} | {label} | {sum(counts.values())} | "
+                         + " | ".join(cells) + f" | {tail} |")
+    lines += ["", "invalid = lost by an invalid move (no box, illegal move, cut at the token limit); "
+              "every game counts.", f"Settings: {json.dumps(settings or {})}", ""]
+    return "\n".join(lines)
+
+
+def write_report(results: Mapping[tuple[str, str], GameStats], out_dir, settings: dict | None = None,
+                 name: str = "games", title: str = "Game evaluation", writer=None, step: int = 0) -> Path:
+    """`<name>.json` and `<name>.md` in `out_dir`; scalars to a `MetricsWriter` when given."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(to_json(results, settings), indent=1))
+    (out_dir / f"{name}.md").write_text(to_markdown(results, settings, title))
+    if writer is not None:
+        for (env_id, opponent), s in results.items():
+            writer.scalars(step, s.scalars(f"{name}/{env_id}/{opponent}"))
+        writer.flush()
+    return out_dir / f"{name}.md"
+
+
+def transfer_report(rollout, params, out_dir, n_games: int, seed: int,
+                    opponents: Sequence[str] = ("random", "scripted"), settings: dict | None = None,
+                    games: Sequence[str] = TRANSFER_GAMES) -> dict[tuple[str, str], GameStats]:
+    """The out-of-distribution games in one run, written as `transfer.json` / `transfer.md`."""
+    results = evaluate_games(rollout, params, games, opponents, n_games, seed, out_dir, settings=settings)
+    write_report(results, out_dir, settings, name="transfer", title="Transfer to unseen games")
+    return results

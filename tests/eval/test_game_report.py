@@ -1,0 +1,62 @@
+"""Game evaluation on a tiny random model: every game counted (no box = invalid), files written."""
+import json
+
+import pytest
+
+from spiral_jax.eval.game_report import evaluate_games, transfer_report, write_report
+from spiral_jax.eval.transcripts import read_transcripts
+
+
+@pytest.fixture(scope="module")
+def rollout(tiny_model):
+    from spiral_jax.rl.rollout import Rollout
+    from spiral_jax.sampling import Sampler, SamplingParams
+
+    cfg, params, tok = tiny_model
+    sampler = Sampler(cfg, None, max_prompt_len=768, max_cache_len=1024)
+    return Rollout(sampler, tok, SamplingParams(8, 0.6, 0, 0.95), invalid_rewards=(-1.0, 1.0))
+
+
+SETTINGS = {"temperature": 0.6, "top_p": 0.95, "max_new_tokens": 8}
+
+
+def test_no_box_is_invalid_and_every_game_counts(tiny_model, rollout, tmp_path):
+    params = tiny_model[1]
+    results = evaluate_games(rollout, params, ["TicTacToe-v0"], ["random", "self"], 4, seed=0,
+                             out_dir=tmp_path, settings=SETTINGS)
+    vs_random, vs_self = results["TicTacToe-v0", "random"], results["TicTacToe-v0", "self"]
+    assert sum(vs_random.counts.values()) == 4 and vs_random.games == 4
+    assert all(sum(vs_random.seat_counts[s].values()) == 2 for s in (0, 1))
+    # against itself (a second copy named "self"), each game counts once, from the model's seat
+    assert sum(vs_self.counts.values()) == 4 and all(sum(vs_self.seat_counts[s].values()) == 2 for s in (0, 1))
+    lines = read_transcripts(tmp_path / "transcripts" / "TicTacToe-v0_vs_random.jsonl")
+    assert len(lines) == 4 and all(line["settings"] == SETTINGS for line in lines)
+    for line in lines:
+        (seat, result), = line["outcomes"].items()
+        model_moves = [t for t in line["turns"] if t["player"] == int(seat)]
+        if result == "invalid":  # 8 random tokens: no box, the game is an invalid loss, not dropped
+            assert not model_moves[-1]["valid"]
+    invalid = sum(line["outcomes"][s] == "invalid" for line in lines for s in line["outcomes"])
+    assert invalid == vs_random.counts["invalid"] > 0
+    self_lines = read_transcripts(tmp_path / "transcripts" / "TicTacToe-v0_vs_self.jsonl")
+    assert all(len(line["outcomes"]) == 2 for line in self_lines)
+
+    md = write_report(results, tmp_path, SETTINGS)
+    data = json.loads((tmp_path / "games.json").read_text())
+    assert data["settings"] == SETTINGS and len(data["results"]) == 2
+    row = data["results"][0]
+    assert row["counts"] == vs_random.counts and row["seat0"]["invalid"]["ci95"][1] <= 1.0
+    text = md.read_text()
+    assert "| TicTacToe-v0 | random | both | 4 |" in text and '"temperature": 0.6' in text
+
+
+def test_odd_game_count_rejected(tiny_model, rollout):
+    with pytest.raises(ValueError, match="even"):
+        evaluate_games(rollout, tiny_model[1], ["Nim-v0"], ["random"], 3, seed=0)
+
+
+@pytest.mark.slow
+def test_transfer_report_all_six_games(tiny_model, rollout, tmp_path):
+    results = transfer_report(rollout, tiny_model[1], tmp_path, n_games=2, seed=1, opponents=("random",))
+    assert len(results) == 6 and all(s.games == 2 for s in results.values())
+    assert (tmp_path / "transfer.md").read_text().count("| both |") == 6
