@@ -1,0 +1,126 @@
+"""The offline evaluation suite behind `spiral-jax eval`: one model, every kind of evaluation.
+
+An `EvalContext` holds what all of them share (model config, weights in the sampler layout,
+tokenizer, sampler, the eval rollout and the sampling settings, which every report records); build it
+from a `Trainer` (the newest checkpoint of a run, or an HF folder) or directly in tests.  Each
+`run_*` writes its files under `out_dir` and returns its results.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from spiral_jax.eval import benchmarks, crossplay, game_report, kuhn_policy
+from spiral_jax.rl.rollout import Rollout
+from spiral_jax.sampling import SamplingParams
+
+
+@dataclasses.dataclass
+class EvalContext:
+    cfg: object
+    params: object
+    tokenizer: object
+    sampler: object
+    sampling: SamplingParams
+    invalid_rewards: tuple[float, float] = (-1.0, 1.0)
+    max_turns: int | None = 50
+    seed: int = 0
+    mesh: object = None
+
+    @classmethod
+    def from_trainer(cls, trainer) -> "EvalContext":
+        e = trainer.c.eval
+        return cls(trainer.cfg, trainer.to_sampler(trainer.state.params), trainer.tokenizer,
+                   trainer.sampler, SamplingParams(e.max_new_tokens, e.temperature, 0, e.top_p),
+                   tuple(e.invalid_rewards), trainer.c.games.max_turns, trainer.c.seed, trainer.mesh)
+
+    @property
+    def rollout(self) -> Rollout:
+        return Rollout(self.sampler, self.tokenizer, self.sampling, invalid_rewards=self.invalid_rewards,
+                       max_turns=self.max_turns)
+
+    def settings(self, **more) -> dict:
+        """The sampling settings every report records."""
+        sp = self.sampling
+        return {"temperature": sp.temperature, "top_p": sp.top_p, "top_k": sp.top_k, "greedy": sp.greedy,
+                "max_new_tokens": sp.max_new_tokens, "template": self.tokenizer.template.name,
+                "seed": self.seed, **more}
+
+    def load_weights(self, source: str):
+        """Weights of another model with the same architecture: an HF folder (sampler layout)."""
+        from spiral_jax.models import load_pretrained
+
+        cfg, params = load_pretrained(source, mesh=self.mesh, rules="sample", compute_dtype=self.cfg.compute_dtype,
+                                      scan_layers=self.cfg.scan_layers, remat=self.cfg.remat)
+        arch = lambda m: dataclasses.replace(m, bos_token_id=None, eos_token_id=None)  # noqa: E731
+        if arch(cfg) != arch(self.cfg):
+            raise ValueError(f"{source} has another architecture than the evaluated model; "
+                             "cross-play and model opponents need the same one")
+        return params
+
+
+def run_games(ctx: EvalContext, out_dir, env_ids: Sequence[str], opponents: Sequence[str], n_games: int,
+              opponent_params: Mapping[str, object] | None = None):
+    """The model against each opponent on each game: games.json / games.md / transcripts."""
+    settings = ctx.settings(n_games=n_games)
+    results = game_report.evaluate_games(ctx.rollout, ctx.params, env_ids, opponents, n_games, ctx.seed,
+                                         out_dir, opponent_params, settings)
+    game_report.write_report(results, out_dir, settings)
+    return results
+
+
+def run_transfer(ctx: EvalContext, out_dir, n_games: int, opponents: Sequence[str] = ("random", "scripted")):
+    return game_report.transfer_report(ctx.rollout, ctx.params, out_dir, n_games, ctx.seed, opponents,
+                                       ctx.settings(n_games=n_games))
+
+
+def run_kuhn(ctx: EvalContext, out_dir, k: int = 0, answer_template: str = "\\boxed{{{move}}}"):
+    """Exploitability of the model's one-round KuhnPoker-v2 policy: sampled (k > 0, under the
+    context's sampling settings) or exact scoring of the answers (k = 0; for templates without
+    reasoning).  Writes kuhn.md."""
+    if k > 0:
+        sample = kuhn_policy.model_sample_fn(ctx.sampler, ctx.tokenizer, ctx.params, ctx.sampling, ctx.seed)
+        est, how = kuhn_policy.estimate_by_sampling(sample, k), f"{k} samples per information set"
+    else:
+        end = sorted(ctx.tokenizer.stop_ids)[:1]
+        probs = kuhn_policy.model_prob_fn(ctx.params, ctx.cfg, ctx.tokenizer, answer_template, end)
+        est, how = kuhn_policy.estimate_exact(probs), f"exact scoring of {answer_template!r}"
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kuhn.md").write_text(f"## Kuhn poker exploitability (one round, KuhnPoker-v2; {how})\n\n"
+                                 + est.markdown())
+    return est
+
+
+def run_crossplay(ctx: EvalContext, out_dir, players: Mapping[str, object], env_id: str,
+                  games_per_pair: int, scripted: Sequence[str] = ()):
+    """All pairs of `players` (name -> weights) and `scripted` opponents, both seats; writes
+    crossplay.md and, with matplotlib, crossplay.png."""
+    names = list(players) + list(scripted)
+    play = crossplay.rollout_play(ctx.rollout, dict(players), env_id, ctx.seed)
+    result = crossplay.cross_play(names, play, games_per_pair)
+    ratings = crossplay.rate(result)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "crossplay.md").write_text(f"## Cross-play on {env_id} ({games_per_pair} games per pair)\n\n"
+                                      + crossplay.markdown(result, ratings))
+    try:
+        crossplay.heatmap(result, out / "crossplay.png", f"{env_id}: score of row vs column")
+    except ImportError:
+        pass  # the markdown table holds the same numbers
+    return result, ratings
+
+
+def run_benchmarks(ctx: EvalContext, out_dir, files: Mapping[str, str], k: int = 4,
+                   shots_file: str | None = None, n_shots: int = 0, limit: int | None = None,
+                   writer=None, step: int = 0):
+    """Each benchmark from its JSONL file; per-item outputs, results.json / results.md."""
+    shots = benchmarks.load_items(shots_file, n_shots) if shots_file and n_shots else []
+    generate = benchmarks.model_generate_fn(ctx.sampler, ctx.tokenizer, ctx.params, ctx.sampling, ctx.seed)
+    results = [benchmarks.run_benchmark(name, benchmarks.load_items(path, limit), generate, k, out_dir,
+                                        shots, ctx.settings())
+               for name, path in files.items()]
+    benchmarks.write_results(results, out_dir, writer, step)
+    return results
+

@@ -1,0 +1,51 @@
+"""The offline suite on a tiny random model: each run writes its report; weights load from HF folders."""
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from spiral_jax.eval.suite import EvalContext, run_benchmarks, run_crossplay, run_games, run_kuhn
+
+
+@pytest.fixture(scope="module")
+def ctx(tiny_model):
+    from spiral_jax.sampling import Sampler, SamplingParams
+
+    cfg, params, tok = tiny_model
+    sampler = Sampler(cfg, None, max_prompt_len=768, max_cache_len=1024)
+    return EvalContext(cfg, params, tok, sampler, SamplingParams(8, 0.6, 0, 0.95))
+
+
+def test_games_kuhn_and_benchmarks(ctx, tmp_path):
+    results = run_games(ctx, tmp_path, ["Nim-v0"], ["random"], 2)
+    assert results["Nim-v0", "random"].games == 2
+    saved = json.loads((tmp_path / "games.json").read_text())["settings"]
+    assert saved["temperature"] == 0.6 and saved["top_p"] == 0.95 and saved["n_games"] == 2
+
+    exact = run_kuhn(ctx, tmp_path)
+    sampled = run_kuhn(ctx, tmp_path / "sampled", k=2)
+    assert 0 <= exact.exploitability.exploitability and "exact scoring" in (tmp_path / "kuhn.md").read_text()
+    assert all(sampled.samples[i] + round(2 * sampled.invalid_rate[i]) == 2 for i in sampled.samples)
+
+    items = tmp_path / "items.jsonl"
+    items.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n"
+                     + json.dumps({"question": "Pick B", "choices": ["x", "y"], "answer": "B"}) + "\n")
+    (res,) = run_benchmarks(ctx, tmp_path / "bench", {"toy": str(items)}, k=2)
+    assert res.items == 2 and res.settings["temperature"] == 0.6
+    assert (tmp_path / "bench" / "toy.items.jsonl").exists() and (tmp_path / "bench" / "results.md").exists()
+
+
+def test_crossplay_with_a_model_folder(ctx, tmp_path):
+    from spiral_jax.models import save_pretrained
+
+    save_pretrained(ctx.cfg, ctx.params, tmp_path / "hf")
+    other = ctx.load_weights(str(tmp_path / "hf"))
+    for a, b in zip(jax.tree.leaves(other), jax.tree.leaves(ctx.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+    result, ratings = run_crossplay(ctx, tmp_path, {"model": ctx.params, "copy": other}, "TicTacToe-v0",
+                                    2, scripted=("random",))
+    assert result.names == ["model", "copy", "random"] and result.games[0, 1] == 2
+    assert np.all(np.isfinite(ratings.elo))
+    assert "| model |" in (tmp_path / "crossplay.md").read_text()
+
