@@ -60,7 +60,7 @@ def normalize(answer: str) -> str:
 
 def _numbers(s: str) -> set[Fraction]:
     """The exact values a normalised answer can mean: one, or for a percentage p% both p and p/100."""
-    percent = s.endswith("\\%") or s.endswith("%")
+    percent = s.endswith("%")
     s = s.removesuffix("\\%").removesuffix("%")
     sign = -1 if s.startswith("-") else 1
     s = s.lstrip("-+")
@@ -85,7 +85,7 @@ def _math_verify(pred: str, gold: str, timeout: float) -> bool:
     except ImportError:
         return False
     # math-verify's timeouts use SIGALRM, which only the main thread may set.
-    t = max(1, int(round(timeout))) if threading.current_thread() is threading.main_thread() else None
+    t = max(1, round(timeout)) if threading.current_thread() is threading.main_thread() else None
     try:
         g = parse(f"${gold}$", parsing_timeout=t)
         p = parse(f"${pred}$", parsing_timeout=t)

@@ -76,7 +76,7 @@ def test_end_to_end_tiny_model(tiny_model, items_file, tmp_path):
     assert rows[3]["finish_reasons"] == ["prompt_too_long"] * 2
     assert all("prompt_too_long" not in r["finish_reasons"] for r in rows[:3])
     assert 0 < result.mean_response_tokens <= 8
-    again = run_benchmark("tiny", items, generate, 2, tmp_path / "again")
+    run_benchmark("tiny", items, generate, 2, tmp_path / "again")
     assert (tmp_path / "again" / "tiny.items.jsonl").read_text() == \
         (tmp_path / "bench" / "tiny.items.jsonl").read_text()  # seeded: reproducible
     writer = MetricsWriter(tmp_path / "tb")

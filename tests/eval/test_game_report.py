@@ -12,7 +12,7 @@ def rollout(tiny_model):
     from spiral_jax.rl.rollout import Rollout
     from spiral_jax.sampling import Sampler, SamplingParams
 
-    cfg, params, tok = tiny_model
+    cfg, _, tok = tiny_model
     sampler = Sampler(cfg, None, max_prompt_len=768, max_cache_len=1024)
     return Rollout(sampler, tok, SamplingParams(8, 0.6, 0, 0.95), invalid_rewards=(-1.0, 1.0))
 

@@ -78,7 +78,7 @@ def test_sampling_a_mixed_policy_intervals_cover():
     for seed in range(5):
         rng = np.random.default_rng(seed)
 
-        def sample(observations, k):
+        def sample(observations, k, rng=rng):
             out = []
             for obs in observations:
                 info = read_info_set(obs)
