@@ -7,14 +7,9 @@ from spiral_jax.eval.game_report import evaluate_games, transfer_report, write_r
 from spiral_jax.eval.transcripts import read_transcripts
 
 
-@pytest.fixture(scope="module")
-def rollout(tiny_model):
-    from spiral_jax.rl.rollout import Rollout
-    from spiral_jax.sampling import Sampler, SamplingParams
-
-    cfg, _, tok = tiny_model
-    sampler = Sampler(cfg, None, max_prompt_len=768, max_cache_len=1024)
-    return Rollout(sampler, tok, SamplingParams(8, 0.6, 0, 0.95), invalid_rewards=(-1.0, 1.0))
+@pytest.fixture
+def rollout(tiny_ctx):
+    return tiny_ctx.rollout
 
 
 SETTINGS = {"temperature": 0.6, "top_p": 0.95, "max_new_tokens": 8}

@@ -5,16 +5,12 @@ import jax
 import numpy as np
 import pytest
 
-from spiral_jax.eval.suite import EvalContext, run_benchmarks, run_crossplay, run_games, run_kuhn
+from spiral_jax.eval.suite import run_benchmarks, run_crossplay, run_games, run_kuhn
 
 
-@pytest.fixture(scope="module")
-def ctx(tiny_model):
-    from spiral_jax.sampling import Sampler, SamplingParams
-
-    cfg, params, tok = tiny_model
-    sampler = Sampler(cfg, None, max_prompt_len=768, max_cache_len=1024)
-    return EvalContext(cfg, params, tok, sampler, SamplingParams(8, 0.6, 0, 0.95))
+@pytest.fixture
+def ctx(tiny_ctx):
+    return tiny_ctx
 
 
 def test_games_kuhn_and_benchmarks(ctx, tmp_path):

@@ -1,0 +1,35 @@
+"""The eval command's dispatch on a tiny model, with the options a CLI would pass."""
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from spiral_jax.config import base_config
+from spiral_jax.eval.command import run_eval
+
+
+@pytest.fixture
+def ctx(tiny_ctx):
+    return tiny_ctx
+
+
+def args(**kw):
+    base = dict(suite="games", games=2, eval_out="", opponents=[], env_ids=[], players=[],
+                crossplay_env="Nim-v0", kuhn_samples=0, bench=[], samples=1, shots_file="", shots=0, limit=0)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_suites(ctx, tmp_path):
+    c = base_config()
+    c.out_dir = str(tmp_path)
+    md = run_eval(ctx, c, args(env_ids=["Nim-v0"], opponents=["random"]))
+    assert "| Nim-v0 | random | both | 2 |" in md and (tmp_path / "eval" / "games" / "games.json").exists()
+    assert "Exploitability" in run_eval(ctx, c, args(suite="kuhn"))
+    md = run_eval(ctx, c, args(suite="crossplay", opponents=["random"]))
+    assert "| random |" in md
+    items = tmp_path / "toy.jsonl"
+    items.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
+    md = run_eval(ctx, c, args(suite="bench", bench=[f"toy={items}"], eval_out=str(tmp_path / "o")))
+    assert "| toy | 1 |" in md and (tmp_path / "o" / "bench" / "toy.items.jsonl").exists()
+    with pytest.raises(ValueError, match="suite"):
+        run_eval(ctx, c, args(suite="chess"))
