@@ -85,7 +85,8 @@ def run_kuhn(ctx: EvalContext, out_dir, k: int = 0, answer_template: str = "\\bo
     else:
         end = sorted(ctx.tokenizer.stop_ids)[:1]
         probs = kuhn_policy.model_prob_fn(ctx.params, ctx.cfg, ctx.tokenizer, answer_template, end)
-        est, how = kuhn_policy.estimate_exact(probs), f"exact scoring of {answer_template!r}"
+        example = kuhn_policy.answer_text("[bet]", answer_template)
+        est, how = kuhn_policy.estimate_exact(probs), f"exact scoring of answers like {example!r}"
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "kuhn.md").write_text(f"## Kuhn poker exploitability (one round, KuhnPoker-v2; {how})\n\n"
