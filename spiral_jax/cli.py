@@ -2,6 +2,7 @@
 
     spiral-jax train  --config configs/tiny_tictactoe.py [--config.train.steps=10] [--resume]
     spiral-jax eval   --config configs/tiny_tictactoe.py [--games 200]
+                      [--suite games|transfer|kuhn|crossplay|bench] [--eval_out DIR] ...
     spiral-jax export --config configs/tiny_tictactoe.py --out exported/   # HF folder
 """
 from __future__ import annotations
@@ -21,6 +22,23 @@ config_flags.DEFINE_config_file("config", None, "Experiment config file (configs
 flags.DEFINE_bool("resume", False, "train: continue from the newest checkpoint in out_dir.")
 flags.DEFINE_integer("games", 0, "eval: games per (game, opponent); default eval.final_games.")
 flags.DEFINE_string("out", "", "export: the folder to write the Hugging Face checkpoint to.")
+flags.DEFINE_enum("suite", "games", ["games", "transfer", "kuhn", "crossplay", "bench"],
+                  "eval: games (vs --opponents on --env_ids), transfer (the unseen games), kuhn "
+                  "(exploitability), crossplay (vs --players), bench (--bench files).")
+flags.DEFINE_string("eval_out", "", "eval: report folder (default <out_dir>/eval/<suite>).")
+flags.DEFINE_list("opponents", [], "eval: random, scripted, self or HF model folders (name=path); "
+                  "default eval.opponents.")
+flags.DEFINE_list("env_ids", [], "eval games: the games (default games.env_ids).")
+flags.DEFINE_list("players", [], "eval crossplay: HF model folders (name=path) to play the model and each other.")
+flags.DEFINE_string("crossplay_env", "TicTacToe-v0", "eval crossplay: the game.")
+flags.DEFINE_integer("kuhn_samples", 0, "eval kuhn: responses per information set (0: exact scoring of "
+                     "the answers, for templates without reasoning).")
+flags.DEFINE_list("bench", [], "eval bench: NAME=items.jsonl, or NAME (MATH500, AIME24, ...) to download "
+                  "it from the hub (needs the network and the eval extra).")
+flags.DEFINE_integer("samples", 4, "eval bench: samples per item (pass@1 = first sample; mean over all).")
+flags.DEFINE_string("shots_file", "", "eval bench: JSONL of worked examples for few-shot prompts.")
+flags.DEFINE_integer("shots", 0, "eval bench: how many of them (0: zero-shot).")
+flags.DEFINE_integer("limit", 0, "eval bench: items per benchmark (0: all).")
 
 
 def _usage() -> str:
@@ -81,7 +99,9 @@ def _run(command: str, c) -> int:
                                 f"no model.path; train first or pass --config.model.path=HF_FOLDER")
     trainer = Trainer(c, resume=has_checkpoint, bootstrap=False)
     if command == "eval":
-        print(trainer.table(trainer.evaluate(FLAGS.games or c.eval.final_games)))
+        from spiral_jax.eval.command import run_eval
+        from spiral_jax.eval.suite import EvalContext
+        print(run_eval(EvalContext.from_trainer(trainer), c, FLAGS))
         return 0
     from spiral_jax.models import save_pretrained
     save_pretrained(trainer.cfg, trainer.state.params, FLAGS.out)

@@ -50,7 +50,8 @@ def base_config() -> ConfigDict:
     c.train = ConfigDict(dict(steps=400, log_every=1, eval_every=16, checkpoint_every=16, keep=3,
                               async_checkpointing=True, transcripts=2))
     c.eval = ConfigDict(dict(opponents=("random", "scripted"), games=64, final_games=200, temperature=0.6,
-                             top_p=0.95, max_new_tokens=4096, invalid_rewards=(-1.0, 1.0)))
+                             top_p=0.95, max_new_tokens=4096, invalid_rewards=(-1.0, 1.0),
+                             kuhn_samples=-1))  # Kuhn exploitability: -1 off, 0 exact scoring, k samples
     # Imitation of scripted games before RL: for random tiny models only (real checkpoints skip it).
     c.bootstrap = ConfigDict(dict(enabled=False, steps=200, batch_size=64, learning_rate=1e-3,
                                   warmup_steps=50, explore=0.5))

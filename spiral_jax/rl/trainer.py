@@ -20,6 +20,8 @@ from spiral_jax.checkpoint import Checkpointer
 from spiral_jax.config import build_model, build_tokenizer
 from spiral_jax.envs import make
 from spiral_jax.eval.games import TABLE_HEADER, evaluate, summarize
+from spiral_jax.eval.suite import EvalContext, run_kuhn
+from spiral_jax.eval.transcripts import write_transcripts
 from spiral_jax.metrics import MetricsWriter
 from spiral_jax.rl.bootstrap import imitation_samples
 from spiral_jax.rl.rae import RAEConfig, baseline_metrics, init_rae_state
@@ -220,6 +222,8 @@ class Trainer:
     def evaluate(self, n_games: int, transcripts: int = 0) -> dict:
         """The current model against every configured opponent on every training game."""
         params = self.to_sampler(self.state.params)
+        e = self.c.eval
+        settings = {"temperature": e.temperature, "top_p": e.top_p, "max_new_tokens": e.max_new_tokens}
         results, scalars = {}, {}
         for env_id in self.c.games.env_ids:
             for opponent in self.c.eval.opponents:
@@ -227,8 +231,14 @@ class Trainer:
                                         seed=self.c.seed * 31 + self.step)
                 results[env_id, opponent] = stats
                 scalars.update(stats.scalars(f"eval/{env_id}/{opponent}"))
+                write_transcripts(self.out / "eval" / f"step{self.step}" / f"{env_id}_vs_{opponent}.jsonl",
+                                  games, extra={"step": self.step, "settings": settings})
                 for i, g in enumerate(games[:transcripts]):
                     self.writer.text(self.step, f"transcripts/{env_id}/{opponent}/{i}", transcript(g))
+        if e.kuhn_samples >= 0:  # exploitability of the policy on one-round Kuhn poker
+            est = run_kuhn(EvalContext.from_trainer(self), self.out / "eval" / f"step{self.step}",
+                           e.kuhn_samples)
+            scalars.update(est.scalars("eval/kuhn"))
         self.writer.scalars(self.step, scalars)
         return results
 

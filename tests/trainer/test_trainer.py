@@ -38,7 +38,7 @@ def tiny_config(tmp_path, **changes):
     {"rollout.mode": "fixed_opponent", "rollout.opponent": "random"},
     {"rollout.mode": "pool", "rollout.pool_every": 1, "rollout.pool_self_weight": 0.0},
     {"games.env_ids": ("TicTacToe-v0", "KuhnPoker-v1"), "games.weights": (1.0, 1.0),
-     "rollout.selection": "all"},
+     "rollout.selection": "all", "eval.kuhn_samples": 0},
 ], ids=["self_play", "fixed_opponent", "pool", "two_games"])
 def test_three_steps_in_every_mode(tmp_path, changes):
     """A random model writes garbage: every game still ends (invalid moves), nothing crashes."""
@@ -58,6 +58,9 @@ def test_three_steps_in_every_mode(tmp_path, changes):
         assert len(scalars[tag]) == 3 and all(np.isfinite(v) for _, v in scalars[tag])
     assert any(t.startswith("rae/baseline/") for t in scalars)
     assert any(t.startswith("eval/") for t in scalars)
+    assert list((tmp_path / "run" / "eval" / "step3").glob("*.jsonl"))  # eval transcripts
+    if "eval.kuhn_samples" in changes:
+        assert 0 <= scalars["eval/kuhn/exploitability"][-1][1] <= 1.5
 
 
 def _params(trainer):
