@@ -24,6 +24,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from spiral_jax.sampling.sampler import bucket_length
+
 
 @dataclasses.dataclass(frozen=True)
 class TurnSample:
@@ -68,11 +70,6 @@ class Batch(NamedTuple):
     @property
     def shape(self) -> tuple[int, int]:
         return self.tokens.shape
-
-
-def bucket_length(n: int, min_length: int = 16) -> int:
-    """The smallest power of two >= max(n, min_length)."""
-    return 1 << (max(n, min_length) - 1).bit_length()
 
 
 def pack(samples: Sequence[TurnSample], *, rows: int | None = None, row_multiple: int = 1,

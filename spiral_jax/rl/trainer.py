@@ -27,9 +27,9 @@ from spiral_jax.rl.bootstrap import imitation_samples
 from spiral_jax.rl.rae import RAEConfig, baseline_metrics, init_rae_state
 from spiral_jax.rl.reshard import make_reshard
 from spiral_jax.rl.rollout import PlayedGame, Rollout, label_games
-from spiral_jax.rl.samples import bucket_length, pack, shard_batch
+from spiral_jax.rl.samples import pack, shard_batch
 from spiral_jax.rl.train_step import TrainConfig, init_train_state, make_update
-from spiral_jax.sampling import Sampler, SamplingParams
+from spiral_jax.sampling import Sampler, SamplingParams, bucket_length
 from spiral_jax.sharding import make_mesh
 
 MODES = ("self_play", "fixed_opponent", "pool")

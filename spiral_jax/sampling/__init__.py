@@ -1,5 +1,5 @@
 """Batched KV-cache sampling with one compiled prefill + decode program per bucket."""
 from spiral_jax.sampling.logits import sample_token, truncate
-from spiral_jax.sampling.sampler import SampleOutput, Sampler, SamplingParams
+from spiral_jax.sampling.sampler import SampleOutput, Sampler, SamplingParams, bucket_length
 
-__all__ = ["SampleOutput", "Sampler", "SamplingParams", "sample_token", "truncate"]
+__all__ = ["bucket_length", "SampleOutput", "Sampler", "SamplingParams", "sample_token", "truncate"]

@@ -64,8 +64,9 @@ class SampleOutput:
     finish_reasons: list[str]  # "stop" or "length"
 
 
-def _bucket(n: int, minimum: int) -> int:
-    return max(minimum, 1 << max(0, n - 1).bit_length())
+def bucket_length(n: int, min_length: int = 16) -> int:
+    """The smallest power of two >= max(n, min_length): the static shapes everything compiles for."""
+    return 1 << (max(n, min_length) - 1).bit_length()
 
 
 class Sampler:
@@ -155,8 +156,8 @@ class Sampler:
                 raise ValueError(f"prompt {i} has {len(p)} tokens, more than max_prompt_len="
                                  f"{self.max_prompt_len}; shorten it or raise max_prompt_len")
         longest = max(len(p) for p in prompts)
-        plen = _bucket(longest, self.min_prompt_bucket)
-        slots = plen + _bucket(sp.max_new_tokens, 1)
+        plen = bucket_length(longest, self.min_prompt_bucket)
+        slots = plen + bucket_length(sp.max_new_tokens, 1)
         if slots > self.max_cache_len:
             raise ValueError(
                 f"max_new_tokens={sp.max_new_tokens} does not fit the KV cache: the prompt bucket "
@@ -171,7 +172,7 @@ class Sampler:
         sp = sampling_params
         plen, slots = self._validate(prompts, sp)
         n = len(prompts)
-        batch = _bucket(n, self.min_batch_bucket)
+        batch = bucket_length(n, self.min_batch_bucket)
         if batch % self.min_batch_bucket:
             batch = -(-batch // self.min_batch_bucket) * self.min_batch_bucket
         prompt = np.zeros((batch, plen), np.int32)
