@@ -33,6 +33,9 @@ def base_config() -> ConfigDict:
     c.tokenizer = ConfigDict(dict(path="", template="qwen_raw", instruction=INSTRUCTION, suffix=SUFFIX,
                                   enable_thinking=False))
     c.mesh = ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+    # Multi-host: every host runs the same command; see spiral_jax/distributed.py. Empty / 0 / -1:
+    # JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, else JAX's own detection (TPU pods).
+    c.distributed = ConfigDict(dict(enabled=False, coordinator_address="", num_processes=0, process_id=-1))
     c.games = ConfigDict(dict(env_ids=("TicTacToe-v0",), weights=(1.0,), max_turns=50,
                               invalid_rewards=(-1.5, 0.5)))
     # mode: self_play | fixed_opponent (opponent: random, scripted) | pool (past snapshots).
