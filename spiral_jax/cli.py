@@ -4,6 +4,7 @@
     spiral-jax eval   --config configs/tiny_tictactoe.py [--games 200]
                       [--suite games|transfer|kuhn|crossplay|bench] [--eval_out DIR] ...
     spiral-jax export --config configs/tiny_tictactoe.py --out exported/   # HF folder
+    spiral-jax launch tpu|gpu --config configs/X.py ...   # start on a TPU slice / GPU hosts (launch -h)
 """
 from __future__ import annotations
 
@@ -59,6 +60,9 @@ def _parse(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv if argv is None else argv)
+    if len(argv) > 1 and argv[1] == "launch":
+        from spiral_jax import launch
+        return launch.main(argv[2:])
     if len(argv) < 2 or argv[1] not in COMMANDS:
         print(_usage(), file=sys.stderr)
         return 2

@@ -1,0 +1,231 @@
+"""`spiral-jax launch`: the gcloud / ssh command lines it generates (dry run), and its decisions on a stubbed
+gcloud (an existing TPU VM is reused, a missing one created, failures say which step and how to retry)."""
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spiral_jax import launch
+
+REPO = str(Path(__file__).resolve().parents[1])
+EXTRA = ["--config.model.path=/ckpt/My Model", "--config.out_dir=runs/it's \"quoted\"", "--resume"]
+
+
+def dry(capsys, *argv):
+    rc = launch.main([argv[0], "--dry-run", *argv[1:]])
+    out, err = capsys.readouterr()
+    return rc, [line for line in out.splitlines() if line.strip()], err
+
+
+def remote_script(line: str) -> str:
+    """The script of a `gcloud ... ssh --command=SCRIPT` or `ssh HOST SCRIPT` line."""
+    argv = shlex.split(line)
+    for a in argv:
+        if a.startswith("--command="):
+            return a[len("--command="):]
+    assert argv[0] == "ssh", line
+    return argv[2]
+
+
+def train_args(script: str) -> list[str]:
+    """The argv of the `nohup ...` training command inside a start script."""
+    words = shlex.split(script)
+    start = words.index("nohup") + 1
+    return words[start:words.index(">", start)]
+
+
+TPU_CASES = [  # (accelerator given, accelerator type for gcloud, TPU software version, hosts)
+    ("v4-8", "v4-8", "tpu-ubuntu2204-base", 1),
+    ("v4-16", "v4-16", "tpu-ubuntu2204-base", 2),
+    ("v5e-8", "v5litepod-8", "v2-alpha-tpuv5-lite", 1),
+    ("v5litepod-16", "v5litepod-16", "v2-alpha-tpuv5-lite", 4),
+    ("v5p-8", "v5p-8", "v2-alpha-tpuv5", 1),
+    ("v5p-16", "v5p-16", "v2-alpha-tpuv5", 2),
+    ("v6e-8", "v6e-8", "v2-alpha-tpuv6e", 1),
+    ("v6e-16", "v6e-16", "v2-alpha-tpuv6e", 4),
+]
+
+
+@pytest.mark.parametrize("given,accelerator,runtime,hosts", TPU_CASES)
+def test_tpu_dry_run(capsys, given, accelerator, runtime, hosts):
+    assert launch.parse_accelerator(given).hosts == hosts
+    rc, lines, _ = dry(capsys, "tpu", "--name", "spiral", "--zone", "us-east5-a", "--accelerator", given,
+                       "--project", "my-proj", "--spot", "--repo", REPO, "--config", "configs/mesh_tpu_v4_8.py",
+                       "--", *EXTRA)
+    assert rc == 0
+    describe, create, pack, scp, install, start = lines
+    assert describe.startswith("gcloud compute tpus tpu-vm describe spiral --zone=us-east5-a --project=my-proj")
+    create_argv = shlex.split(create.split("  #")[0])
+    assert create_argv[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "create", "spiral"]
+    assert f"--accelerator-type={accelerator}" in create_argv and f"--version={runtime}" in create_argv
+    assert "--spot" in create_argv and "--zone=us-east5-a" in create_argv
+    assert shlex.split(pack)[:2] == ["bash", "-c"] and "ls-files" in pack
+    assert "--worker=all" in shlex.split(scp)
+    for line in (install, start):
+        assert "--worker=all" in shlex.split(line)
+    assert "pip install" in remote_script(install) and "'.[tpu]'" in remote_script(install)
+    argv = train_args(remote_script(start))
+    assert argv[:6] == [".venv/bin/python", "-m", "spiral_jax.cli", "train", "--config", "configs/mesh_tpu_v4_8.py"]
+    assert ("--config.distributed.enabled=True" in argv) == (hosts > 1)
+    assert argv[-3:] == EXTRA  # quoting survives both shells
+
+
+def test_tpu_from_git_url_and_helpers(capsys):
+    rc, lines, _ = dry(capsys, "tpu", "--name", "t", "--zone", "z", "--accelerator", "v4-8",
+                       "--repo", "https://github.com/me/spiral_jax.git", "--ref", "dev", "--config", "configs/x.py")
+    assert rc == 0 and len(lines) == 4  # describe, create, install, start: nothing packed or copied
+    install = remote_script(lines[2])
+    assert "git clone -q https://github.com/me/spiral_jax.git spiral_jax" in install
+    assert "fetch -q origin dev" in install
+    for flag, verb in [("--stop", "ssh"), ("--logs", "ssh"), ("--delete", "delete")]:
+        rc, lines, _ = dry(capsys, "tpu", "--name", "t", "--zone", "z", flag)
+        assert rc == 0 and len(lines) == 1 and shlex.split(lines[0])[4] == verb
+    assert "kill" in remote_script(dry(capsys, "tpu", "--name", "t", "--zone", "z", "--stop")[1][0])
+
+
+def test_gpu_two_hosts(capsys):
+    rc, lines, _ = dry(capsys, "gpu", "--hosts", "gpu-a,me@gpu-b", "--port", "2345", "--remote-dir", "/srv/spiral",
+                       "--python", ".venv/bin/python", "--config", "configs/mesh_gpu_8x.py", "--", *EXTRA)
+    assert rc == 0 and len(lines) == 2
+    for i, (line, host) in enumerate(zip(lines, ["gpu-a", "me@gpu-b"])):
+        assert shlex.split(line)[:2] == ["ssh", host]
+        script = remote_script(line)
+        assert "cd /srv/spiral" in script
+        assert f"JAX_COORDINATOR_ADDRESS=gpu-a:2345 JAX_NUM_PROCESSES=2 JAX_PROCESS_ID={i} nohup" in script
+        argv = train_args(script)
+        assert argv[:6] == [".venv/bin/python", "-m", "spiral_jax.cli", "train", "--config", "configs/mesh_gpu_8x.py"]
+        assert "--config.distributed.enabled=True" in argv and argv[-3:] == EXTRA
+
+
+def test_gpu_one_host(capsys, monkeypatch):
+    rc, lines, _ = dry(capsys, "gpu", "--hosts", "gpu-a", "--remote-dir", "/srv/spiral",
+                       "--config", "configs/mesh_gpu_8x.py", "--", *EXTRA)
+    assert rc == 0 and len(lines) == 1
+    script = remote_script(lines[0])
+    assert "JAX_" not in script and "distributed" not in script and train_args(script)[-3:] == EXTRA
+    monkeypatch.chdir(REPO)
+    rc, lines, _ = dry(capsys, "gpu", "--config", "configs/mesh_gpu_8x.py", "--", *EXTRA)
+    assert rc == 0
+    assert shlex.split(lines[0]) == [sys.executable, "-m", "spiral_jax.cli", "train", "--config",
+                                     "configs/mesh_gpu_8x.py", *EXTRA]
+
+
+def test_usage_errors(capsys):
+    rc, _, err = dry(capsys, "tpu", "--name", "t", "--zone", "z", "--accelerator", "v3-8", "--config", "c.py")
+    assert rc == 2 and "unknown TPU accelerator type 'v3-8'" in err
+    assert all(k in err for k in ("v4-8", "v5litepod", "v5p-8", "v6e"))
+    rc, _, err = dry(capsys, "tpu", "--name", "t", "--zone", "z", "--accelerator", "v5p-12", "--config", "c.py")
+    assert rc == 2 and "unknown TPU accelerator type" in err
+    rc, _, err = dry(capsys, "tpu", "--name", "t", "--zone", "z", "--accelerator", "v5p-8")
+    assert rc == 2 and "--config is required" in err
+    rc, _, err = dry(capsys, "gpu", "--hosts", "a,b")
+    assert rc == 2 and "--config is required" in err
+    rc, _, err = dry(capsys, "tpu", "--name", "t", "--zone", "z", "--accelerator", "v4-8", "--repo", REPO,
+                     "--config", "configs/no_such.py")
+    assert rc == 2 and "no such file" in err
+    rc, _, err = dry(capsys, "gpu", "--hosts", "a,b", "--config", "c.py", "--config.train.steps=3")
+    assert rc == 2 and "after `--`" in err
+    rc, _, err = dry(capsys, "gpu", "--hosts", "localhost,b", "--remote-dir", "/x", "--config", "c.py")
+    assert rc == 2 and "coordinator" in err
+
+
+class FakeGcloud:
+    """Stands in for subprocess.run: answers `describe` as told, records every command, fails `fail_on`."""
+
+    def __init__(self, describe_rc=0, describe_out="READY\tv5p-8\n", describe_err="", fail_on=None):
+        self.calls, self.describe = [], (describe_rc, describe_out, describe_err)
+        self.fail_on = fail_on
+
+    def __call__(self, argv, text=True, capture_output=False):
+        self.calls.append(list(argv))
+        if "describe" in argv:
+            rc, out, err = self.describe
+            return subprocess.CompletedProcess(argv, rc, out, err)
+        if self.fail_on and any(self.fail_on in a for a in argv):
+            return subprocess.CompletedProcess(argv, 255, "", "")
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    def verbs(self):
+        return [c[4] if c[0] == "gcloud" else c[0] for c in self.calls]
+
+
+TPU_ARGS = ["tpu", "--name", "spiral", "--zone", "us-east5-a", "--accelerator", "v5p-8", "--repo", REPO,
+            "--config", "configs/mesh_tpu_v4_8.py"]
+
+
+def stub(monkeypatch, fake, have=("gcloud", "bash", "ssh")):
+    monkeypatch.setattr(launch.subprocess, "run", fake)
+    monkeypatch.setattr(launch.shutil, "which", lambda tool: f"/usr/bin/{tool}" if tool in have else None)
+
+
+def test_existing_vm_is_reused(monkeypatch, capsys):
+    fake = FakeGcloud()
+    stub(monkeypatch, fake)
+    assert launch.main(TPU_ARGS) == 0
+    assert fake.verbs() == ["describe", "bash", "scp", "ssh", "ssh"]  # no create
+    assert "reusing TPU VM spiral" in capsys.readouterr().err
+
+
+def test_missing_vm_is_created(monkeypatch):
+    fake = FakeGcloud(describe_rc=1, describe_out="", describe_err="ERROR: NOT_FOUND: Resource not found")
+    stub(monkeypatch, fake)
+    assert launch.main(TPU_ARGS) == 0
+    assert fake.verbs() == ["describe", "create", "bash", "scp", "ssh", "ssh"]
+    assert "--accelerator-type=v5p-8" in fake.calls[1] and "--version=v2-alpha-tpuv5" in fake.calls[1]
+
+
+def test_failures_say_what_and_how_to_retry(monkeypatch, capsys):
+    stub(monkeypatch, FakeGcloud(describe_out="READY\tv4-8\n"))
+    assert launch.main(TPU_ARGS) == 1
+    assert "exists in us-east5-a as v4-8, not v5p-8" in capsys.readouterr().err
+    stub(monkeypatch, FakeGcloud(fail_on="pip install"))
+    assert launch.main(TPU_ARGS) == 1
+    err = capsys.readouterr().err
+    assert "step failed: install the project on every worker (exit status 255)" in err
+    assert "--worker=0" in err and "retry:" in err
+    stub(monkeypatch, FakeGcloud(describe_rc=1, describe_err="ERROR: PERMISSION_DENIED"))
+    assert launch.main(TPU_ARGS) == 1
+    assert "PERMISSION_DENIED" in capsys.readouterr().err
+    stub(monkeypatch, FakeGcloud(), have=())
+    assert launch.main(TPU_ARGS) == 1
+    assert "`gcloud` is not on PATH" in capsys.readouterr().err
+    stub(monkeypatch, FakeGcloud(), have=())
+    assert launch.main(["gpu", "--hosts", "a,b", "--remote-dir", "/x", "--config", "c.py"]) == 1
+    assert "`ssh` is not on PATH" in capsys.readouterr().err
+
+
+def test_cli_dispatches_launch(capsys):
+    from spiral_jax import cli
+
+    assert cli.main(["spiral-jax", "launch", "tpu", "--name", "t", "--zone", "z", "--delete", "--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith("gcloud compute tpus tpu-vm delete t --zone=z")
+
+
+def test_remote_scripts_run(tmp_path, monkeypatch):
+    """The start / stop scripts in a real bash: background start with pid file, no second start, SIGTERM
+    stop, and a command that dies at once is reported with the end of its log."""
+    monkeypatch.setattr(launch, "CHECK_AFTER_S", 1)
+
+    def bash(script):
+        return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+
+    (tmp_path / "one").mkdir()
+    (tmp_path / "other").mkdir()
+
+    for script in (launch.install_script("d", "https://x/y.git", "main", None, "3.11"),
+                   launch.install_script("d", None, "HEAD", "d.tgz", "3.11"), launch.logs_script("d")):
+        assert bash("set -n; " + script).returncode == 0, script
+    work = str(tmp_path / "one")
+    started = bash(launch.start_script(work, ["sleep", "60"], {"JAX_PROCESS_ID": "0"}))
+    assert started.returncode == 0, started.stderr
+    pid = int((tmp_path / "one" / launch.PID_FILE).read_text())
+    try:
+        again = bash(launch.start_script(work, ["sleep", "60"]))
+        assert again.returncode == 1 and "already running" in again.stderr
+    finally:
+        stopped = bash(launch.stop_script(work))
+    assert stopped.returncode == 0 and f"sent SIGTERM to pid {pid}" in stopped.stdout
+    dead = bash(launch.start_script(str(tmp_path / "other"), ["bash", "-c", "echo boom-in-the-log; exit 3"]))
+    assert dead.returncode == 1 and "exited at once" in dead.stderr and "boom-in-the-log" in dead.stderr
