@@ -228,9 +228,11 @@ def is_git_url(repo: str) -> bool:
 
 
 def install_script(workdir: str, git_url: str | None, ref: str, archive: str | None, python_version: str,
-                   extra: str = "tpu") -> str:
+                   extra: str = "tpu", setup: str = "") -> str:
     """Fetch the code (git clone/fetch at `ref`, or unpack `archive`), then pip install -e '.[extra]' in a
-    venv. uv provides the venv's Python: TPU images ship Python 3.10, which current JAX no longer supports."""
+    venv, then run `setup` (a shell command, e.g. a model download) in the project folder with the venv's
+    bin on PATH. uv provides the venv's Python: TPU images ship Python 3.10, which current JAX no longer
+    supports."""
     d = shlex.quote(workdir)
     steps = ["set -e", "export PIP_BREAK_SYSTEM_PACKAGES=1"]  # pip on Ubuntu 24.04 images refuses --user otherwise
     if git_url:
@@ -246,6 +248,8 @@ def install_script(workdir: str, git_url: str | None, ref: str, archive: str | N
               f"python3 -m uv pip install -q --python .venv/bin/python -e {shlex.quote(f'.[{extra}]')}",
               ".venv/bin/python -c 'import socket, jax, spiral_jax; "
               "print(\"installed on\", socket.gethostname(), \"with jax\", jax.__version__)'"]
+    if setup:
+        steps += ['export PATH="$PWD/.venv/bin:$PATH"', setup]
     return "; ".join(steps)
 
 
@@ -353,7 +357,8 @@ def launch_tpu(args, extra: list[str], runner: Runner) -> int:
 
     _ensure_vm(runner, args, tpu)
     git_url, archive = _ship(runner, args)
-    install = install_script(args.remote_dir, git_url, args.ref or "HEAD", archive, args.python_version)
+    install = install_script(args.remote_dir, git_url, args.ref or "HEAD", archive, args.python_version,
+                             setup=args.setup or "")
     one = shlex.join(_ssh(name, args, install, worker="0"))
     runner.run(Step(_ssh(name, args, install), "install the project on every worker",
                     retry=f"gcloud names the worker that failed; rerun that one with `{one}` (change "
@@ -446,7 +451,8 @@ def _parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("tpu", parents=[common], help="a Cloud TPU VM or pod slice (v4, v5e, v5p, v6e)")
     t.add_argument("--name", required=True, help="TPU VM name (created unless it exists)")
-    t.add_argument("--zone", required=True, help="e.g. us-central2-b (v4), us-east5-a (v5p), ...")
+    t.add_argument("--zone", required=True,
+                   help="e.g. us-central2-b (v4), us-west4-a (v5e), us-east5-a (v5p), us-east1-d (v6e)")
     t.add_argument("--accelerator", help="accelerator type: " + known_accelerators())
     t.add_argument("--project", help="Google Cloud project (default: gcloud's configured one)")
     t.add_argument("--spot", action="store_true", help="create a Spot TPU VM")
@@ -456,6 +462,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--remote-dir", default="spiral_jax", help="project folder on the workers, relative to "
                    "the home folder (default: spiral_jax)")
     t.add_argument("--python-version", default="3.11", help="Python of the workers' venv (default: 3.11)")
+    t.add_argument("--setup", help="shell command run on every worker after the install, in the project "
+                   "folder with the venv on PATH (e.g. a model download: 'hf download Qwen/Qwen3-4B-Base "
+                   "--local-dir ckpt/Qwen3-4B-Base')")
     t.add_argument("--logs", action="store_true", help="show the end of worker 0's training log")
     t.add_argument("--delete", action="store_true", help="delete the TPU VM (gcloud asks to confirm)")
 

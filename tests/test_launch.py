@@ -74,11 +74,13 @@ def test_tpu_dry_run(capsys, given, accelerator, runtime, hosts):
 
 def test_tpu_from_git_url_and_helpers(capsys):
     rc, lines, _ = dry(capsys, "tpu", "--name", "t", "--zone", "z", "--accelerator", "v4-8",
-                       "--repo", "https://github.com/me/spiral_jax.git", "--ref", "dev", "--config", "configs/x.py")
+                       "--repo", "https://github.com/me/spiral_jax.git", "--ref", "dev", "--config", "configs/x.py",
+                       "--setup", "hf download Qwen/Qwen3-0.6B --local-dir 'ckpt/Qwen3 0.6B'")
     assert rc == 0 and len(lines) == 4  # describe, create, install, start: nothing packed or copied
     install = remote_script(lines[2])
     assert "git clone -q https://github.com/me/spiral_jax.git spiral_jax" in install
     assert "fetch -q origin dev" in install
+    assert install.endswith("; hf download Qwen/Qwen3-0.6B --local-dir 'ckpt/Qwen3 0.6B'")
     for flag, verb in [("--stop", "ssh"), ("--logs", "ssh"), ("--delete", "delete")]:
         rc, lines, _ = dry(capsys, "tpu", "--name", "t", "--zone", "z", flag)
         assert rc == 0 and len(lines) == 1 and shlex.split(lines[0])[4] == verb
