@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 PREFIX = "spiral-jax launch"
@@ -155,6 +156,23 @@ class Runner:
         if check and proc.returncode != 0:
             raise LaunchError(failure_message(step, proc))
         return proc
+
+    def run_parallel(self, steps: list[Step]) -> None:
+        """All steps at once (one ssh per host: a coordinator waits only so long for the others);
+        then one error naming every step that failed."""
+        if self.dry_run:
+            for step in steps:
+                self.run(step)
+            return
+        for step in steps:
+            self._check_tool(step)
+            self.log.append(step.line())
+            print(f"[{PREFIX}] {step.what}: {step.line()}", file=sys.stderr, flush=True)
+        with ThreadPoolExecutor(max_workers=min(len(steps), 64) or 1) as pool:
+            procs = list(pool.map(lambda st: subprocess.run(st.argv, text=True, capture_output=False), steps))
+        failed = [failure_message(st, p) for st, p in zip(steps, procs) if p.returncode != 0]
+        if failed:
+            raise LaunchError(f"{len(failed)} of {len(steps)} failed:\n" + "\n".join(failed))
 
     def exec(self, step: Step) -> int:
         """Replace this process by the step (a foreground run keeps Ctrl-C / SIGTERM semantics)."""
@@ -394,9 +412,8 @@ def launch_gpu(args, extra: list[str], runner: Runner) -> int:
         if len(hosts) == 1 and _local(hosts[0]):
             raise UsageError("a run on this host is in the foreground: stop it with Ctrl-C (it checkpoints "
                              "and exits); --stop is for runs started over ssh (--hosts)")
-        for host in hosts:
-            runner.run(Step(["ssh", host, stop_script(workdir)], f"stop training on {host}",
-                            retry=f"rerun: {args.rerun}"))
+        runner.run_parallel([Step(["ssh", host, stop_script(workdir)], f"stop training on {host}",
+                                  retry=f"rerun: {args.rerun}") for host in hosts])
         return 0
     local_single = len(hosts) == 1 and _local(hosts[0])
     _require_config(args, os.getcwd() if local_single or not args.remote_dir else None)
@@ -414,12 +431,14 @@ def launch_gpu(args, extra: list[str], runner: Runner) -> int:
         raise UsageError(f"the coordinator ({coordinator}, the first of --hosts) must be an address every "
                          "host can reach; use its hostname or IP, or pass --coordinator")
     argv = train_argv(args.python or "python3", args.config, True, extra)
+    steps = []
     for i, host in enumerate(hosts):
         env = {"JAX_COORDINATOR_ADDRESS": f"{coordinator}:{args.port}",
                "JAX_NUM_PROCESSES": str(len(hosts)), "JAX_PROCESS_ID": str(i)}
-        runner.run(Step(["ssh", host, start_script(workdir, argv, env)], f"start process {i} on {host}",
-                        retry=f"stop the processes already started (`{PREFIX} gpu --hosts {args.hosts} --stop`), "
-                              f"check `ssh {host} true` and the install in {workdir}, then rerun: {args.rerun}"))
+        steps.append(Step(["ssh", host, start_script(workdir, argv, env)], f"start process {i} on {host}",
+                          retry=f"stop the others (`{PREFIX} gpu --hosts {args.hosts} --stop`), check "
+                                f"`ssh {host} true` and the install in {workdir}, then rerun: {args.rerun}"))
+    runner.run_parallel(steps)
     if not runner.dry_run:
         print(f"[{PREFIX}] {len(hosts)} processes started; logs: {workdir}/{LAUNCH_DIR}/train-<host>.log on "
               f"each host; stop: `{PREFIX} gpu --hosts {args.hosts} --stop`", file=sys.stderr)

@@ -231,3 +231,12 @@ def test_remote_scripts_run(tmp_path, monkeypatch):
     assert stopped.returncode == 0 and f"sent SIGTERM to pid {pid}" in stopped.stdout
     dead = bash(launch.start_script(str(tmp_path / "other"), ["bash", "-c", "echo boom-in-the-log; exit 3"]))
     assert dead.returncode == 1 and "exited at once" in dead.stderr and "boom-in-the-log" in dead.stderr
+
+
+def test_gpu_hosts_start_together_and_failures_name_the_host(monkeypatch, capsys):
+    fake = FakeGcloud(fail_on="JAX_PROCESS_ID=1 ")
+    stub(monkeypatch, fake)
+    assert launch.main(["gpu", "--hosts", "a,b,c", "--remote-dir", "/x", "--config", "c.py"]) == 1
+    assert sorted(c[1] for c in fake.calls) == ["a", "b", "c"]  # all three were started
+    err = capsys.readouterr().err
+    assert "1 of 3 failed" in err and "start process 1 on b" in err and "--stop" in err
