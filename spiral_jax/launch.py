@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 
 PREFIX = "spiral-jax launch"
 LAUNCH_DIR = "runs/launch"  # under the remote project folder; runs/ is git-ignored, so never overwritten
-PID_FILE = f"{LAUNCH_DIR}/train.pid"
-LOG_FILE = f"{LAUNCH_DIR}/train-$(hostname).log"  # expanded by the remote shell: one file per host
+# Expanded by the remote shell: one of each per host, also when hosts share the folder (NFS home).
+PID_FILE = f"{LAUNCH_DIR}/train-$(hostname).pid"
+LOG_FILE = f"{LAUNCH_DIR}/train-$(hostname).log"
 CHECK_AFTER_S = 10  # after starting, wait this long and report a process that already died
 
 

@@ -222,7 +222,8 @@ def test_remote_scripts_run(tmp_path, monkeypatch):
     work = str(tmp_path / "one")
     started = bash(launch.start_script(work, ["sleep", "60"], {"JAX_PROCESS_ID": "0"}))
     assert started.returncode == 0, started.stderr
-    pid = int((tmp_path / "one" / launch.PID_FILE).read_text())
+    host = subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip()
+    pid = int((tmp_path / "one" / launch.PID_FILE.replace("$(hostname)", host)).read_text())
     try:
         again = bash(launch.start_script(work, ["sleep", "60"]))
         assert again.returncode == 1 and "already running" in again.stderr
