@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 PREFIX = "spiral-jax launch"
 LAUNCH_DIR = "runs/launch"  # under the remote project folder; runs/ is git-ignored, so never overwritten
@@ -135,7 +135,6 @@ class Runner:
     """Runs steps with subprocess, or prints them (dry run). Tests swap in a fake."""
     dry_run: bool = False
     out: object = None
-    log: list[str] = field(default_factory=list)
 
     def _print(self, text: str) -> None:
         print(text, file=self.out or sys.stdout, flush=True)
@@ -147,7 +146,6 @@ class Runner:
             raise LaunchError(f"cannot {step.what}: `{tool}` is not on PATH; {hint}")
 
     def run(self, step: Step, capture: bool = False, check: bool = True) -> subprocess.CompletedProcess:
-        self.log.append(step.line())
         if self.dry_run:
             self._print(step.line())
             return subprocess.CompletedProcess(step.argv, 0, "", "")
@@ -167,7 +165,6 @@ class Runner:
             return
         for step in steps:
             self._check_tool(step)
-            self.log.append(step.line())
             print(f"[{PREFIX}] {step.what}: {step.line()}", file=sys.stderr, flush=True)
         with ThreadPoolExecutor(max_workers=min(len(steps), 64) or 1) as pool:
             procs = list(pool.map(lambda st: subprocess.run(st.argv, text=True, capture_output=False), steps))
@@ -177,7 +174,6 @@ class Runner:
 
     def exec(self, step: Step) -> int:
         """Replace this process by the step (a foreground run keeps Ctrl-C / SIGTERM semantics)."""
-        self.log.append(step.line())
         if self.dry_run:
             self._print(step.line())
             return 0
