@@ -19,7 +19,8 @@ def _abstract(tree):
 
 class Checkpointer:
     def __init__(self, directory: str | Path, keep: int = 3, async_save: bool = True):
-        self.directory = Path(directory).absolute()
+        # Cloud storage (gs://...) as it is: multi-host jobs need a directory every host can reach.
+        self.directory = str(directory) if "://" in str(directory) else Path(directory).absolute()
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                                enable_async_checkpointing=async_save)
         self._manager = ocp.CheckpointManager(self.directory, options=options)

@@ -43,3 +43,78 @@ def initialize(d: ConfigDict) -> None:
 def is_leader() -> bool:
     """Process 0: the one that writes logs, tables and transcripts."""
     return jax.process_index() == 0
+
+
+# ------------------------------------------------------------------------ work split and exchange
+#
+# Each host samples its own share of the games on its own chips (a host-local mesh, with a full copy
+# of the weights in the SAMPLE layout), so hosts never wait on each other while games are in flight.
+# When a batch of games is finished the hosts exchange them, and from there on every host holds the
+# same global list: RAE, sample selection and packing run identically everywhere, and the train step
+# is one global SPMD program over all chips.
+
+
+def process_slice(n: int) -> tuple[int, int]:
+    """[lo, hi): this process's share of n items (the first n % count processes take one more)."""
+    count, index = jax.process_count(), jax.process_index()
+    base, extra = divmod(n, count)
+    lo = index * base + min(index, extra)
+    return lo, lo + base + (index < extra)
+
+
+def allgather_objects(obj) -> list:
+    """Every process's `obj` (any picklable value), in process order, on every process."""
+    if jax.process_count() == 1:
+        return [obj]
+    import pickle
+
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    sizes = multihost_utils.process_allgather(np.array([data.size], np.int64)).reshape(-1)
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[:data.size] = data
+    gathered = multihost_utils.process_allgather(padded)
+    return [pickle.loads(gathered[i, :int(sizes[i])].tobytes()) for i in range(len(sizes))]
+
+
+def host_local_mesh(mesh):
+    """The part of `mesh` on this host's devices, as a (1, n, tensor) mesh for the sampler.
+
+    Tensor groups must not span hosts (the sampler splits weights over 'tensor' only), which holds
+    whenever `mesh.tensor` divides the devices per host.
+    """
+    if mesh is None or jax.process_count() == 1:
+        return mesh
+    import numpy as np
+    from jax.sharding import Mesh
+
+    from spiral_jax.sharding import MESH_AXES, MeshError
+
+    groups = np.asarray(mesh.devices).reshape(-1, mesh.shape["tensor"])
+    mine = [g for g in groups if g[0].process_index == jax.process_index()]
+    if any(len({d.process_index for d in g}) > 1 for g in groups) or not mine:
+        raise MeshError(f"mesh.tensor={mesh.shape['tensor']} splits tensor groups across hosts; use a "
+                        f"tensor size that divides the {jax.local_device_count()} devices per host")
+    return Mesh(np.asarray(mine).reshape(1, len(mine), -1), MESH_AXES)
+
+
+def to_host_local(tree, local_mesh):
+    """Arrays laid out on the global mesh -> the same values on `local_mesh`, without copying.
+
+    Only for layouts that keep a whole copy on every host (split over 'tensor' at most), like the
+    SAMPLE layout of the weights.
+    """
+    if local_mesh is None or jax.process_count() == 1:
+        return tree
+    from jax.sharding import NamedSharding
+
+    def localize(x):
+        spec = x.sharding.spec
+        if any(axis not in (None, "tensor") for axis in spec):
+            raise ValueError(f"cannot make a host-local copy of an array split as {spec}")
+        return jax.make_array_from_single_device_arrays(
+            x.shape, NamedSharding(local_mesh, spec), [s.data for s in x.addressable_shards])
+
+    return jax.tree.map(localize, tree)

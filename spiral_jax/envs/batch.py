@@ -54,19 +54,21 @@ class BatchRunner:
 
     Args:
         envs: one env per slot (any mix of games).
-        seed: base seed; the k-th game started gets a seed derived from (seed, k).
+        seed: base seed; the k-th game started gets a seed derived from (seed, first_game + k).
         mode, invalid_rewards: the trainer-side rules of `apply_action`.
         max_turns: end a game as a draw after this many submitted moves (SPIRAL: 50); None: never.
         auto_reset: start a new game in a slot as soon as its game finishes (else the slot idles).
+        first_game: this runner's offset in a larger set of games split over several runners (hosts),
+            so that every game's seed depends only on its global index.
     """
 
     def __init__(self, envs: Sequence[Env], *, seed: int = 0, mode: str = "strict",
                  invalid_rewards: Sequence[float] = TRAIN_INVALID_REWARDS,
-                 max_turns: int | None = 50, auto_reset: bool = True):
+                 max_turns: int | None = 50, auto_reset: bool = True, first_game: int = 0):
         self.envs = list(envs)
         self.mode, self.invalid_rewards = mode, tuple(invalid_rewards)
         self.max_turns, self.auto_reset = max_turns, auto_reset
-        self._seeds = np.random.SeedSequence(seed)
+        self._seed, self._first_game = seed, first_game
         self._games_started = 0
         self._records: list[GameRecord | None] = [None] * len(self.envs)
         self._requests: list[Request | None] = [None] * len(self.envs)
@@ -112,7 +114,8 @@ class BatchRunner:
         return self._requests[i]
 
     def _start(self, i: int) -> None:
-        seed = int(self._seeds.spawn(1)[0].generate_state(1)[0])
+        key = (self._first_game + self._games_started,)  # = SeedSequence(seed).spawn()'s k-th child
+        seed = int(np.random.SeedSequence(self._seed, spawn_key=key).generate_state(1)[0])
         self.envs[i].reset(seed)
         self._games_started += 1
         self._records[i] = GameRecord(i, self.envs[i].env_id, seed)

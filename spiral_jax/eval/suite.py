@@ -33,7 +33,7 @@ class EvalContext:
         e = trainer.c.eval
         return cls(trainer.cfg, trainer.to_sampler(trainer.state.params), trainer.tokenizer,
                    trainer.sampler, SamplingParams(e.max_new_tokens, e.temperature, 0, e.top_p),
-                   tuple(e.invalid_rewards), trainer.c.games.max_turns, trainer.c.seed, trainer.mesh)
+                   tuple(e.invalid_rewards), trainer.c.games.max_turns, trainer.c.seed, trainer.sample_mesh)
 
     @property
     def rollout(self) -> Rollout:

@@ -5,7 +5,8 @@ weights, "pool/3" for a frozen snapshot, ...) is sampled by the LLM; anything el
 opponent ("random", or "scripted" for the game's strongest script). Per loop the runner's pending
 requests are grouped by policy, each LLM group is one `Sampler.generate` call, responses go through
 the trainer-side action rules (an unusable response is an invalid move, never an exception), and
-finished games come back with every LLM turn's token ids and log-probs.
+finished games come back with every LLM turn's token ids and log-probs. On several hosts each plays its
+share of the games on its own chips and the finished games are exchanged (spiral_jax/distributed.py).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from spiral_jax.distributed import allgather_objects, process_slice
 from spiral_jax.envs import BatchRunner, GameRecord, RandomOpponent, make, scripted_opponent
 from spiral_jax.rl.rae import RAEConfig, label_game
 from spiral_jax.rl.samples import TurnSample
@@ -61,14 +63,23 @@ class Rollout:
 
     def play(self, env_ids: Sequence[str], seats: Sequence[tuple[str, str]], params: Mapping[str, object],
              seed: int) -> list[PlayedGame]:
-        """Play one game per (env id, seats) pair to the end; results in slot order."""
+        """Play one game per (env id, seats) pair to the end; results in slot order.
+
+        With several hosts each plays its own slice of the games (seeded by their global index, so
+        the results do not depend on the number of hosts) and all of them get every game back.
+        """
+        lo, hi = process_slice(len(env_ids))
+        games = self._play(list(env_ids[lo:hi]), list(seats[lo:hi]), params, seed, lo)
+        return [g for part in allgather_objects(games) for g in part]
+
+    def _play(self, env_ids, seats, params, seed, first):
         runner = BatchRunner([make(e) for e in env_ids], seed=seed, invalid_rewards=self.invalid_rewards,
-                             max_turns=self.max_turns, auto_reset=False)
-        scripted = {(g, p): make_opponent(seats[g][p], env_ids[g], seed * 7919 + 2 * g + p)
+                             max_turns=self.max_turns, auto_reset=False, first_game=first)
+        scripted = {(g, p): make_opponent(seats[g][p], env_ids[g], seed * 7919 + 2 * (first + g) + p)
                     for g in range(len(env_ids)) for p in (0, 1) if seats[g][p] not in params}
         turns: list[list[ModelTurn]] = [[] for _ in env_ids]
         finished: list[GameRecord] = []
-        calls = 0
+        round_ = 0
         while requests := runner.pending():
             responses: dict[int, str] = {}
             groups = defaultdict(list)
@@ -78,14 +89,14 @@ class Rollout:
                     groups[policy].append(r)
                 else:
                     responses[r.game] = scripted[r.game, r.player].act(runner.envs[r.game])
+            round_ += 1  # a game has one pending move per round, so (round, game) keys every sample
             for policy, group in sorted(groups.items()):
-                calls += 1
-                self._sample(policy, group, params[policy], seed * 100003 + calls, responses, turns)
+                self._sample(policy, group, params[policy], seed * 100003 + round_, first, responses, turns)
             finished += runner.submit(responses)
         finished.sort(key=lambda rec: rec.game)
         return [PlayedGame(rec, tuple(seats[rec.game]), turns[rec.game]) for rec in finished]
 
-    def _sample(self, policy, group, params, seed, responses, turns):
+    def _sample(self, policy, group, params, seed, first, responses, turns):
         prompts = [self.tokenizer.prompt_ids(r.observation) for r in group]
         fits = [len(p) <= self.sampler.max_prompt_len for p in prompts]
         for r, p, ok in zip(group, prompts, fits):
@@ -97,7 +108,7 @@ class Rollout:
             return
         start = time.perf_counter()
         out = self.sampler.generate(params, [p for _, p in live], self.sampling, seed=seed % (1 << 31),
-                                    row_ids=[r.game for r, _ in live])
+                                    row_ids=[first + r.game for r, _ in live])
         self.sample_seconds += time.perf_counter() - start
         self.generated_tokens += sum(len(t) for t in out.tokens)
         for (r, p), ids, lp, reason in zip(live, out.tokens, out.raw_logprobs, out.finish_reasons):

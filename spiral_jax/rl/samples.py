@@ -123,9 +123,9 @@ def batch_shardings(mesh: Mesh) -> Batch:
 
 
 def shard_batch(batch: Batch, mesh: Mesh | None) -> Batch:
-    """Put a host batch on the mesh. With several hosts each passes its own rows (the global batch is
-    their concatenation), via `jax.make_array_from_process_local_data`."""
+    """Put the global batch (the same on every host) on the mesh; each host uploads only the rows of
+    its own devices."""
     if mesh is None:
         return jax.device_put(batch)
-    return Batch(*(jax.make_array_from_process_local_data(s, x)
+    return Batch(*(jax.make_array_from_callback(x.shape, s, lambda index, x=x: x[index])
                    for s, x in zip(batch_shardings(mesh), batch)))

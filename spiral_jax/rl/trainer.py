@@ -4,6 +4,11 @@ One step: hand the parameters to the sampler (a jitted reshard when the layouts 
 of games until enough turn samples exist (the reference's "whole games, then exactly N samples", or
 all turns), label them with RAE, pack, and run the jitted update. Every step is seeded by
 (seed, step) alone, so a resumed run repeats the uninterrupted one exactly.
+
+Multi-host: every host runs this same loop. Each samples its share of the games on its own chips
+(`host_local_mesh`), the finished games are exchanged (`Rollout.play`), and from there all hosts
+compute the same RAE baselines, samples and batch; the update is one SPMD program over every chip.
+Only process 0 prints, writes TensorBoard events and transcripts.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from tqdm import tqdm
 
 from spiral_jax.checkpoint import Checkpointer
 from spiral_jax.config import build_model, build_tokenizer
+from spiral_jax.distributed import host_local_mesh, initialize, is_leader, to_host_local
 from spiral_jax.envs import make
 from spiral_jax.eval.games import TABLE_HEADER, evaluate, summarize
 from spiral_jax.eval.suite import EvalContext, run_kuhn
@@ -60,9 +66,11 @@ class Trainer:
                              f"{len(c.games.env_ids)} games.env_ids")
         for env_id in c.games.env_ids:
             make(env_id)  # unknown ids fail here, before anything is compiled
-        self.c, self.log = c, log
+        initialize(c.distributed)
+        self.c, self.log = c, (log if is_leader() else (lambda *a, **k: None))
         self.out = Path(c.out_dir)
         self.mesh = make_mesh(**c.mesh)
+        self.sample_mesh = host_local_mesh(self.mesh)
         self.cfg, params = build_model(c, self.mesh)
         self.tokenizer = build_tokenizer(c, self.cfg)
         self.tc = train_config(c.optim)
@@ -74,7 +82,7 @@ class Trainer:
                 f"({shards}) and divide rollout.samples_per_step={c.rollout.samples_per_step}")
         r, e = c.rollout, c.eval
         slots = bucket_length(r.max_prompt_len) + bucket_length(max(r.max_new_tokens, e.max_new_tokens), 1)
-        self.sampler = Sampler(self.cfg, self.mesh, max_prompt_len=r.max_prompt_len, max_cache_len=slots)
+        self.sampler = Sampler(self.cfg, self.sample_mesh, max_prompt_len=r.max_prompt_len, max_cache_len=slots)
         self.rollout = Rollout(self.sampler, self.tokenizer,
                                SamplingParams(r.max_new_tokens, r.temperature, r.top_k, r.top_p),
                                invalid_rewards=c.games.invalid_rewards, max_turns=c.games.max_turns)
@@ -83,11 +91,12 @@ class Trainer:
                                     invalid_rewards=e.invalid_rewards, max_turns=c.games.max_turns)
         self.rae = RAEConfig(c.rae.decay, c.rae.enabled, c.rae.drop_zero)
         self.update = make_update(self.cfg, self.tc, self.mesh)
-        self.to_sampler = make_reshard(self.cfg, self.mesh)
+        self.to_sample_layout = make_reshard(self.cfg, self.mesh)
         self.state = init_train_state(params, self.cfg, self.tc, self.mesh)
         self.rae_state, self.pool, self.pool_steps, self.step = init_rae_state(), [], [], 0
         self.writer = MetricsWriter(self.out / "tensorboard")
-        self.ckpt = Checkpointer(self.out / "checkpoints", c.train.keep, c.train.async_checkpointing)
+        self.ckpt = Checkpointer(f"{c.out_dir.rstrip('/')}/checkpoints", c.train.keep,  # gs:// kept as is
+                                 c.train.async_checkpointing)
         self._stop = False
         if resume:
             self._restore()
@@ -97,7 +106,7 @@ class Trainer:
     # ----------------------------------------------------------------------------- checkpoints
 
     def _restore(self):
-        state, pool, meta = self.ckpt.restore(None, self.state, self.to_sampler(self.state.params))
+        state, pool, meta = self.ckpt.restore(None, self.state, self.to_sample_layout(self.state.params))
         self.state, self.pool = state, pool
         self.rae_state, self.pool_steps, self.step = meta["rae"], meta["pool_steps"], meta["step"]
         self.log(f"resumed from {self.ckpt.directory} at step {self.step}")
@@ -106,6 +115,10 @@ class Trainer:
         meta = dict(step=self.step, seed=self.c.seed, rae=self.rae_state, pool_steps=self.pool_steps,
                     config=self.c.to_json())
         self.ckpt.save(self.step, self.state, self.pool, meta)
+
+    def to_sampler(self, params):
+        """Train-layout params -> what this host's sampler reads (SAMPLE layout, host-local)."""
+        return to_host_local(self.to_sample_layout(params), self.sample_mesh)
 
     # ------------------------------------------------------------------------------- bootstrap
 
@@ -118,7 +131,7 @@ class Trainer:
         state = init_train_state(self.state.params, self.cfg, tc, self.mesh)
         self.log(f"[bootstrap] {b.steps} imitation steps of the scripted players "
                  f"(teaches the \\boxed{{}} answer format; real checkpoints skip this stage)")
-        bar = tqdm(range(b.steps), desc="bootstrap", unit="step", dynamic_ncols=True)
+        bar = tqdm(range(b.steps), desc="bootstrap", unit="step", dynamic_ncols=True, disable=not is_leader())
         for i in bar:
             samples = imitation_samples(c.games.env_ids, c.games.weights, self.tokenizer, b.batch_size,
                                         seed=c.seed * 1_000_003 + i, explore=b.explore)
@@ -152,7 +165,8 @@ class Trainer:
         """Games and exactly `samples_per_step` (or all) RAE-labelled turn samples for this step."""
         r, c = self.c.rollout, self.c
         rng = np.random.default_rng([c.seed, self.step])
-        policies = {"model": params, **{f"pool/{s}": p for s, p in zip(self.pool_steps, self.pool)}}
+        policies = {"model": params, **{f"pool/{s}": to_host_local(p, self.sample_mesh)
+                                        for s, p in zip(self.pool_steps, self.pool)}}
         weights = np.asarray(c.games.weights, float) / np.sum(c.games.weights)
         samples, games = [], []
         for round_ in range(1000):
@@ -195,7 +209,7 @@ class Trainer:
 
         self.step += 1
         if self.c.rollout.mode == "pool" and self.step % self.c.rollout.pool_every == 0:
-            self.pool.append(jax.tree.map(lambda x: x.copy(), self.to_sampler(self.state.params)))
+            self.pool.append(jax.tree.map(lambda x: x.copy(), self.to_sample_layout(self.state.params)))
             self.pool_steps.append(self.step)
             if len(self.pool) > self.c.rollout.pool_size:
                 del self.pool[0], self.pool_steps[0]
@@ -231,8 +245,9 @@ class Trainer:
                                         seed=self.c.seed * 31 + self.step)
                 results[env_id, opponent] = stats
                 scalars.update(stats.scalars(f"eval/{env_id}/{opponent}"))
-                write_transcripts(self.out / "eval" / f"step{self.step}" / f"{env_id}_vs_{opponent}.jsonl",
-                                  games, extra={"step": self.step, "settings": settings})
+                if is_leader():
+                    write_transcripts(self.out / "eval" / f"step{self.step}" / f"{env_id}_vs_{opponent}.jsonl",
+                                      games, extra={"step": self.step, "settings": settings})
                 for i, g in enumerate(games[:transcripts]):
                     self.writer.text(self.step, f"transcripts/{env_id}/{opponent}/{i}", transcript(g))
         if e.kuhn_samples >= 0:  # exploitability of the policy on one-round Kuhn poker
@@ -250,7 +265,8 @@ class Trainer:
         """Train to `train.steps`, then print and return the final evaluation table."""
         c = self.c
         handlers = {s: signal.signal(s, self.request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
-        bar = tqdm(total=c.train.steps, initial=self.step, desc="self-play", unit="step", dynamic_ncols=True)
+        bar = tqdm(total=c.train.steps, initial=self.step, desc="self-play", unit="step", dynamic_ncols=True,
+                   disable=not is_leader())
         try:
             while self.step < c.train.steps and not self._stop:
                 metrics = self.train_step()

@@ -1,0 +1,46 @@
+"""Two CPU processes (4 fake devices each) joined by jax.distributed train exactly like one process
+with 8 devices: same parameters, same RAE baselines, same games."""
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+WORKER = Path(__file__).with_name("worker.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _run(out: Path, count: int, devices: int) -> tuple[dict, dict]:
+    out.mkdir()
+    port = str(_free_port())
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(out), str(pid), str(count), port, str(devices)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for pid in range(count)]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, log[-4000:]
+    result = np.load(out / "result.npz")
+    return {k: result[k] for k in result.files}, json.loads((out / "rae.json").read_text())
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one(tmp_path):
+    two_params, two = _run(tmp_path / "two", count=2, devices=4)
+    one_params, one = _run(tmp_path / "one", count=1, devices=8)
+    assert (two["processes"], two["devices"], one["processes"], one["devices"]) == (2, 8, 1, 8)
+    assert two["games"] == one["games"] and two["samples"] == one["samples"] == 16
+    assert two["rae"] == one["rae"] and two["rae"]["baselines"]  # every baseline identical
+    assert one_params.keys() == two_params.keys()
+    for name, value in one_params.items():
+        np.testing.assert_allclose(two_params[name], value, atol=1e-6, rtol=1e-5, err_msg=name)
+    assert one["moved"] > 1e-4  # not vacuous: the two updates changed the weights

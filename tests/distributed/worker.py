@@ -1,0 +1,55 @@
+"""One process of the two-host test (tests/distributed/test_multihost.py); also the 1-process run.
+
+Usage: python worker.py OUT_DIR PROCESS_ID NUM_PROCESSES PORT DEVICES
+Runs two self-play steps of a tiny model on a (data=2, fsdp=4) mesh and saves, from process 0, the
+final parameters and RAE baselines to OUT_DIR/result.npz and OUT_DIR/rae.json.
+"""
+import json
+import sys
+from pathlib import Path
+
+import jax
+
+out, pid, count, port, devices = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+jax.config.update("jax_num_cpu_devices", devices)
+jax.config.update("jax_default_matmul_precision", "highest")
+
+import numpy as np  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
+
+from spiral_jax.config import base_config  # noqa: E402
+from spiral_jax.rl.trainer import Trainer  # noqa: E402
+
+
+def config():
+    c = base_config()
+    c.out_dir = str(Path(out) / "run")
+    c.model.random.update(vocab_size=2048, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                          num_kv_heads=2, head_dim=8, max_position_embeddings=512)
+    c.tokenizer.path = "embedded"
+    c.mesh.update(data=2, fsdp=4, tensor=1)
+    if count > 1:
+        c.distributed.update(enabled=True, coordinator_address=f"localhost:{port}", num_processes=count,
+                             process_id=pid)
+    c.games.env_ids, c.games.weights = ("TicTacToe-v0", "KuhnPoker-v1"), (1.0, 1.0)
+    c.rollout.update(games_per_batch=6, samples_per_step=16, max_new_tokens=6, max_prompt_len=512,
+                     temperature=1.0)
+    c.optim.update(learning_rate=1e-3, normaliser="token_mean", micro_batch_size=8)
+    c.train.update(steps=2, eval_every=1000, checkpoint_every=1000, async_checkpointing=False)
+    c.eval.update(games=2, final_games=2, max_new_tokens=6, opponents=("random",))
+    return c
+
+
+trainer = Trainer(config(), bootstrap=False)
+initial = multihost_utils.process_allgather(trainer.state.params, tiled=True)
+for _ in range(2):
+    metrics = trainer.train_step()
+params = multihost_utils.process_allgather(trainer.state.params, tiled=True)
+if jax.process_index() == 0:
+    flat = {"/".join(str(k) for k in path): np.asarray(v)
+            for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+    np.savez(Path(out) / "result.npz", **flat)
+    (Path(out) / "rae.json").write_text(json.dumps(
+        {"rae": trainer.rae_state, "games": metrics["rollout/games"], "samples": metrics["rollout/samples"],
+         "processes": jax.process_count(), "devices": jax.device_count(),
+         "moved": max(float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(initial)))}))
