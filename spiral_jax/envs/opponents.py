@@ -37,10 +37,16 @@ class RandomOpponent:
 
 
 class TicTacToeMinimax:
-    """Exact minimax: wins as fast as possible, loses as late as possible; ties broken at random."""
+    """Exact minimax: wins as fast as possible, loses as late as possible.
 
-    def __init__(self, seed: int | None = None):
+    Ties are broken at random, or, with `prefer` (an order of cells), by taking the first tied cell in
+    that order: a deterministic player, which is far easier to imitate than a random choice among
+    equally good moves (see rl/bootstrap.py).
+    """
+
+    def __init__(self, seed: int | None = None, prefer: tuple[int, ...] | None = None):
         self._rng = np.random.default_rng(seed)
+        self._prefer = prefer
 
     def act(self, env: Env) -> str:
         board = "".join(c or "." for row in env.state()["board"] for c in row)
@@ -48,6 +54,8 @@ class TicTacToeMinimax:
         scores = {i: _move_score(board, i, me) for i, c in enumerate(board) if c == "."}
         best = max(scores.values())
         choices = [i for i, s in scores.items() if s == best]
+        if self._prefer is not None:
+            return f"[{min(choices, key=self._prefer.index)}]"
         return f"[{choices[int(self._rng.integers(len(choices)))]}]"
 
 

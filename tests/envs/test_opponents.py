@@ -55,6 +55,20 @@ def test_minimax_finds_winning_and_blocking_moves(moves, best):
         assert TicTacToeMinimax(seed).act(env) in best
 
 
+def test_minimax_with_a_preferred_order_is_deterministic_and_still_exact():
+    prefer = (4, 0, 2, 6, 8, 1, 3, 5, 7)
+    assert TicTacToeMinimax(0, prefer).act(_position(())) == "[4]"  # every first move draws: the centre
+    assert TicTacToeMinimax(0, prefer).act(_position((0, 4, 8))) == "[1]"  # the first edge, not a corner
+    assert TicTacToeMinimax(0, prefer).act(_position((0, 3, 1, 4))) == "[2]"  # a win beats the order
+    for game in range(100):
+        seat = game % 2
+        players = [RandomOpponent(game), RandomOpponent(game)]
+        players[seat] = TicTacToeMinimax(game, prefer)
+        assert _duel("TicTacToe-v0", players, game)[seat] >= 0
+    env = _position((4,))
+    assert {TicTacToeMinimax(seed, prefer).act(env) for seed in range(10)} == {"[0]"}
+
+
 def test_kuhn_nash_opponent_plays_the_equilibrium_frequencies():
     opponent = KuhnNashOpponent(alpha=1 / 6, seed=0)
     bets = 0
