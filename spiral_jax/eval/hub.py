@@ -7,30 +7,62 @@ shuffled with a fixed seed per item (the dataset lists the correct answer first)
 from __future__ import annotations
 
 import json
+import numbers
 import random
 from pathlib import Path
 from typing import Callable, NamedTuple
 
 
+def answer_text(value) -> str:
+    """A gold answer as text: integral numbers without a trailing ".0" (AMC's 27.0 -> "27"), other
+    numbers as Python prints them, strings stripped."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real):
+        value = float(value)
+        return str(int(value)) if value.is_integer() else repr(value)
+    return str(value).strip()
+
+
+def _unwrap_dollars(s: str) -> str:
+    s = s.strip()
+    while len(s) >= 2 and s.startswith("$") and s.endswith("$"):
+        s = s[1:-1].strip()
+    return s
+
+
 def _problem(row: dict, problem: str = "problem", answer: str = "answer") -> dict:
-    return {"problem": row[problem], "answer": str(row[answer])}
+    return {"problem": str(row[problem]), "answer": answer_text(row[answer])}
 
 
 def _olympiad(row: dict) -> dict:
     answer = row["final_answer"]
-    return {"problem": row["question"], "answer": answer[0] if isinstance(answer, list) else str(answer)}
+    parts = answer if isinstance(answer, (list, tuple)) else [answer]
+    gold = ", ".join(a for a in (_unwrap_dollars(answer_text(p)) for p in parts) if a)
+    context = str(row.get("context") or "").strip()
+    question = str(row["question"])
+    return {"problem": f"{context}\n{question}" if context else question, "answer": gold}
 
 
 def _gpqa(row: dict, seed: int) -> dict:
-    choices = [row["Correct Answer"]] + [row[f"Incorrect Answer {i}"] for i in (1, 2, 3)]
+    def text(key: str) -> str:
+        return str(row[key] or "").strip()
+
+    choices = [text("Correct Answer")] + [text(f"Incorrect Answer {i}") for i in (1, 2, 3)]
     order = list(range(4))
     random.Random(f"{seed}:{row['Question']}").shuffle(order)
-    return {"question": row["Question"], "choices": [choices[i].strip() for i in order],
-            "answer": order.index(0)}
+    return {"question": text("Question"), "choices": [choices[i] for i in order], "answer": order.index(0)}
 
 
 def _mmlu_pro(row: dict) -> dict:
-    return {"question": row["question"], "choices": list(row["options"]), "answer": int(row["answer_index"])}
+    correct = int(row["answer_index"])
+    kept = [(i, str(o)) for i, o in enumerate(row["options"]) if i == correct or str(o).strip() != "N/A"]
+    return {"question": str(row["question"]), "choices": [o for _, o in kept],
+            "answer": [i for i, _ in kept].index(correct)}
 
 
 class HubSource(NamedTuple):
@@ -40,6 +72,23 @@ class HubSource(NamedTuple):
     convert: Callable[[dict], dict]
 
 
+# Where each schema (repo, config, split, columns, value types) was checked:
+# - MATH500: HF card and eval.yaml of HuggingFaceH4/MATH-500 (test.jsonl; problem, answer: str).
+# - AIME24: HF card of HuggingFaceH4/aime_2024 (split train; problem, answer: string).
+# - AIME25: HF file list of math-ai/aime25 (test.jsonl); Jellyfish042/rwkv_mmlu
+#   prepare_data/prepare_aime2025.py reads problem/answer and int()s the answer (number or string).
+# - OlympiadBench: huggingface/lighteval tasks/extended/olympiade_bench/main.py (subset
+#   OE_TO_maths_en_COMP, split train, question, final_answer); public loaders read final_answer as a
+#   list of "$...$" strings and prepend an optional context.
+# - AMC-23: HF file list of math-ai/amc23 (test parquet); adaravsian/rscale utils.py (question,
+#   answer); public fixtures of its rows have float answers (27.0).
+# - Minerva-Math: HF file list of math-ai/minervamath (test.jsonl); yuki-younai/verl-alignment
+#   examples/data_preprocess/math/eval_math_minerva-math.py (question, answer).
+# - GPQA-diamond: lighteval tasks/extended/gpqa/main.py and lm-evaluation-harness tasks/gpqa
+#   (config gpqa_diamond, train is the only split; Question, Correct Answer, Incorrect Answer 1..3).
+#   Gated on the hub: accept its terms and log in before downloading.
+# - MMLU-Pro: TIGER-AI-Lab/MMLU-Pro evaluate_from_local.py and lighteval instruct/mmlu_pro.py
+#   (split test; question, options, answer_index); the official loader drops "N/A" options.
 def hub_sources(seed: int = 0) -> dict[str, HubSource]:
     return {
         "MATH500": HubSource("HuggingFaceH4/MATH-500", None, "test", _problem),
