@@ -38,7 +38,8 @@ def base_config() -> ConfigDict:
     c.distributed = ConfigDict(dict(enabled=False, coordinator_address="", num_processes=0, process_id=-1))
     c.games = ConfigDict(dict(env_ids=("TicTacToe-v0",), weights=(1.0,), max_turns=50,
                               invalid_rewards=(-1.5, 0.5)))
-    # mode: self_play | fixed_opponent (opponent: random, scripted) | pool (past snapshots).
+    # mode: self_play | fixed_opponent | pool (past snapshots). opponent (fixed_opponent): random,
+    # scripted, or a Hugging Face model folder with the model's architecture (frozen, sampled in-program).
     c.rollout = ConfigDict(dict(
         mode="self_play", opponent="random", pool_size=4, pool_every=10, pool_self_weight=0.5,
         games_per_batch=32, samples_per_step=128, selection="exact", max_new_tokens=4096,

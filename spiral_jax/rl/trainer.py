@@ -98,10 +98,22 @@ class Trainer:
         self.ckpt = Checkpointer(f"{c.out_dir.rstrip('/')}/checkpoints", c.train.keep,  # gs:// kept as is
                                  c.train.async_checkpointing)
         self._stop = False
+        self.frozen = self._frozen_opponent()
         if resume:
             self._restore()
         elif c.bootstrap.enabled and bootstrap:
             self._bootstrap()
+
+    def _frozen_opponent(self) -> dict:
+        """{"frozen": params} when the fixed opponent is a model folder (loaded once, never trained)."""
+        r = self.c.rollout
+        if r.mode != "fixed_opponent" or r.opponent in ("random", "scripted"):
+            return {}
+        if not Path(r.opponent).is_dir():
+            raise FileNotFoundError(f"rollout.opponent={r.opponent!r} is neither 'random', 'scripted' nor a "
+                                    "model folder; give a Hugging Face checkpoint folder with the model's "
+                                    "architecture (e.g. one written by spiral-jax export)")
+        return {"frozen": EvalContext.from_trainer(self).load_weights(r.opponent)}
 
     # ----------------------------------------------------------------------------- checkpoints
 
@@ -156,8 +168,10 @@ class Trainer:
             if r.mode == "self_play" or (r.mode == "pool" and (not self.pool or rng.random() < r.pool_self_weight)):
                 seats.append(("model", "model"))
                 continue
-            other = r.opponent if r.mode == "fixed_opponent" else \
-                f"pool/{self.pool_steps[int(rng.integers(len(self.pool)))]}"
+            if r.mode == "fixed_opponent":
+                other = "frozen" if self.frozen else r.opponent
+            else:
+                other = f"pool/{self.pool_steps[int(rng.integers(len(self.pool)))]}"
             seats.append(("model", other) if g % 2 == 0 else (other, "model"))
         return seats
 
@@ -165,7 +179,7 @@ class Trainer:
         """Games and exactly `samples_per_step` (or all) RAE-labelled turn samples for this step."""
         r, c = self.c.rollout, self.c
         rng = np.random.default_rng([c.seed, self.step])
-        policies = {"model": params, **{f"pool/{s}": to_host_local(p, self.sample_mesh)
+        policies = {"model": params, **self.frozen, **{f"pool/{s}": to_host_local(p, self.sample_mesh)
                                         for s, p in zip(self.pool_steps, self.pool)}}
         weights = np.asarray(c.games.weights, float) / np.sum(c.games.weights)
         samples, games = [], []

@@ -63,6 +63,26 @@ def test_three_steps_in_every_mode(tmp_path, changes):
         assert 0 <= scalars["eval/kuhn/exploitability"][-1][1] <= 1.5
 
 
+def test_fixed_opponent_can_be_a_frozen_model_folder(tmp_path):
+    """A checkpoint folder as the fixed opponent: sampled in the same program, never trained."""
+    first = Trainer(tiny_config(tmp_path / "a", **{"train.steps": 1}), log=lambda *_: None)
+    from spiral_jax.models import save_pretrained
+    save_pretrained(first.cfg, first.state.params, tmp_path / "frozen")
+    trainer = Trainer(tiny_config(tmp_path / "b", **{"rollout.mode": "fixed_opponent",
+                                                     "rollout.opponent": str(tmp_path / "frozen")}),
+                      log=lambda *_: None)
+    frozen = [np.asarray(x) for x in jax.tree.leaves(trainer.frozen["frozen"])]
+    samples, games = trainer.collect(trainer.to_sampler(trainer.state.params))
+    assert all(sorted(g.seats) == ["frozen", "model"] for g in games)
+    assert any(t.policy == "frozen" for g in games for t in g.model_turns)  # the LLM played its seat
+    model_responses = {tuple(t.response_ids) for g in games for t in g.model_turns if t.policy == "model"}
+    assert samples and all(tuple(s.response_ids) in model_responses for s in samples)
+    trainer.train_step()
+    assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(frozen, jax.tree.leaves(trainer.frozen["frozen"])))
+    with pytest.raises(FileNotFoundError, match="neither 'random', 'scripted' nor a model folder"):
+        Trainer(tiny_config(tmp_path / "c", **{"rollout.mode": "fixed_opponent", "rollout.opponent": "nope"}))
+
+
 def _params(trainer):
     return [np.asarray(x) for x in jax.tree.leaves(trainer.state.params)]
 
