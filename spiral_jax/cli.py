@@ -1,9 +1,11 @@
-"""The `spiral-jax` command: train, eval and export, each configured by a config file + overrides.
+"""The `spiral-jax` command: train, eval, export and plan, each configured by a config file + overrides.
 
     spiral-jax train  --config configs/tiny_tictactoe.py [--config.train.steps=10] [--resume]
     spiral-jax eval   --config configs/tiny_tictactoe.py [--games 200]
                       [--suite games|transfer|kuhn|crossplay|bench] [--eval_out DIR] ...
     spiral-jax export --config configs/tiny_tictactoe.py --out exported/   # HF folder
+    spiral-jax plan   --config configs/X.py [--hardware v5p-8 | --devices 8 --device_memory_gib 16]
+                      # memory per device, before a run; exit status 1 when it would not fit
     spiral-jax launch tpu|gpu --config configs/X.py ...   # start on a TPU slice / GPU hosts (launch -h)
 """
 from __future__ import annotations
@@ -16,7 +18,7 @@ from ml_collections import config_flags
 from spiral_jax.models.config import CheckpointError
 from spiral_jax.sharding import MeshError
 
-COMMANDS = ("train", "eval", "export")
+COMMANDS = ("train", "eval", "export", "plan")
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).",
                                 lock_config=True)
@@ -40,6 +42,11 @@ flags.DEFINE_integer("samples", 4, "eval bench: samples per item (pass@1 = first
 flags.DEFINE_string("shots_file", "", "eval bench: JSONL of worked examples for few-shot prompts.")
 flags.DEFINE_integer("shots", 0, "eval bench: how many of them (0: zero-shot).")
 flags.DEFINE_integer("limit", 0, "eval bench: items per benchmark (0: all).")
+flags.DEFINE_string("hardware", "", "plan: a hardware preset (v4-8, v5e-8, v5p-8, v6e-8, 8xH100); "
+                    "default: the devices JAX sees here.")
+flags.DEFINE_integer("devices", 0, "plan: the device count, instead of --hardware.")
+flags.DEFINE_float("device_memory_gib", 0.0, "plan: memory per device in GiB, with --devices (or to plan "
+                   "for the local devices).")
 
 
 def _usage() -> str:
@@ -87,7 +94,28 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def _plan(c) -> int:
+    """Print the memory plan; no Trainer, no weights (see spiral_jax/plan.py)."""
+    from spiral_jax import plan
+
+    if FLAGS.hardware and FLAGS.devices:
+        raise ValueError("pass --hardware or --devices, not both")
+    if FLAGS.hardware:
+        hw = plan.hardware(FLAGS.hardware)
+    elif FLAGS.devices:
+        hw = plan.custom_hardware(FLAGS.devices, FLAGS.device_memory_gib)
+    else:
+        hw = plan.local_hardware()
+        if FLAGS.device_memory_gib:
+            hw = plan.custom_hardware(hw.devices, FLAGS.device_memory_gib)
+    text, fits = plan.report(c, hw)
+    print(text)
+    return 1 if fits is False else 0
+
+
 def _run(command: str, c) -> int:
+    if command == "plan":
+        return _plan(c)
     from spiral_jax.checkpoint import Checkpointer
     from spiral_jax.rl.trainer import Trainer
 

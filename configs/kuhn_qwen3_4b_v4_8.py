@@ -1,0 +1,23 @@
+"""Preset: the paper's Kuhn run (spiral_kuhn_qwen3_4b.py) on a Cloud TPU v4-8: 4 chips x 32 GiB HBM.
+
+A v4-8 is 4 chips (JAX sees 4 devices). Qwen3-4B is split 4 ways over `tensor` and not over fsdp, so
+the train and sample layouts agree and the sampler reads the train state (no second copy of the
+weights). Numbers from the memory planner, per chip (GiB): parameters 3.75 + Adam 7.49 + gradients
+7.49 + gathered weights 0.64 + activations of one 8192-slot row 7.92 = 27.29 in the train step;
+16 games in one sampler call: KV cache 3.38 + prefill 12.60 = 27.21. Peak 27.29 of 32 GiB (85%):
+a micro-batch of 1 row and 16 games in flight is all that fits. Evaluation plays all its games in
+one sampler call, so eval.games and eval.final_games are 16 as well (the paper's config: 128 / 512).
+
+    spiral-jax plan  --config configs/kuhn_qwen3_4b_v4_8.py --hardware v4-8
+    spiral-jax train --config configs/kuhn_qwen3_4b_v4_8.py --config.model.path=/ckpt/Qwen3-4B-Base
+"""
+from spiral_jax.config import config_from_file
+
+
+def get_config():
+    c = config_from_file("spiral_kuhn_qwen3_4b.py", relative_to=__file__)
+    c.mesh.update(data=1, fsdp=1, tensor=4)
+    c.optim.micro_batch_size = 1
+    c.rollout.games_per_batch = 16
+    c.eval.update(games=16, final_games=16)  # evaluation plays all its games in one sampler call
+    return c

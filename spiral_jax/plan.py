@@ -1,0 +1,498 @@
+"""The memory planner: what a run needs per device, from the config alone (no weights, no devices).
+
+`spiral-jax plan --config C --hardware v5p-8` answers "will this run fit?" before a slice is booked.
+It prints, per device, the bytes of everything the trainer keeps or builds, and the peak of each
+phase of a step against the device's memory:
+
+- train step: parameters + Adam state + the sampler's copy (still referenced) + gradients (one
+  micro-batch's, plus the fp32 accumulator) + weights all-gathered for compute + activations;
+- rollout / evaluation: parameters + Adam state + the sampler's copy + the KV cache of one
+  `Sampler.generate` call + the prefill's transients (evaluation plays all its games in one call).
+
+Parameters, optimizer state, gradients, the sampler's copy and the KV cache are exact: the shapes of
+`param_specs` (and of optax's state, by `jax.eval_shape`) divided by the shardings `Rules.spec` gives
+them. Activations, all-gathered weights and prefill transients are a model: buffer counts per layer,
+measured on XLA:CPU (tests/test_plan.py checks the estimate against the compiled programs). TPU and
+GPU compilers fuse more, so there the estimate errs high. When it does not fit, `suggest` searches
+meshes over the same devices, smaller micro-batches and fewer games in flight with the same estimator.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import AbstractMesh
+
+from spiral_jax.models import ModelConfig, abstract_params, param_specs
+from spiral_jax.models.params import is_spec
+from spiral_jax.models.transformer import CACHE_AXES
+from spiral_jax.sampling import bucket_length
+from spiral_jax.sharding import MESH_AXES, RULE_SETS, MeshError, Rules
+
+GB, GiB, MiB = 10**9, 2**30, 2**20
+HEADROOM = 0.10  # a plan "fits" below 90% of the usable memory: fragmentation, runtime, estimate error
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """Devices and memory per device. `usable`: the share of it a JAX process gets by default."""
+
+    name: str
+    devices: int
+    memory: int | None  # bytes per device; None = unknown (CPU)
+    usable: float = 1.0
+    source: str = ""
+
+    @property
+    def limit(self) -> int | None:
+        """Bytes per device a plan may use and still count as fitting (usable memory less headroom)."""
+        return None if self.memory is None else int(self.memory * self.usable * (1 - HEADROOM))
+
+
+# Chips per host and memory per chip as the Cloud TPU docs and NVIDIA list them (GB where they say GB).
+HARDWARE = {h.name: h for h in (
+    Hardware("v4-8", 4, 32 * GiB, source="Cloud TPU v4: v4-8 = 4 chips (2x2x1), 32 GiB HBM2 per chip"),
+    Hardware("v5e-8", 8, 16 * GB, source="Cloud TPU v5e: v5litepod-8 = 8 chips, 16 GB HBM2 per chip"),
+    Hardware("v5p-8", 4, 95 * GB, source="Cloud TPU v5p: v5p-8 = 4 chips (2x2x1), 95 GB HBM2e per chip"),
+    Hardware("v6e-8", 8, 32 * GB, source="Cloud TPU v6e: v6e-8 = 8 chips, 32 GB HBM per chip"),
+    Hardware("8xH100", 8, 80 * GB, usable=0.75,
+             source="8x NVIDIA H100 80 GB; JAX preallocates 75% of GPU memory unless "
+                    "XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise"),
+)}
+ALIASES = {"v5litepod-8": "v5e-8", "h100x8": "8xH100", "8xh100": "8xH100", "h100-8": "8xH100"}
+
+
+def hardware(name: str) -> Hardware:
+    """A preset by name (case-insensitive, a few aliases)."""
+    key = {k.lower(): k for k in HARDWARE}.get(name.lower()) or ALIASES.get(name.lower())
+    if key is None:
+        raise ValueError(f"unknown hardware {name!r}; known: {', '.join(HARDWARE)} "
+                         f"(or pass --devices N --device_memory_gib G)")
+    return HARDWARE[key]
+
+
+def custom_hardware(devices: int, memory_gib: float | None) -> Hardware:
+    if devices < 1:
+        raise ValueError(f"--devices must be >= 1, got {devices}")
+    memory = None if not memory_gib else int(memory_gib * GiB)
+    return Hardware(f"{devices} x {memory_gib:g} GiB" if memory else f"{devices} devices", devices, memory)
+
+
+def local_hardware() -> Hardware:
+    """The devices JAX sees here; memory from the runtime where it reports it (TPU, GPU), else unknown."""
+    devices = jax.devices()
+    stats = devices[0].memory_stats() if hasattr(devices[0], "memory_stats") else None
+    memory = (stats or {}).get("bytes_limit")
+    return Hardware(f"local {devices[0].platform} x {len(devices)}", len(devices), memory)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshShape:
+    """A ('data', 'fsdp', 'tensor') mesh as sizes only: the arithmetic of `make_mesh`, no devices."""
+
+    data: int
+    fsdp: int
+    tensor: int
+
+    @classmethod
+    def resolve(cls, data: int, fsdp: int, tensor: int, devices: int) -> "MeshShape":
+        sizes = [data, fsdp, tensor]
+        if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+            raise MeshError(f"mesh data={data} x fsdp={fsdp} x tensor={tensor}: sizes must be positive, "
+                            f"with at most one -1")
+        known = math.prod(s for s in sizes if s != -1)
+        sizes = [devices // known if s == -1 else s for s in sizes]
+        if devices % known or math.prod(sizes) != devices:
+            raise MeshError(f"mesh data={data} x fsdp={fsdp} x tensor={tensor} does not fit {devices} "
+                            f"devices; the sizes must multiply to {devices} (use -1 for one axis)")
+        return cls(*sizes)
+
+    @property
+    def batch_shards(self) -> int:
+        return self.data * self.fsdp
+
+    def rules(self, kind: str) -> Rules:
+        """The project's sharding rules on an abstract mesh of these sizes (nothing is allocated)."""
+        return Rules(AbstractMesh((self.data, self.fsdp, self.tensor), MESH_AXES), RULE_SETS[kind])
+
+    def __str__(self):
+        return f"data={self.data} fsdp={self.fsdp} tensor={self.tensor}"
+
+
+def shard_elements(rules: Rules, axes, shape) -> int:
+    """Elements of one device's shard of an array with these logical axes (`Rules.spec` decides)."""
+    n = 1
+    for size, entry in zip(shape, rules.spec(axes, shape)):
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        n *= size // math.prod(rules.mesh.shape[a] for a in names)
+    return n
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """The sizes a step runs at, worst case (every bucket at its configured maximum)."""
+
+    samples: int  # rows per update
+    micro_batch: int  # rows per micro-batch
+    train_len: int  # T: prompt + response slots, bucketed
+    response_len: int  # R: response slots, bucketed
+    chunk: int  # response slots unembedded at a time
+    prompt_len: int  # prompt bucket of the sampler
+    rollout_games: int
+    rollout_new: int
+    eval_games: int
+    final_games: int
+    eval_new: int
+    pool: int  # opponent snapshots kept on the devices (pool mode)
+
+
+def workload(c) -> Workload:
+    r, e = c.rollout, c.eval
+    new = bucket_length(r.max_new_tokens, 1)
+    samples = r.samples_per_step
+    return Workload(
+        samples=samples, micro_batch=c.optim.micro_batch_size or samples,
+        train_len=bucket_length(r.max_prompt_len + r.max_new_tokens), response_len=new,
+        chunk=min(c.optim.logprob_chunk, new), prompt_len=bucket_length(r.max_prompt_len),
+        rollout_games=r.games_per_batch, rollout_new=r.max_new_tokens, eval_games=e.games,
+        final_games=e.final_games, eval_new=e.max_new_tokens,
+        pool=r.pool_size if r.mode == "pool" else 0)
+
+
+def model_config(c) -> tuple[ModelConfig, str]:
+    """The architecture from model.path's config.json, else model.random; and where it came from."""
+    runtime = dict(compute_dtype=c.model.compute_dtype, scan_layers=c.model.scan_layers, remat=c.model.remat)
+    path = c.model.path
+    if path and (Path(path) / "config.json").exists():
+        return ModelConfig.from_pretrained(path, **runtime), f"{path}/config.json"
+    source = "model.random" if not path else f"model.random (no config.json at {path!r})"
+    return ModelConfig(**c.model.random.to_dict(), **runtime), source
+
+
+# ------------------------------------------------------------------------------------- estimate
+
+
+def _split(n: int, ways: int) -> int:
+    """Per-device size of a dimension the rules split `ways` ways (replicated when it does not divide)."""
+    return n // ways if n % ways == 0 else n
+
+
+def _shard_sizes(cfg: ModelConfig, mesh: MeshShape, kind: str) -> dict:
+    """Elements per device of every parameter on the `kind` layout (a tree like the parameters)."""
+    rules = mesh.rules(kind)
+    return jax.tree.map(lambda s: shard_elements(rules, s.axes, s.shape), param_specs(cfg), is_leaf=is_spec)
+
+
+@functools.lru_cache(maxsize=256)
+def _param_bytes(cfg: ModelConfig, mesh: MeshShape, kind: str) -> int:
+    """fp32 parameter bytes per device on the `kind` layout (parameters are fp32 masters)."""
+    return 4 * sum(jax.tree.leaves(_shard_sizes(cfg, mesh, kind)))
+
+
+@functools.lru_cache(maxsize=256)
+def _same_layout(cfg: ModelConfig, mesh: MeshShape) -> bool:
+    """Whether train and sample layouts agree (then `make_reshard` hands over the arrays themselves)."""
+    train, sample = mesh.rules("train"), mesh.rules("sample")
+    return all(train.spec(s.axes, s.shape) == sample.spec(s.axes, s.shape)
+               for s in jax.tree.leaves(param_specs(cfg), is_leaf=is_spec))
+
+
+@functools.lru_cache(maxsize=256)
+def _optimizer_bytes(cfg: ModelConfig, tc, mesh: MeshShape) -> int:
+    """optax state of `make_optimizer` per device: param-like leaves sharded like their parameter,
+    the rest (step counts) replicated. Dtypes from jax.eval_shape, so a bf16 moment would count half."""
+    from spiral_jax.rl.train_step import make_optimizer
+
+    opt = make_optimizer(tc)
+    state = jax.eval_shape(opt.init, abstract_params(cfg))
+    sizes = optax.tree_map_params(opt, lambda leaf, n: n * leaf.dtype.itemsize, state,
+                                  _shard_sizes(cfg, mesh, "train"),
+                                  transform_non_params=lambda leaf: leaf.size * leaf.dtype.itemsize)
+    return int(sum(jax.tree.leaves(sizes)))
+
+
+def _layer_elements(cfg: ModelConfig, rules: Rules) -> int:
+    """Elements of one layer's weights split over tensor only (what an all-gather over fsdp yields)."""
+    layers = param_specs(cfg.replace(scan_layers=False))["layers"][0]
+    return sum(shard_elements(rules, s.axes, s.shape) for s in layers.values())
+
+
+def _activations(cfg: ModelConfig, w: Workload, mesh: MeshShape) -> int:
+    """Peak activation bytes of one micro-batch's forward + backward (see `estimate`)."""
+    cb = jnp.dtype(cfg.compute_dtype).itemsize
+    t, dp = mesh.tensor, mesh.batch_shards
+    b = w.micro_batch // dp if w.micro_batch % dp == 0 else w.micro_batch
+    T, D, hd = w.train_len, cfg.hidden_size, cfg.head_dim
+    heads, kv = _split(cfg.num_heads, t), _split(cfg.num_kv_heads, t)
+    f, v = _split(cfg.intermediate_size, t), _split(cfg.vocab_size, t)
+    act, qkv, mlp = b * T * D, b * T * (heads + 2 * kv) * hd, b * T * f
+    scores = b * heads * T * T * 4  # fp32 attention scores of one layer
+    # Saved for the backward pass: with remat each layer's input; without, every residual of the
+    # layer (norm outputs, q/k/v before and after RoPE, fp32 probabilities and their cast, the mask,
+    # the MLP's gate/up/activation/product).
+    per_layer = act * cb if cfg.remat else (6 * act * cb + 3 * qkv * cb + 2 * scores + b * T * T
+                                            + 5 * mlp * cb)
+    saved = cfg.num_layers * per_layer
+    # The backward of one layer, recomputed: the fp32 probabilities stay alive through it, next to
+    # their gradients, the MLP's gate/up/activation/product and their gradients, and a few
+    # [b, T, D] and q/k/v-sized buffers. (Counts fitted to XLA:CPU's buffer assignment.)
+    layer = 3 * scores + 7.5 * mlp * cb + 3 * act * cb + 2 * qkv * cb
+    # The loss head, before the layers' backward: fp32 logits of one chunk, softmax, their gradient.
+    head = 3.5 * b * w.chunk * v * 4 + 3 * act * cb
+    # The packed batch (29 bytes per slot), its micro-batch split and the per-slot outputs.
+    batch = -(-w.samples // dp) * T * (2 * 29 + 12)
+    return int(saved + max(layer, head) + batch)
+
+
+def _weights_in_flight(cfg: ModelConfig, mesh: MeshShape) -> int:
+    """Weights gathered over fsdp (and cast to the compute dtype) while the step runs, and their
+    gradients before the reduce-scatter: the embedding table, and one layer plus the next."""
+    cb = jnp.dtype(cfg.compute_dtype).itemsize
+    gathered, cast = mesh.fsdp > 1, cb != 4
+    table = _split(cfg.vocab_size, mesh.tensor) * cfg.hidden_size
+    embed = table * (4 * gathered + cb * (gathered or cast) + 4 * (2 if gathered else 1))
+    layer = _layer_elements(cfg, mesh.rules("sample")) * (cb * (gathered or cast) + 4 * gathered)
+    return int(embed + 2 * layer)
+
+
+def _sampling(cfg: ModelConfig, w: Workload, mesh: MeshShape, games: int, new_tokens: int) -> tuple[int, int]:
+    """(KV cache, prefill transients) per device for one generate call over `games` prompts."""
+    cb = jnp.dtype(cfg.compute_dtype).itemsize
+    dp = mesh.batch_shards
+    batch = bucket_length(games, dp)
+    batch = -(-batch // dp) * dp  # as Sampler.generate pads it
+    slots = w.prompt_len + bucket_length(new_tokens, 1)
+    rules = mesh.rules("sample")
+    shape = (cfg.num_layers, batch, slots, cfg.num_kv_heads, cfg.head_dim)
+    cache = 2 * shard_elements(rules, CACHE_AXES, shape) * cb
+    b, plen, t = batch // dp, w.prompt_len, mesh.tensor
+    heads, kv = _split(cfg.num_heads, t), _split(cfg.num_kv_heads, t)
+    scores = b * heads * plen * slots * 4  # the prefill attends over every cache slot
+    attention = 2 * scores + 2 * b * plen * (heads + 2 * kv) * cfg.head_dim * cb
+    mlp = 3 * b * plen * _split(cfg.intermediate_size, t) * cb
+    rest = (2 * b * plen * cfg.hidden_size * cb + cache // cfg.num_layers
+            + 2 * b * _split(cfg.vocab_size, t) * 4 + batch * (slots - plen) * 12)
+    return int(cache), int(max(attention, mlp) + rest)
+
+
+@dataclasses.dataclass
+class Plan:
+    """Per-device bytes of each part and the peak of each phase, against the hardware."""
+
+    hardware: Hardware
+    mesh: MeshShape
+    cfg: ModelConfig
+    work: Workload
+    parts: dict[str, int]
+    phases: dict[str, int]
+    labels: dict[str, str]
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def peak(self) -> int:
+        return max(self.phases.values())
+
+    @property
+    def worst_phase(self) -> str:
+        return max(self.phases, key=self.phases.get)
+
+    @property
+    def fits(self) -> bool | None:
+        limit = self.hardware.limit
+        return None if limit is None else self.peak <= limit
+
+    def table(self) -> str:
+        unit, name = (GiB, "GiB") if self.peak >= GiB else (MiB, "MiB")
+        n = self.cfg.num_params
+        count = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+        cfg, w, hw = self.cfg, self.work, self.hardware
+        dp = self.mesh.batch_shards
+        per_device = w.micro_batch // dp if w.micro_batch % dp == 0 else w.micro_batch
+        width = max(len(x) for x in [*self.labels.values(), *self.phases]) + 2
+        lines = [
+            f"hardware: {hw.name}: {hw.devices} devices" + (
+                f" x {hw.memory / GiB:.1f} GiB ({hw.usable:.0%} usable)" if hw.memory else
+                ", memory per device unknown (pass --hardware, or --device_memory_gib)"),
+            f"model: {cfg.model_type}, {count} parameters ({cfg.num_layers} layers, "
+            f"hidden {cfg.hidden_size}, vocab {cfg.vocab_size}), compute {cfg.compute_dtype}, "
+            f"remat {'on' if cfg.remat else 'off'}, scan_layers {'on' if cfg.scan_layers else 'off'}",
+            f"mesh: {self.mesh}; micro-batch {w.micro_batch} row(s), {per_device} per device, x {w.train_len}"
+            f" slots (response {w.response_len}, logprob chunk {w.chunk})",
+            f"sampling: prompt bucket {w.prompt_len}; rollout {w.rollout_games} games, eval "
+            f"{w.eval_games}, final eval {w.final_games}",
+            "", f"{'per device':<{width + 2}}{name:>9}"]
+        lines += [f"  {self.labels[k]:<{width}}{v / unit:9.2f}" for k, v in self.parts.items()]
+        lines += ["", f"{'peak per phase':<{width + 2}}{name:>9}"]
+        lines += [f"  {k:<{width}}{v / unit:9.2f}" for k, v in self.phases.items()]
+        lines.append("")
+        if self.fits is None:
+            lines.append(f"peak: {self.peak / unit:.2f} {name} per device ({self.worst_phase}); no memory "
+                         f"limit known for these devices")
+        else:
+            usable = hw.memory * hw.usable
+            verdict = "fits" if self.fits else "DOES NOT FIT"
+            lines.append(f"peak: {self.peak / unit:.2f} {name} per device ({self.worst_phase}) of "
+                         f"{usable / unit:.2f} {name} usable = {self.peak / usable:.0%}: {verdict} "
+                         f"(limit {self.hardware.limit / unit:.2f} {name}, {HEADROOM:.0%} headroom)")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware) -> Plan:
+    """Per-device bytes of a run with this model, optimizer, workload and mesh on `hw`."""
+    params, sample_params = _param_bytes(cfg, mesh, "train"), _param_bytes(cfg, mesh, "sample")
+    same_layout = _same_layout(cfg, mesh)
+    parts = {
+        "params": params,
+        "optimizer": _optimizer_bytes(cfg, tc, mesh),
+        "sampler_params": 0 if same_layout else sample_params,
+        "pool": work.pool * sample_params,
+        "gradients": 2 * params,
+        "weights_in_flight": _weights_in_flight(cfg, mesh),
+        "activations": _activations(cfg, work, mesh),
+    }
+    labels = {
+        "params": "parameters (fp32, train layout)",
+        "optimizer": "optimizer state (AdamW mu + nu, fp32)",
+        "sampler_params": "sampler's copy of the parameters (sample layout)",
+        "pool": f"opponent pool ({work.pool} snapshots, sample layout)",
+        "gradients": "gradients: one micro-batch's + the fp32 accumulator",
+        "weights_in_flight": "weights all-gathered/cast for compute, their grads",
+        "activations": f"activations of one micro-batch ({'remat' if cfg.remat else 'no remat'})",
+    }
+    resident = parts["params"] + parts["optimizer"] + parts["sampler_params"] + parts["pool"]
+    phases = {"train step": resident + parts["gradients"] + parts["weights_in_flight"] + parts["activations"]}
+    calls = {}  # (games, new-token bucket) -> the phases that make such a sampler call
+    for name, games, new in [("rollout", work.rollout_games, work.rollout_new),
+                             ("eval", work.eval_games, work.eval_new),
+                             ("final eval", work.final_games, work.eval_new)]:
+        if games > 0:
+            calls.setdefault((games, bucket_length(new, 1)), []).append(name)
+    for (games, new), names in calls.items():
+        name = ", ".join(names)
+        cache, prefill = _sampling(cfg, work, mesh, games, new)
+        parts[f"kv {name}"], parts[f"prefill {name}"] = cache, prefill
+        labels[f"kv {name}"] = f"KV cache, {name}: {games} games x {work.prompt_len + new} slots"
+        labels[f"prefill {name}"] = f"prefill transients, {name}"
+        phases[f"{name} ({games} games at once)"] = resident + cache + prefill
+    if not work.pool:
+        del parts["pool"]
+    notes = []
+    if same_layout:
+        notes.append("train and sample layouts agree (fsdp 1): the sampler reads the train state, no copy")
+    return Plan(hw, mesh, cfg, work, parts, phases, labels, notes)
+
+
+def plan(c, hw: Hardware, mesh: MeshShape | None = None) -> Plan:
+    """The plan of config `c` on `hw` (its own mesh unless `mesh` is given)."""
+    from spiral_jax.rl.trainer import train_config
+
+    cfg, source = model_config(c)
+    mesh = mesh or MeshShape.resolve(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, hw.devices)
+    result = estimate(cfg, train_config(c.optim), workload(c), mesh, hw)
+    result.notes.insert(0, f"model shape from {source}")
+    return result
+
+
+# ------------------------------------------------------------------------------------ suggestions
+
+
+def meshes(devices: int):
+    """Every (data, fsdp, tensor) whose sizes multiply to `devices`."""
+    for data, fsdp in itertools.product(range(1, devices + 1), repeat=2):
+        if devices % (data * fsdp) == 0:
+            yield MeshShape(data, fsdp, devices // (data * fsdp))
+
+
+def _largest(candidates, ok) -> int | None:
+    """The first (largest) candidate that `ok` accepts."""
+    return next((x for x in candidates if ok(x)), None)
+
+
+def _fewer(n: int) -> list[int]:
+    """n, then the powers of two below it: the game counts tried when n does not fit."""
+    return [n] + [1 << k for k in range(n.bit_length() - 1, -1, -1) if 1 << k < n]
+
+
+def suggest(c, hw: Hardware, plan_now: Plan | None = None) -> tuple[str, Plan] | None:
+    """The best setup that fits, by the same estimator: (what to change, its plan), or None.
+
+    Searched on every mesh over the same devices (and with remat on): the largest micro-batch that
+    divides the step's samples and is a multiple of data x fsdp (as the trainer requires) for the
+    train step, and the most games per sampler call (up to the configured ones) for rollout, eval and
+    final eval. The phases share only the resident state, so each is sized on its own. Preferred: the
+    most evaluation games (they change what is measured), then the largest micro-batch, then the
+    most rollout games (those change only speed), then the lowest peak.
+    """
+    from spiral_jax.rl.trainer import train_config
+
+    if hw.limit is None:
+        return None
+    current = plan_now or plan(c, hw)
+    cfg, tc, work, limit = current.cfg, train_config(c.optim), current.work, hw.limit
+    best, best_key = None, None
+    for mesh, remat in itertools.product(meshes(hw.devices), (cfg.remat,) if cfg.remat else (False, True)):
+        trial = functools.partial(estimate, cfg.replace(remat=remat), tc, mesh=mesh, hw=hw)
+        base = trial(dataclasses.replace(work, rollout_games=0, eval_games=0, final_games=0))
+        resident = base.phases["train step"] - sum(base.parts[k] for k in ("gradients", "weights_in_flight",
+                                                                           "activations"))
+
+        def sample_fits(games, new, mesh=mesh, resident=resident):
+            return resident + sum(_sampling(cfg, work, mesh, games, new)) <= limit
+
+        dp = mesh.batch_shards
+        micro = [m for m in range(work.samples, 0, -1) if work.samples % m == 0 and m % dp == 0]
+        sizes = dict(
+            micro_batch=_largest(micro, lambda m: trial(dataclasses.replace(
+                work, micro_batch=m, rollout_games=0, eval_games=0, final_games=0)).fits),
+            rollout_games=_largest(_fewer(work.rollout_games), lambda g: sample_fits(g, work.rollout_new)),
+            eval_games=_largest(_fewer(work.eval_games), lambda g: sample_fits(g, work.eval_new)),
+            final_games=_largest(_fewer(work.final_games), lambda g: sample_fits(g, work.eval_new)))
+        if any(v is None for v in sizes.values()):
+            continue
+        fit = trial(dataclasses.replace(work, **sizes))
+        key = (sizes["final_games"], sizes["eval_games"], sizes["micro_batch"], sizes["rollout_games"], -fit.peak)
+        if fit.fits and (best_key is None or key > best_key):
+            best, best_key = fit, key
+    if best is None:
+        return None
+    changes = []
+    if best.mesh != current.mesh:
+        changes.append(f"--config.mesh.data={best.mesh.data} --config.mesh.fsdp={best.mesh.fsdp} "
+                       f"--config.mesh.tensor={best.mesh.tensor}")
+    if best.cfg.remat != cfg.remat:
+        changes.append("--config.model.remat=True")
+    for field, key in (("micro_batch", "optim.micro_batch_size"), ("rollout_games", "rollout.games_per_batch"),
+                       ("eval_games", "eval.games"), ("final_games", "eval.final_games")):
+        if getattr(best.work, field) != getattr(work, field):
+            changes.append(f"--config.{key}={getattr(best.work, field)}")
+    return " ".join(changes), best
+
+
+def report(c, hw: Hardware) -> tuple[str, bool | None]:
+    """The printed plan (with a warning and a suggestion when it does not fit) and whether it fits."""
+    p = plan(c, hw)
+    text = [p.table()]
+    if p.fits is False:
+        text.append(f"\nWARNING: this run needs {p.peak / GiB:.2f} GiB per device in its {p.worst_phase}, "
+                    f"above the {hw.limit / GiB:.2f} GiB limit of {hw.name}; it would run out of memory.")
+        found = suggest(c, hw, p)
+        if found is None:
+            text.append("No mesh, micro-batch or number of games per sampler call fits on these devices: "
+                        "use more devices or devices with more memory, or shorten max_prompt_len / "
+                        "max_new_tokens.")
+        else:
+            change, better = found
+            text.append(f"Suggestion (the planner's best fit: peak {better.peak / GiB:.2f} GiB per device, "
+                        f"{better.peak / (hw.memory * hw.usable):.0%} of usable, in its {better.worst_phase}):"
+                        f"\n  {change}")
+            if better.work.final_games < p.work.final_games or better.work.eval_games < p.work.eval_games:
+                text.append("  (evaluation plays all its games in one sampler call, so fewer games is what "
+                            "makes it fit)")
+    return "\n".join(text), p.fits

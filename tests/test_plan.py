@@ -1,0 +1,197 @@
+"""The memory planner: its estimate against what JAX measures on the 8 fake CPU devices, the presets
+against their hardware, the suggestion for a setup that does not fit, and the CLI."""
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from spiral_jax import cli
+from spiral_jax import plan as P
+from spiral_jax.config import base_config, config_from_file
+from spiral_jax.models import KVCache, init_params
+from spiral_jax.models.transformer import CACHE_AXES
+from spiral_jax.rl.reshard import make_reshard
+from spiral_jax.rl.samples import TurnSample, pack, shard_batch
+from spiral_jax.rl.train_step import init_train_state, make_train_step
+from spiral_jax.rl.trainer import train_config
+from spiral_jax.sampling import Sampler
+from spiral_jax.sharding import MeshError, Rules, make_mesh
+
+PRESETS = {"configs/kuhn_qwen3_4b_v4_8.py": "v4-8", "configs/kuhn_qwen3_4b_v5e_8.py": "v5e-8",
+           "configs/kuhn_qwen3_4b_v5p_8.py": "v5p-8", "configs/kuhn_qwen3_4b_v6e_8.py": "v6e-8",
+           "configs/kuhn_qwen3_4b_8xh100.py": "8xH100"}
+TOLERANCE = 0.2
+PROMPT = NEW = 128  # training rows of 256 slots, a 256-slot KV cache
+GAMES, MICRO = 16, 8
+
+
+def tiny_config():
+    """A small Qwen3 (4 layers, hidden 128, vocab 4096) on a (2, 2, 2) mesh: every part of the plan is
+    a few MiB, so fixed overheads do not dominate, and it compiles in seconds."""
+    c = base_config()
+    c.model.update(compute_dtype="float32", scan_layers=True, remat=True)
+    c.model.random.update(vocab_size=4096, hidden_size=128, intermediate_size=512, num_layers=4, num_heads=4,
+                          num_kv_heads=2, head_dim=32)
+    c.mesh.update(data=2, fsdp=2, tensor=2)
+    c.rollout.update(max_prompt_len=PROMPT, max_new_tokens=NEW, games_per_batch=GAMES, samples_per_step=32)
+    c.eval.update(games=0, final_games=0)
+    c.optim.update(micro_batch_size=MICRO, logprob_chunk=64)
+    return c
+
+
+def on_device0(tree) -> int:
+    d0 = jax.devices()[0]
+    return sum(s.data.nbytes for a in jax.tree.leaves(tree) for s in a.addressable_shards if s.device == d0)
+
+
+def live_on_device0() -> int:
+    d0 = jax.devices()[0]
+    return sum(s.data.nbytes for a in jax.live_arrays() for s in a.addressable_shards if s.device == d0)
+
+
+def test_estimate_matches_what_jax_measures_on_cpu():
+    c = tiny_config()
+    hw = P.custom_hardware(8, None)
+    plan = P.plan(c, hw)
+    cfg, mesh, tc = plan.cfg, make_mesh(**c.mesh), train_config(c.optim)
+    assert plan.parts["sampler_params"] > 0  # fsdp 2: the sampler gets its own copy
+
+    # Live arrays: the train state, the sampler's copy and a rollout-sized KV cache, as the trainer holds them.
+    before = live_on_device0()
+    state = init_train_state(init_params(cfg, jax.random.key(0), mesh=mesh), cfg, tc, mesh)
+    sample_params = make_reshard(cfg, mesh)(state.params)
+    rules, slots = Rules.create(mesh, "sample"), PROMPT + NEW
+    cache_sharding = rules.sharding(CACHE_AXES, (cfg.num_layers, GAMES, slots, cfg.num_kv_heads, cfg.head_dim))
+    cache = jax.jit(lambda: KVCache.zeros(cfg, GAMES, slots), out_shardings=KVCache(cache_sharding, cache_sharding))()
+    live = live_on_device0() - before
+
+    # Compiled programs: the train step at two micro-batch sizes (the difference is activations
+    # only) and the sampler's prefill + decode program.
+    rng = np.random.default_rng(0)
+    tokens = lambda n: rng.integers(0, cfg.vocab_size, n).tolist()  # noqa: E731
+    samples = [TurnSample(tokens(PROMPT), tokens(NEW), [-1.0] * NEW, "g", 0, 0, 1.0) for _ in range(32)]
+
+    def train_temp(micro):
+        batch = shard_batch(pack(samples, row_multiple=micro), mesh)
+        step = make_train_step(cfg, train_config(c.optim, micro_batch_size=micro), mesh)
+        return step.lower(state, batch).compile().memory_analysis().temp_size_in_bytes
+
+    sampler = Sampler(cfg, mesh, max_prompt_len=PROMPT, max_cache_len=slots)
+    prompt = jax.device_put(np.ones((GAMES, PROMPT), np.int32), rules.sharding(("batch", "seq"), (GAMES, PROMPT)))
+    keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.key(0), np.arange(GAMES, dtype=np.uint32))
+    program = sampler._program.lower(sample_params, prompt, prompt, keys, np.int32(NEW), np.float32(1.0),
+                                     np.int32(0), np.float32(1.0), np.full((8,), -1, np.int32), slots=slots,
+                                     greedy=False, truncated=False).compile()
+
+    temp, temp_double = train_temp(MICRO), train_temp(2 * MICRO)
+    double = P.estimate(cfg, tc, dataclasses.replace(plan.work, micro_batch=2 * MICRO), plan.mesh, hw).parts
+    p = plan.parts
+    measured = {
+        "parameters": on_device0(state.params),
+        "optimizer state": on_device0(state.opt_state),
+        "sampler params": on_device0(sample_params),
+        "KV cache": on_device0(cache),
+        "train-step temp (grads + gathered weights + activations)": temp,
+        "activations of 8 more rows": temp_double - temp,
+        "sampler temp (KV cache + prefill)": program.memory_analysis().temp_size_in_bytes,
+    }
+    estimated = {
+        "parameters": p["params"],
+        "optimizer state": p["optimizer"],
+        "sampler params": p["sampler_params"],
+        "KV cache": p["kv rollout"],
+        "train-step temp (grads + gathered weights + activations)":
+            p["gradients"] + p["weights_in_flight"] + p["activations"],
+        "activations of 8 more rows": double["activations"] - p["activations"],
+        "sampler temp (KV cache + prefill)": p["kv rollout"] + p["prefill rollout"],
+    }
+    resident = measured["parameters"] + measured["optimizer state"] + measured["sampler params"]
+    measured["live arrays (params, Adam, sampler copy, KV cache)"] = live
+    estimated["live arrays (params, Adam, sampler copy, KV cache)"] = (
+        p["params"] + p["optimizer"] + p["sampler_params"] + p["kv rollout"])
+    measured["total (peak phase)"] = resident + max(temp, measured["sampler temp (KV cache + prefill)"])
+    estimated["total (peak phase)"] = plan.peak
+    report = "\n".join(f"{k:<58} est {estimated[k] / 2**20:8.3f} MiB  measured {measured[k] / 2**20:8.3f} MiB"
+                       f"  ratio {estimated[k] / measured[k]:.3f}" for k in measured)
+    print("\n" + report)
+    for k in measured:
+        assert abs(estimated[k] / measured[k] - 1) <= TOLERANCE, report
+
+
+@pytest.mark.parametrize("path, hardware", sorted(PRESETS.items()))
+def test_presets_fit_their_hardware(path, hardware):
+    plan = P.plan(config_from_file(path), P.hardware(hardware))
+    assert plan.fits, plan.table()
+    assert plan.peak <= 0.9 * plan.hardware.memory * plan.hardware.usable
+    assert plan.mesh.data * plan.mesh.fsdp * plan.mesh.tensor == P.hardware(hardware).devices
+
+
+def test_a_setup_that_does_not_fit_warns_and_gets_a_suggestion_that_fits(capsys):
+    c = config_from_file("configs/kuhn_qwen3_4b_v5e_8.py")
+    c.mesh.update(data=8, fsdp=1, tensor=1)  # every chip holds all of Qwen3-4B's weights and Adam state
+    hw = P.hardware("v5e-8")
+    bad = P.plan(c, hw)
+    assert bad.fits is False and bad.parts["params"] > 14 * P.GiB
+    change, better = P.suggest(c, hw, bad)
+    assert better.fits and better.peak < bad.peak
+    text, fits = P.report(c, hw)
+    assert fits is False and "WARNING" in text and change in text
+    # The suggested overrides, applied through the CLI, give a plan that fits.
+    args = ["spiral-jax", "plan", "--config", "configs/kuhn_qwen3_4b_v5e_8.py", "--hardware", "v5e-8",
+            "--config.mesh.data=8", "--config.mesh.fsdp=1", "--config.mesh.tensor=1"]
+    assert cli.main(args) == 1
+    assert "DOES NOT FIT" in capsys.readouterr().out
+    assert cli.main(args + change.split()) == 0
+    assert ": fits" in capsys.readouterr().out
+
+
+def test_evaluation_games_count_towards_the_peak():
+    c = config_from_file("configs/kuhn_qwen3_4b_8xh100.py")
+    c.eval.final_games = 512  # all in one sampler call
+    hw = P.hardware("8xH100")
+    plan = P.plan(c, hw)
+    assert not plan.fits and plan.worst_phase.startswith("final eval (512 games")
+    change, better = P.suggest(c, hw, plan)
+    assert better.fits and "--config.eval.final_games=" in change
+
+
+def test_cli_plan_prints_the_table(capsys):
+    assert cli.main(["spiral-jax", "plan", "--config", "configs/kuhn_qwen3_4b_v5p_8.py", "--hardware", "v5p-8"]) == 0
+    out = capsys.readouterr().out
+    for text in ("parameters (fp32, train layout)", "optimizer state", "gradients", "activations", "KV cache",
+                 "sampler's copy", "train step", "fits"):
+        assert text in out
+    # Explicit devices; and the local (CPU) devices, whose memory is unknown.
+    assert cli.main(["spiral-jax", "plan", "--config", "configs/tiny_tictactoe.py", "--devices", "8",
+                     "--device_memory_gib", "16"]) == 0
+    assert "8 devices x 16.0 GiB" in capsys.readouterr().out
+    assert cli.main(["spiral-jax", "plan", "--config", "configs/tiny_tictactoe.py"]) == 0
+    assert "no memory limit known" in capsys.readouterr().out
+
+
+def test_cli_plan_unknown_hardware_lists_the_known_ones(capsys):
+    assert cli.main(["spiral-jax", "plan", "--config", "configs/tiny_tictactoe.py", "--hardware", "v9-1024"]) == 1
+    err = capsys.readouterr().err
+    assert "unknown hardware 'v9-1024'" in err
+    for name in P.HARDWARE:
+        assert name in err
+
+
+def test_hardware_presets_and_aliases():
+    assert P.hardware("V5LITEPOD-8") == P.hardware("v5e-8")
+    assert [(h.devices, round(h.memory / P.GB)) for h in P.HARDWARE.values()] == [
+        (4, 34), (8, 16), (4, 95), (8, 32), (8, 80)]  # v4's 32 GiB is 34.4 GB
+
+
+@pytest.mark.parametrize("sizes", [(1, -1, 1), (2, -1, 2), (-1, 2, 2), (1, 1, 8), (2, 4, -1)])
+def test_mesh_arithmetic_matches_make_mesh(sizes):
+    assert P.MeshShape.resolve(*sizes, devices=8) == P.MeshShape(*make_mesh(*sizes).devices.shape)
+
+
+@pytest.mark.parametrize("sizes", [(3, -1, 1), (-1, -1, 1), (2, 2, 4), (0, 1, 8)])
+def test_mesh_arithmetic_rejects_what_make_mesh_rejects(sizes):
+    with pytest.raises(MeshError):
+        make_mesh(*sizes)
+    with pytest.raises(MeshError):
+        P.MeshShape.resolve(*sizes, devices=8)
