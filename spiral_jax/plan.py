@@ -149,7 +149,7 @@ class Workload:
     eval_games: int
     final_games: int
     eval_new: int
-    pool: int  # opponent snapshots kept on the devices (pool mode)
+    snapshots: int  # other policies' weights kept on the devices: pool snapshots, a frozen opponent
 
 
 def workload(c) -> Workload:
@@ -162,7 +162,8 @@ def workload(c) -> Workload:
         chunk=min(c.optim.logprob_chunk, new), prompt_len=bucket_length(r.max_prompt_len),
         rollout_games=r.games_per_batch, rollout_new=r.max_new_tokens, eval_games=e.games,
         final_games=e.final_games, eval_new=e.max_new_tokens,
-        pool=r.pool_size if r.mode == "pool" else 0)
+        snapshots=r.pool_size if r.mode == "pool" else
+        int(r.mode == "fixed_opponent" and r.opponent not in ("random", "scripted")))
 
 
 def model_config(c) -> tuple[ModelConfig, str]:
@@ -224,7 +225,7 @@ def _layer_elements(cfg: ModelConfig, rules: Rules) -> int:
 
 
 def _activations(cfg: ModelConfig, w: Workload, mesh: MeshShape) -> int:
-    """Peak activation bytes of one micro-batch's forward + backward (see `estimate`)."""
+    """Activation bytes per device at the peak of one micro-batch's forward + backward pass."""
     cb = jnp.dtype(cfg.compute_dtype).itemsize
     t, dp = mesh.tensor, mesh.batch_shards
     b = w.micro_batch // dp if w.micro_batch % dp == 0 else w.micro_batch
@@ -352,7 +353,7 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
         "params": params,
         "optimizer": _optimizer_bytes(cfg, tc, mesh),
         "sampler_params": 0 if same_layout else sample_params,
-        "pool": work.pool * sample_params,
+        "snapshots": work.snapshots * sample_params,
         "gradients": 2 * params,
         "weights_in_flight": _weights_in_flight(cfg, mesh),
         "activations": _activations(cfg, work, mesh),
@@ -361,12 +362,12 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
         "params": "parameters (fp32, train layout)",
         "optimizer": "optimizer state (AdamW mu + nu, fp32)",
         "sampler_params": "sampler's copy of the parameters (sample layout)",
-        "pool": f"opponent pool ({work.pool} snapshots, sample layout)",
+        "snapshots": f"opponent weights ({work.snapshots}: pool or frozen, sample layout)",
         "gradients": "gradients: one micro-batch's + the fp32 accumulator",
         "weights_in_flight": "weights all-gathered/cast for compute, their grads",
         "activations": f"activations of one micro-batch ({'remat' if cfg.remat else 'no remat'})",
     }
-    resident = parts["params"] + parts["optimizer"] + parts["sampler_params"] + parts["pool"]
+    resident = parts["params"] + parts["optimizer"] + parts["sampler_params"] + parts["snapshots"]
     phases = {"train step": resident + parts["gradients"] + parts["weights_in_flight"] + parts["activations"]}
     calls = {}  # (games, new-token bucket) -> the phases that make such a sampler call
     for name, games, new in [("rollout", work.rollout_games, work.rollout_new),
@@ -381,8 +382,8 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
         labels[f"kv {name}"] = f"KV cache, {name}: {games} games x {work.prompt_len + new} slots"
         labels[f"prefill {name}"] = f"prefill transients, {name}"
         phases[f"{name} ({games} games at once)"] = resident + cache + prefill
-    if not work.pool:
-        del parts["pool"]
+    if not work.snapshots:
+        del parts["snapshots"]
     notes = []
     if same_layout:
         notes.append("train and sample layouts agree (fsdp 1): the sampler reads the train state, no copy")
@@ -395,8 +396,16 @@ def plan(c, hw: Hardware, mesh: MeshShape | None = None) -> Plan:
 
     cfg, source = model_config(c)
     mesh = mesh or MeshShape.resolve(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, hw.devices)
-    result = estimate(cfg, train_config(c.optim), workload(c), mesh, hw)
-    result.notes.insert(0, f"model shape from {source}")
+    work = workload(c)
+    result = estimate(cfg, train_config(c.optim), work, mesh, hw)
+    notes = [f"model shape from {source}"] + ([f"hardware: {hw.source}"] if hw.source else [])
+    if work.micro_batch % mesh.batch_shards or work.samples % work.micro_batch:
+        notes.append(f"optim.micro_batch_size={work.micro_batch} must be a multiple of data x fsdp = "
+                     f"{mesh.batch_shards} and divide rollout.samples_per_step={work.samples}: the trainer "
+                     f"refuses this config")
+    if c.bootstrap.enabled and not c.model.path:
+        notes.append("not planned: the imitation bootstrap (tiny random models only; its own Adam state)")
+    result.notes[:0] = notes
     return result
 
 
@@ -477,11 +486,18 @@ def suggest(c, hw: Hardware, plan_now: Plan | None = None) -> tuple[str, Plan] |
 
 def report(c, hw: Hardware) -> tuple[str, bool | None]:
     """The printed plan (with a warning and a suggestion when it does not fit) and whether it fits."""
-    p = plan(c, hw)
-    text = [p.table()]
-    if p.fits is False:
-        text.append(f"\nWARNING: this run needs {p.peak / GiB:.2f} GiB per device in its {p.worst_phase}, "
-                    f"above the {hw.limit / GiB:.2f} GiB limit of {hw.name}; it would run out of memory.")
+    text, mesh_error = [], None
+    try:
+        p = plan(c, hw)
+    except MeshError as e:  # the config's mesh is for other hardware: plan fsdp over all, then suggest
+        mesh_error = e
+        text.append(f"WARNING: {e}; planned with data=1 fsdp={hw.devices} tensor=1 instead\n")
+        p = plan(c, hw, MeshShape(1, hw.devices, 1))
+    text.append(p.table())
+    if p.fits is False or mesh_error:
+        if p.fits is False:
+            text.append(f"\nWARNING: this run needs {p.peak / GiB:.2f} GiB per device in its {p.worst_phase}, "
+                        f"above the {hw.limit / GiB:.2f} GiB limit of {hw.name}; it would run out of memory.")
         found = suggest(c, hw, p)
         if found is None:
             text.append("No mesh, micro-batch or number of games per sampler call fits on these devices: "
@@ -489,10 +505,14 @@ def report(c, hw: Hardware) -> tuple[str, bool | None]:
                         "max_new_tokens.")
         else:
             change, better = found
+            if mesh_error and "--config.mesh." not in change:
+                m = better.mesh
+                change = f"--config.mesh.data={m.data} --config.mesh.fsdp={m.fsdp} --config.mesh.tensor={m.tensor} " \
+                         + change
             text.append(f"Suggestion (the planner's best fit: peak {better.peak / GiB:.2f} GiB per device, "
                         f"{better.peak / (hw.memory * hw.usable):.0%} of usable, in its {better.worst_phase}):"
-                        f"\n  {change}")
+                        f"\n  {change.strip()}")
             if better.work.final_games < p.work.final_games or better.work.eval_games < p.work.eval_games:
                 text.append("  (evaluation plays all its games in one sampler call, so fewer games is what "
                             "makes it fit)")
-    return "\n".join(text), p.fits
+    return "\n".join(text), False if mesh_error else p.fits

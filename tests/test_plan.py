@@ -195,3 +195,22 @@ def test_mesh_arithmetic_rejects_what_make_mesh_rejects(sizes):
         make_mesh(*sizes)
     with pytest.raises(MeshError):
         P.MeshShape.resolve(*sizes, devices=8)
+
+
+def test_a_mesh_for_other_hardware_is_planned_anyway_with_a_suggestion(capsys):
+    # mesh_gpu_8x.py's (1, 2, 4) mesh needs 8 devices; a v4-8 has 4 chips.
+    assert cli.main(["spiral-jax", "plan", "--config", "configs/mesh_gpu_8x.py", "--hardware", "v4-8"]) == 1
+    out = capsys.readouterr().out
+    assert "does not fit 4 devices" in out and "Suggestion" in out and "--config.mesh.tensor=" in out
+
+
+def test_opponent_weights_are_counted():
+    c = tiny_config()
+    hw = P.custom_hardware(8, None)
+    sample_copy = P.plan(c, hw).parts["sampler_params"]
+    c.rollout.update(mode="pool", pool_size=3)
+    assert P.plan(c, hw).parts["snapshots"] == 3 * sample_copy
+    c.rollout.update(mode="fixed_opponent", opponent="/ckpt/frozen")
+    assert P.plan(c, hw).parts["snapshots"] == sample_copy
+    c.rollout.opponent = "random"
+    assert "snapshots" not in P.plan(c, hw).parts
