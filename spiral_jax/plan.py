@@ -62,8 +62,8 @@ HARDWARE = {h.name: h for h in (
     Hardware("v5p-8", 4, 95 * GB, source="Cloud TPU v5p: v5p-8 = 4 chips (2x2x1), 95 GB HBM2e per chip"),
     Hardware("v6e-8", 8, 32 * GB, source="Cloud TPU v6e: v6e-8 = 8 chips, 32 GB HBM per chip"),
     Hardware("8xH100", 8, 80 * GB, usable=0.75,
-             source="8x NVIDIA H100 80 GB; JAX preallocates 75% of GPU memory unless "
-                    "XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise"),
+             source="8x NVIDIA H100 80 GB; planned at 75%, JAX's default GPU preallocation "
+                    "(XLA_PYTHON_CLIENT_MEM_FRACTION raises it)"),
 )}
 ALIASES = {"v5litepod-8": "v5e-8", "h100x8": "8xH100", "8xh100": "8xH100", "h100-8": "8xH100"}
 

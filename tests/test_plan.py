@@ -1,6 +1,7 @@
 """The memory planner: its estimate against what JAX measures on the 8 fake CPU devices, the presets
 against their hardware, the suggestion for a setup that does not fit, and the CLI."""
 import dataclasses
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -18,9 +19,9 @@ from spiral_jax.rl.trainer import train_config
 from spiral_jax.sampling import Sampler
 from spiral_jax.sharding import MeshError, Rules, make_mesh
 
-PRESETS = {"configs/kuhn_qwen3_4b_v4_8.py": "v4-8", "configs/kuhn_qwen3_4b_v5e_8.py": "v5e-8",
-           "configs/kuhn_qwen3_4b_v5p_8.py": "v5p-8", "configs/kuhn_qwen3_4b_v6e_8.py": "v6e-8",
-           "configs/kuhn_qwen3_4b_8xh100.py": "8xH100"}
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+PRESETS = {"kuhn_qwen3_4b_v4_8.py": "v4-8", "kuhn_qwen3_4b_v5e_8.py": "v5e-8", "kuhn_qwen3_4b_v5p_8.py": "v5p-8",
+           "kuhn_qwen3_4b_v6e_8.py": "v6e-8", "kuhn_qwen3_4b_8xh100.py": "8xH100"}
 TOLERANCE = 0.2
 PROMPT = NEW = 128  # training rows of 256 slots, a 256-slot KV cache
 GAMES, MICRO = 16, 8
@@ -121,14 +122,14 @@ def test_estimate_matches_what_jax_measures_on_cpu():
 
 @pytest.mark.parametrize("path, hardware", sorted(PRESETS.items()))
 def test_presets_fit_their_hardware(path, hardware):
-    plan = P.plan(config_from_file(path), P.hardware(hardware))
+    plan = P.plan(config_from_file(str(CONFIGS / path)), P.hardware(hardware))
     assert plan.fits, plan.table()
     assert plan.peak <= 0.9 * plan.hardware.memory * plan.hardware.usable
     assert plan.mesh.data * plan.mesh.fsdp * plan.mesh.tensor == P.hardware(hardware).devices
 
 
 def test_a_setup_that_does_not_fit_warns_and_gets_a_suggestion_that_fits(capsys):
-    c = config_from_file("configs/kuhn_qwen3_4b_v5e_8.py")
+    c = config_from_file(str(CONFIGS / "kuhn_qwen3_4b_v5e_8.py"))
     c.mesh.update(data=8, fsdp=1, tensor=1)  # every chip holds all of Qwen3-4B's weights and Adam state
     hw = P.hardware("v5e-8")
     bad = P.plan(c, hw)
@@ -138,7 +139,7 @@ def test_a_setup_that_does_not_fit_warns_and_gets_a_suggestion_that_fits(capsys)
     text, fits = P.report(c, hw)
     assert fits is False and "WARNING" in text and change in text
     # The suggested overrides, applied through the CLI, give a plan that fits.
-    args = ["spiral-jax", "plan", "--config", "configs/kuhn_qwen3_4b_v5e_8.py", "--hardware", "v5e-8",
+    args = ["spiral-jax", "plan", "--config", str(CONFIGS / "kuhn_qwen3_4b_v5e_8.py"), "--hardware", "v5e-8",
             "--config.mesh.data=8", "--config.mesh.fsdp=1", "--config.mesh.tensor=1"]
     assert cli.main(args) == 1
     assert "DOES NOT FIT" in capsys.readouterr().out
@@ -147,7 +148,7 @@ def test_a_setup_that_does_not_fit_warns_and_gets_a_suggestion_that_fits(capsys)
 
 
 def test_evaluation_games_count_towards_the_peak():
-    c = config_from_file("configs/kuhn_qwen3_4b_8xh100.py")
+    c = config_from_file(str(CONFIGS / "kuhn_qwen3_4b_8xh100.py"))
     c.eval.final_games = 512  # all in one sampler call
     hw = P.hardware("8xH100")
     plan = P.plan(c, hw)
@@ -157,21 +158,23 @@ def test_evaluation_games_count_towards_the_peak():
 
 
 def test_cli_plan_prints_the_table(capsys):
-    assert cli.main(["spiral-jax", "plan", "--config", "configs/kuhn_qwen3_4b_v5p_8.py", "--hardware", "v5p-8"]) == 0
+    v5p = str(CONFIGS / "kuhn_qwen3_4b_v5p_8.py")
+    assert cli.main(["spiral-jax", "plan", "--config", v5p, "--hardware", "v5p-8"]) == 0
     out = capsys.readouterr().out
     for text in ("parameters (fp32, train layout)", "optimizer state", "gradients", "activations", "KV cache",
                  "sampler's copy", "train step", "fits"):
         assert text in out
     # Explicit devices; and the local (CPU) devices, whose memory is unknown.
-    assert cli.main(["spiral-jax", "plan", "--config", "configs/tiny_tictactoe.py", "--devices", "8",
+    assert cli.main(["spiral-jax", "plan", "--config", str(CONFIGS / "tiny_tictactoe.py"), "--devices", "8",
                      "--device_memory_gib", "16"]) == 0
     assert "8 devices x 16.0 GiB" in capsys.readouterr().out
-    assert cli.main(["spiral-jax", "plan", "--config", "configs/tiny_tictactoe.py"]) == 0
+    assert cli.main(["spiral-jax", "plan", "--config", str(CONFIGS / "tiny_tictactoe.py")]) == 0
     assert "no memory limit known" in capsys.readouterr().out
 
 
 def test_cli_plan_unknown_hardware_lists_the_known_ones(capsys):
-    assert cli.main(["spiral-jax", "plan", "--config", "configs/tiny_tictactoe.py", "--hardware", "v9-1024"]) == 1
+    tiny = str(CONFIGS / "tiny_tictactoe.py")
+    assert cli.main(["spiral-jax", "plan", "--config", tiny, "--hardware", "v9-1024"]) == 1
     err = capsys.readouterr().err
     assert "unknown hardware 'v9-1024'" in err
     for name in P.HARDWARE:
@@ -199,7 +202,7 @@ def test_mesh_arithmetic_rejects_what_make_mesh_rejects(sizes):
 
 def test_a_mesh_for_other_hardware_is_planned_anyway_with_a_suggestion(capsys):
     # mesh_gpu_8x.py's (1, 2, 4) mesh needs 8 devices; a v4-8 has 4 chips.
-    assert cli.main(["spiral-jax", "plan", "--config", "configs/mesh_gpu_8x.py", "--hardware", "v4-8"]) == 1
+    assert cli.main(["spiral-jax", "plan", "--config", str(CONFIGS / "mesh_gpu_8x.py"), "--hardware", "v4-8"]) == 1
     out = capsys.readouterr().out
     assert "does not fit 4 devices" in out and "Suggestion" in out and "--config.mesh.tensor=" in out
 
