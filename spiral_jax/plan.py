@@ -78,6 +78,7 @@ def hardware(name: str) -> Hardware:
 
 
 def custom_hardware(devices: int, memory_gib: float | None) -> Hardware:
+    """Any other slice or box: a device count and, if known, GiB per device (0/None: no limit)."""
     if devices < 1:
         raise ValueError(f"--devices must be >= 1, got {devices}")
     memory = None if not memory_gib else int(memory_gib * GiB)
