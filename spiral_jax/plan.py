@@ -154,13 +154,19 @@ class Workload:
 
 
 def workload(c) -> Workload:
+    """Worst-case sizes of config `c`. The training row is the longest prompt plus the longest
+    response, laid out by `pack` itself, so its buckets are the trainer's whatever they are."""
+    from spiral_jax.rl.samples import TurnSample, pack
+
     r, e = c.rollout, c.eval
-    new = bucket_length(r.max_new_tokens, 1)
+    longest = TurnSample([0] * r.max_prompt_len, [0] * r.max_new_tokens, [0.0] * r.max_new_tokens, "plan", 0, 0)
+    row = pack([longest])
+    train_len, response_len = row.tokens.shape[1], row.response_slots.shape[1]
     samples = r.samples_per_step
     return Workload(
         samples=samples, micro_batch=c.optim.micro_batch_size or samples,
-        train_len=bucket_length(r.max_prompt_len + r.max_new_tokens), response_len=new,
-        chunk=min(c.optim.logprob_chunk, new), prompt_len=bucket_length(r.max_prompt_len),
+        train_len=train_len, response_len=response_len,
+        chunk=min(c.optim.logprob_chunk, response_len), prompt_len=bucket_length(r.max_prompt_len),
         rollout_games=r.games_per_batch, rollout_new=r.max_new_tokens, eval_games=e.games,
         final_games=e.final_games, eval_new=e.max_new_tokens,
         snapshots=r.pool_size if r.mode == "pool" else
