@@ -156,11 +156,19 @@ def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache
 
 def unembed(params, cfg: ModelConfig, hidden: jax.Array) -> jax.Array:
     """fp32 logits from final hidden states [..., D] -> [..., V]."""
-    if cfg.tie_word_embeddings:
-        return jnp.einsum("...d,vd->...v", hidden, params["embed"].astype(hidden.dtype),
-                          preferred_element_type=jnp.float32)
-    return jnp.einsum("...d,dv->...v", hidden, params["lm_head"].astype(hidden.dtype),
-                      preferred_element_type=jnp.float32)
+    # the table's embedding axis: embed is [V, D], lm_head is [D, V]
+    table, d_axis = (params["embed"], 1) if cfg.tie_word_embeddings else (params["lm_head"], 0)
+    table = table.astype(hidden.dtype)
+    if jax.default_backend() != "cpu":
+        return jax.lax.dot_general(hidden, table, (((hidden.ndim - 1,), (d_axis,)), ((), ())),
+                                   preferred_element_type=jnp.float32)
+    # On CPU, XLA runs this product 1.2-2x faster with the vocabulary as the output's leading axis
+    # (measured, 32 x 256 x 32k and 8 x 1024 x 152k); the barrier keeps it from folding the transpose
+    # back into the product.
+    rows = hidden.reshape(-1, hidden.shape[-1])
+    logits = jax.lax.dot_general(table, rows, (((d_axis,), (1,)), ((), ())),
+                                 preferred_element_type=jnp.float32)  # [V, N]
+    return jax.lax.optimization_barrier(logits).T.reshape(*hidden.shape[:-1], -1)
 
 
 def positions_from_mask(attention_mask: jax.Array) -> jax.Array:

@@ -10,9 +10,10 @@ response, stop token included. Packing lays each sample out as one row, *right-p
 so `log p(targets[t] | tokens[:t+1])` is read at slot t and the loss covers exactly the response
 tokens. `response_slots` [B, R] lists, per row, the slots that predict its response tokens (R is the
 longest response, bucketed), so logits are only ever formed there: with short answers after long
-prompts (most game turns) that skips almost all of the unembedding. Right padding keeps positions trivial; the decoder's key mask makes the padding invisible, so
-a row's log-probs equal those the (left-padded) sampler saw. Lengths are bucketed to powers of two and
-the row count is padded with all-zero rows (loss_mask 0, advantage 0), so the jitted step compiles
+prompts (most game turns) that skips almost all of the unembedding. Right padding keeps positions
+trivial; the decoder's key mask makes the padding invisible, so a row's log-probs equal those the
+(left-padded) sampler saw. Lengths are bucketed in quarter octaves (64, 80, 96, 112, 128, 160, ...: a
+72-token TicTacToe turn costs 80 slots, not 128) and the row count is padded with all-zero rows (loss_mask 0, advantage 0), so the jitted step compiles
 once per bucket and padding never changes the loss.
 """
 from __future__ import annotations
@@ -86,7 +87,7 @@ def pack(samples: Sequence[TurnSample], *, rows: int | None = None, row_multiple
         raise ValueError(f"rows={n_rows} must hold {len(samples)} samples and be a multiple of "
                          f"row_multiple={row_multiple}")
     longest = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
-    length = bucket_length(longest, min_length)
+    length = bucket_length(longest, min_length, per_octave=4)
     if max_length is not None and length > max_length:
         raise ValueError(f"a {longest}-token sample needs a {length}-slot bucket, above "
                          f"max_length={max_length}; raise max_length or cap the response length")

@@ -64,9 +64,17 @@ class SampleOutput:
     finish_reasons: list[str]  # "stop" or "length"
 
 
-def bucket_length(n: int, min_length: int = 16) -> int:
-    """The smallest power of two >= max(n, min_length): the static shapes everything compiles for."""
-    return 1 << (max(n, min_length) - 1).bit_length()
+def bucket_length(n: int, min_length: int = 16, per_octave: int = 1) -> int:
+    """The static size that n rounds up to: the shapes everything compiles for.
+
+    per_octave=1: the smallest power of two >= max(n, min_length). per_octave=k: the octave above the
+    previous power of two is split into k equal steps (k=4: ..., 64, 80, 96, 112, 128, 160, ...), so at
+    most k shapes per doubling and at most 1/k of padding instead of up to 1/2.
+    """
+    n = max(n, min_length)
+    top = 1 << (n - 1).bit_length()
+    step = max(top // (2 * per_octave), 1)
+    return -(-n // step) * step
 
 
 class Sampler:

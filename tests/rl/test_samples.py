@@ -32,10 +32,13 @@ def test_pack_layout():
     assert batch.tokens.dtype == np.int32 and batch.loss_mask.dtype == np.float32
 
 
-@pytest.mark.parametrize("n, expected", [(2, 16), (16, 16), (17, 32), (100, 128), (4097, 8192)])
-def test_length_buckets_are_powers_of_two(n, expected):
-    assert bucket_length(n) == expected
-    assert pack([_sample([1] * (n - 1), [2])]).shape[1] == expected
+@pytest.mark.parametrize("n, pow2, quarter", [(2, 16, 16), (16, 16, 16), (17, 32, 20), (65, 128, 80),
+                                              (100, 128, 112), (128, 128, 128), (4097, 8192, 5120)])
+def test_length_buckets(n, pow2, quarter):
+    """Sampler shapes: powers of two; packed training rows: quarter octaves."""
+    assert bucket_length(n) == pow2
+    assert bucket_length(n, per_octave=4) == quarter
+    assert pack([_sample([1] * (n - 1), [2])]).shape[1] == quarter
 
 
 def test_row_padding_and_limits():
