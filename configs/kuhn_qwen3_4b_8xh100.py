@@ -3,8 +3,8 @@
 JAX preallocates 75% of each GPU by default, so the planner plans for 60 GB (55.9 GiB) per GPU.
 Qwen3-4B is split 8 ways over `tensor` and not over fsdp, so the train and sample layouts agree and
 the sampler reads the train state (no second copy). Numbers from the memory planner, per GPU (GiB):
-parameters 1.87 + Adam 3.75 + gradients 3.75 + gathered weights 0.32 + activations of a 4-row
-micro-batch of 8192 slots 18.81 = 28.50 in the train step; 64 games in one sampler call: KV cache
+parameters 1.87 + Adam 3.75 + gradients 3.75 + gathered weights 0.32 + activations of an 8-row
+micro-batch of 6144 slots 23.67 = 33.35 in the train step; 64 games in one sampler call: KV cache
 6.75 + prefill 25.82 = 38.20. Peak 38.20 of 55.9 GiB (68%). Evaluation plays all its games in one
 sampler call, so eval.games and eval.final_games are 64 (paper config: 128 / 512).
 
@@ -17,7 +17,7 @@ from spiral_jax.config import config_from_file
 def get_config():
     c = config_from_file("spiral_kuhn_qwen3_4b.py", relative_to=__file__)
     c.mesh.update(data=1, fsdp=1, tensor=8)
-    c.optim.micro_batch_size = 4
+    c.optim.micro_batch_size = 8
     c.rollout.games_per_batch = 64
     c.eval.update(games=64, final_games=64)  # evaluation plays all its games in one sampler call
     return c

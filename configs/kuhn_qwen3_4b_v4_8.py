@@ -3,10 +3,11 @@
 A v4-8 is 4 chips (JAX sees 4 devices). Qwen3-4B is split 4 ways over `tensor` and not over fsdp, so
 the train and sample layouts agree and the sampler reads the train state (no second copy of the
 weights). Numbers from the memory planner, per chip (GiB): parameters 3.75 + Adam 7.49 + gradients
-7.49 + gathered weights 0.64 + activations of one 8192-slot row 7.92 = 27.29 in the train step;
-16 games in one sampler call: KV cache 3.38 + prefill 12.60 = 27.21. Peak 27.29 of 32 GiB (85%):
-a micro-batch of 1 row and 16 games in flight is all that fits. Evaluation plays all its games in
-one sampler call, so eval.games and eval.final_games are 16 as well (the paper's config: 128 / 512).
+7.49 + gathered weights 0.64 + activations of one 6144-slot row (2048 prompt + 4096 new tokens)
+4.81 = 24.18 in the train step; 16 games in one sampler call: KV cache 3.38 + prefill 12.60 = 27.21.
+Peak 27.21 of 32 GiB (85%); a 2-row micro-batch would be 28.95 (90%), 32 games 43.2. Evaluation
+plays all its games in one sampler call, so eval.games and eval.final_games are 16 as well (the
+paper's config: 128 / 512).
 
     spiral-jax plan  --config configs/kuhn_qwen3_4b_v4_8.py --hardware v4-8
     spiral-jax train --config configs/kuhn_qwen3_4b_v4_8.py --config.model.path=/ckpt/Qwen3-4B-Base

@@ -3,8 +3,8 @@
 A v5p-8 is 4 chips (JAX sees 4 devices). Qwen3-4B is split 4 ways over `tensor` and not over fsdp, so
 the train and sample layouts agree and the sampler reads the train state (no second copy). Numbers
 from the memory planner, per chip (GiB): parameters 3.75 + Adam 7.49 + gradients 7.49 + gathered
-weights 0.64 + activations of a 4-row micro-batch of 8192 slots 31.46 = 50.83 in the train step;
-32 games in one sampler call: KV cache 6.75 + prefill 25.20 = 43.19. Peak 50.83 of 88.5 GiB (57%);
+weights 0.64 + activations of an 8-row micro-batch of 6144 slots 38.14 = 57.51 in the train step;
+32 games in one sampler call: KV cache 6.75 + prefill 25.20 = 43.19. Peak 57.51 of 88.5 GiB (65%);
 64 games would be 75.1 (85%). Evaluation plays all its games in one sampler call, so eval.games and
 eval.final_games are 32 (paper config: 128 / 512).
 
@@ -17,7 +17,7 @@ from spiral_jax.config import config_from_file
 def get_config():
     c = config_from_file("spiral_kuhn_qwen3_4b.py", relative_to=__file__)
     c.mesh.update(data=1, fsdp=1, tensor=4)
-    c.optim.micro_batch_size = 4
+    c.optim.micro_batch_size = 8
     c.rollout.games_per_batch = 32
     c.eval.update(games=32, final_games=32)  # evaluation plays all its games in one sampler call
     return c

@@ -2,8 +2,8 @@
 
 Qwen3-4B is split 8 ways over `tensor` and not over fsdp, so the train and sample layouts agree and
 the sampler reads the train state (no second copy). Numbers from the memory planner, per chip (GiB):
-parameters 1.87 + Adam 3.75 + gradients 3.75 + gathered weights 0.32 + activations of a 2-row
-micro-batch of 8192 slots 9.44 = 19.13 in the train step; 32 games in one sampler call: KV cache
+parameters 1.87 + Adam 3.75 + gradients 3.75 + gathered weights 0.32 + activations of a 4-row
+micro-batch of 6144 slots 11.86 = 21.55 in the train step; 32 games in one sampler call: KV cache
 3.38 + prefill 12.91 = 21.91. Peak 21.91 of 29.8 GiB (74%). Evaluation plays all its games in one
 sampler call, so eval.games and eval.final_games are 32 (paper config: 128 / 512).
 
@@ -16,7 +16,7 @@ from spiral_jax.config import config_from_file
 def get_config():
     c = config_from_file("spiral_kuhn_qwen3_4b.py", relative_to=__file__)
     c.mesh.update(data=1, fsdp=1, tensor=8)
-    c.optim.micro_batch_size = 2
+    c.optim.micro_batch_size = 4
     c.rollout.games_per_batch = 32
     c.eval.update(games=32, final_games=32)  # evaluation plays all its games in one sampler call
     return c
