@@ -27,18 +27,20 @@ class EvalContext:
     max_turns: int | None = 50
     seed: int = 0
     mesh: object = None
+    max_in_flight: int | None = None  # games at once per host (the training batch's games_per_batch)
 
     @classmethod
     def from_trainer(cls, trainer) -> "EvalContext":
         e = trainer.c.eval
         return cls(trainer.cfg, trainer.to_sampler(trainer.state.params), trainer.tokenizer,
                    trainer.sampler, SamplingParams(e.max_new_tokens, e.temperature, 0, e.top_p),
-                   tuple(e.invalid_rewards), trainer.c.games.max_turns, trainer.c.seed, trainer.sample_mesh)
+                   tuple(e.invalid_rewards), trainer.c.games.max_turns, trainer.c.seed, trainer.sample_mesh,
+                   trainer.c.rollout.games_per_batch)
 
     @property
     def rollout(self) -> Rollout:
         return Rollout(self.sampler, self.tokenizer, self.sampling, invalid_rewards=self.invalid_rewards,
-                       max_turns=self.max_turns)
+                       max_turns=self.max_turns, max_in_flight=self.max_in_flight)
 
     def settings(self, **more) -> dict:
         """The sampling settings every report records."""

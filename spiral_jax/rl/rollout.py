@@ -55,8 +55,12 @@ class Rollout:
     """Plays batches of games between LLM policies and scripted opponents."""
 
     def __init__(self, sampler: Sampler, tokenizer, sampling: SamplingParams, *,
-                 invalid_rewards: Sequence[float] = (-1.5, 0.5), max_turns: int | None = 50):
+                 invalid_rewards: Sequence[float] = (-1.5, 0.5), max_turns: int | None = 50,
+                 max_in_flight: int | None = None):
+        """max_in_flight: play at most this many games at once per host (bounds the sampler's batch and
+        KV cache, e.g. for a 512-game evaluation); None: all of them."""
         self.sampler, self.tokenizer = sampler, tokenizer
+        self.max_in_flight = max_in_flight
         self.sampling = dataclasses.replace(sampling, stop_token_ids=tokenizer.stop_ids)
         self.invalid_rewards, self.max_turns = tuple(invalid_rewards), max_turns
         self.sample_seconds, self.generated_tokens = 0.0, 0  # running totals, for throughput logs
@@ -69,7 +73,10 @@ class Rollout:
         the results do not depend on the number of hosts) and all of them get every game back.
         """
         lo, hi = process_slice(len(env_ids))
-        games = self._play(list(env_ids[lo:hi]), list(seats[lo:hi]), params, seed, lo)
+        chunk = self.max_in_flight or max(hi - lo, 1)
+        games = [g for start in range(lo, hi, chunk)
+                 for g in self._play(list(env_ids[start:min(start + chunk, hi)]),
+                                     list(seats[start:min(start + chunk, hi)]), params, seed, start)]
         return [g for part in allgather_objects(games) for g in part]
 
     def _play(self, env_ids, seats, params, seed, first):

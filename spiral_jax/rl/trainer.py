@@ -88,7 +88,8 @@ class Trainer:
                                invalid_rewards=c.games.invalid_rewards, max_turns=c.games.max_turns)
         self.eval_rollout = Rollout(self.sampler, self.tokenizer,
                                     SamplingParams(e.max_new_tokens, e.temperature, 0, e.top_p),
-                                    invalid_rewards=e.invalid_rewards, max_turns=c.games.max_turns)
+                                    invalid_rewards=e.invalid_rewards, max_turns=c.games.max_turns,
+                                    max_in_flight=r.games_per_batch)
         self.rae = RAEConfig(c.rae.decay, c.rae.enabled, c.rae.drop_zero)
         self.update = make_update(self.cfg, self.tc, self.mesh)
         self.to_sample_layout = make_reshard(self.cfg, self.mesh)
