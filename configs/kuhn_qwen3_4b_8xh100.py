@@ -5,8 +5,9 @@ Qwen3-4B is split 8 ways over `tensor` and not over fsdp, so the train and sampl
 the sampler reads the train state (no second copy). Numbers from the memory planner, per GPU (GiB):
 parameters 1.87 + Adam 3.75 + gradients 3.75 + gathered weights 0.32 + activations of an 8-row
 micro-batch of 6144 slots 23.67 = 33.35 in the train step; 64 games in one sampler call: KV cache
-6.75 + prefill 25.82 = 38.20. Peak 38.20 of 55.9 GiB (68%). Evaluation plays all its games in one
-sampler call, so eval.games and eval.final_games are 64 (paper config: 128 / 512).
+6.75 + prefill 25.82 = 38.20. Peak 38.20 of 55.9 GiB (68%). Evaluation keeps the paper config's 128
+games (512 in the final one) and plays them 64 at a time (rollout.games_per_batch), so its sampler
+call is the rollout's: more evaluation games cost time, not memory.
 
     spiral-jax plan  --config configs/kuhn_qwen3_4b_8xh100.py --hardware 8xH100
     spiral-jax train --config configs/kuhn_qwen3_4b_8xh100.py --config.model.path=/ckpt/Qwen3-4B-Base
@@ -19,5 +20,4 @@ def get_config():
     c.mesh.update(data=1, fsdp=1, tensor=8)
     c.optim.micro_batch_size = 8
     c.rollout.games_per_batch = 64
-    c.eval.update(games=64, final_games=64)  # evaluation plays all its games in one sampler call
     return c

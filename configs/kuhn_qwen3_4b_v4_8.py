@@ -6,8 +6,8 @@ weights). Numbers from the memory planner, per chip (GiB): parameters 3.75 + Ada
 7.49 + gathered weights 0.64 + activations of one 6144-slot row (2048 prompt + 4096 new tokens)
 4.81 = 24.18 in the train step; 16 games in one sampler call: KV cache 3.38 + prefill 12.60 = 27.21.
 Peak 27.21 of 32 GiB (85%); a 2-row micro-batch would be 28.95 (90%), 32 games 43.2. Evaluation
-plays all its games in one sampler call, so eval.games and eval.final_games are 16 as well (the
-paper's config: 128 / 512).
+keeps the paper config's 128 games (512 in the final one) and plays them 16 at a time
+(rollout.games_per_batch), so its sampler call is the rollout's: more games cost time, not memory.
 
     spiral-jax plan  --config configs/kuhn_qwen3_4b_v4_8.py --hardware v4-8
     spiral-jax train --config configs/kuhn_qwen3_4b_v4_8.py --config.model.path=/ckpt/Qwen3-4B-Base
@@ -20,5 +20,4 @@ def get_config():
     c.mesh.update(data=1, fsdp=1, tensor=4)
     c.optim.micro_batch_size = 1
     c.rollout.games_per_batch = 16
-    c.eval.update(games=16, final_games=16)  # evaluation plays all its games in one sampler call
     return c

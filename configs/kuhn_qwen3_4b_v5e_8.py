@@ -7,8 +7,9 @@ Numbers from the memory planner, per chip (GiB): parameters 1.87 + Adam 3.75 + g
 gathered weights 0.32 + activations of one 6144-slot row (2048 prompt + 4096 new tokens) 3.00 =
 12.69 in the train step; 8 games in one sampler call: KV cache 0.84 + prefill 3.23 = 9.69. Peak
 12.69 of 14.9 GiB (85%); 16 games would be 13.76 (92%, above the planner's 90% limit). Evaluation
-plays all its games in one sampler call, so eval.games and eval.final_games are 8 (paper config:
-128 / 512). If it runs out of memory, --config.rollout.max_new_tokens=3072 with
+keeps the paper config's 128 games (512 in the final one) and plays them 8 at a time
+(rollout.games_per_batch), so its sampler call is the rollout's: more games cost time, not memory.
+If it runs out of memory, --config.rollout.max_new_tokens=3072 with
 --config.rollout.max_prompt_len=1024 makes rows of 4096 slots (train step 11.31).
 
     spiral-jax plan  --config configs/kuhn_qwen3_4b_v5e_8.py --hardware v5e-8
@@ -22,5 +23,4 @@ def get_config():
     c.mesh.update(data=1, fsdp=1, tensor=8)
     c.optim.micro_batch_size = 1
     c.rollout.games_per_batch = 8
-    c.eval.update(games=8, final_games=8)  # evaluation plays all its games in one sampler call
     return c

@@ -5,8 +5,9 @@ the train and sample layouts agree and the sampler reads the train state (no sec
 from the memory planner, per chip (GiB): parameters 3.75 + Adam 7.49 + gradients 7.49 + gathered
 weights 0.64 + activations of an 8-row micro-batch of 6144 slots 38.14 = 57.51 in the train step;
 32 games in one sampler call: KV cache 6.75 + prefill 25.20 = 43.19. Peak 57.51 of 88.5 GiB (65%);
-64 games would be 75.1 (85%). Evaluation plays all its games in one sampler call, so eval.games and
-eval.final_games are 32 (paper config: 128 / 512).
+64 games would be 75.1 (85%). Evaluation keeps the paper config's 128 games (512 in the final one)
+and plays them 32 at a time (rollout.games_per_batch), so its sampler call is the rollout's: more
+games cost time, not memory.
 
     spiral-jax plan  --config configs/kuhn_qwen3_4b_v5p_8.py --hardware v5p-8
     spiral-jax train --config configs/kuhn_qwen3_4b_v5p_8.py --config.model.path=/ckpt/Qwen3-4B-Base
@@ -19,5 +20,4 @@ def get_config():
     c.mesh.update(data=1, fsdp=1, tensor=4)
     c.optim.micro_batch_size = 8
     c.rollout.games_per_batch = 32
-    c.eval.update(games=32, final_games=32)  # evaluation plays all its games in one sampler call
     return c

@@ -7,14 +7,20 @@ phase of a step against the device's memory:
 - train step: parameters + Adam state + the sampler's copy (still referenced) + gradients (one
   micro-batch's, plus the fp32 accumulator) + weights all-gathered for compute + activations;
 - rollout / evaluation: parameters + Adam state + the sampler's copy + the KV cache of one
-  `Sampler.generate` call + the prefill's transients (evaluation plays all its games in one call).
+  `Sampler.generate` call + the prefill's transients. Rollout plays `rollout.games_per_batch` games
+  in one call; evaluation (the trainer's periodic and final evals, `spiral-jax eval`) plays its games
+  in chunks of at most `rollout.games_per_batch` per host (`Rollout.max_in_flight`), so its call is
+  min(games, games_per_batch) games at `eval.max_new_tokens`: more evaluation games cost time, not
+  memory.
 
 Parameters, optimizer state, gradients, the sampler's copy and the KV cache are exact: the shapes of
 `param_specs` (and of optax's state, by `jax.eval_shape`) divided by the shardings `Rules.spec` gives
 them. Activations, all-gathered weights and prefill transients are a model: buffer counts per layer,
 measured on XLA:CPU (tests/test_plan.py checks the estimate against the compiled programs). TPU and
 GPU compilers fuse more, so there the estimate errs high. When it does not fit, `suggest` searches
-meshes over the same devices, smaller micro-batches and fewer games in flight with the same estimator.
+meshes over the same devices, smaller micro-batches and fewer games per sampler call
+(`rollout.games_per_batch`, which also bounds evaluation's) with the same estimator. The planner
+plans one host: with several, each host's evaluation still plays up to games_per_batch at once.
 """
 from __future__ import annotations
 
@@ -145,12 +151,17 @@ class Workload:
     response_len: int  # R: response slots, bucketed
     chunk: int  # response slots unembedded at a time
     prompt_len: int  # prompt bucket of the sampler
-    rollout_games: int
+    rollout_games: int  # rollout.games_per_batch: games per rollout call, and evaluation's chunk
     rollout_new: int
-    eval_games: int
+    eval_games: int  # as configured; evaluation plays them `in_flight` at a time
     final_games: int
     eval_new: int
     snapshots: int  # other policies' weights kept on the devices: pool snapshots, a frozen opponent
+
+    def in_flight(self, games: int) -> int:
+        """Games of an evaluation of `games` in one sampler call: chunks of at most games_per_batch
+        (`Rollout.max_in_flight`; 0 or unset would mean all at once)."""
+        return min(games, self.rollout_games) if self.rollout_games > 0 else games
 
 
 def workload(c) -> Workload:
@@ -332,8 +343,8 @@ class Plan:
             f"remat {'on' if cfg.remat else 'off'}, scan_layers {'on' if cfg.scan_layers else 'off'}",
             f"mesh: {self.mesh}; micro-batch {w.micro_batch} row(s), {per_device} per device, x {w.train_len}"
             f" slots (response {w.response_len}, logprob chunk {w.chunk})",
-            f"sampling: prompt bucket {w.prompt_len}; rollout {w.rollout_games} games, eval "
-            f"{w.eval_games}, final eval {w.final_games}",
+            f"sampling: prompt bucket {w.prompt_len}; rollout {w.rollout_games} games per call; eval "
+            f"{w.eval_games}, final eval {w.final_games} games, {w.rollout_games or 'all'} at a time",
             "", f"{'per device':<{width + 2}}{name:>9}"]
         lines += [f"  {self.labels[k]:<{width}}{v / unit:9.2f}" for k, v in self.parts.items()]
         lines += ["", f"{'peak per phase':<{width + 2}}{name:>9}"]
@@ -378,8 +389,8 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
     phases = {"train step": resident + parts["gradients"] + parts["weights_in_flight"] + parts["activations"]}
     calls = {}  # (games, new-token bucket) -> the phases that make such a sampler call
     for name, games, new in [("rollout", work.rollout_games, work.rollout_new),
-                             ("eval", work.eval_games, work.eval_new),
-                             ("final eval", work.final_games, work.eval_new)]:
+                             ("eval", work.in_flight(work.eval_games), work.eval_new),
+                             ("final eval", work.in_flight(work.final_games), work.eval_new)]:
         if games > 0:
             calls.setdefault((games, bucket_length(new, 1)), []).append(name)
     for (games, new), names in calls.items():
@@ -410,6 +421,11 @@ def plan(c, hw: Hardware, mesh: MeshShape | None = None) -> Plan:
         notes.append(f"optim.micro_batch_size={work.micro_batch} must be a multiple of data x fsdp = "
                      f"{mesh.batch_shards} and divide rollout.samples_per_step={work.samples}: the trainer "
                      f"refuses this config")
+    chunked = [f"{name} ({n} games)" for name, n in (("eval", work.eval_games), ("final eval", work.final_games))
+               if n > work.in_flight(n)]
+    if chunked:
+        notes.append(f"{' and '.join(chunked)} play at most {work.rollout_games} games at once per host "
+                     f"(rollout.games_per_batch): more evaluation games take longer, not more memory")
     if c.bootstrap.enabled and not c.model.path:
         notes.append("not planned: the imitation bootstrap (tiny random models only; its own Adam state)")
     result.notes[:0] = notes
@@ -432,7 +448,7 @@ def _largest(candidates, ok) -> int | None:
 
 
 def _fewer(n: int) -> list[int]:
-    """n, then the powers of two below it: the game counts tried when n does not fit."""
+    """n, then the powers of two below it: the games per sampler call tried when n do not fit."""
     return [n] + [1 << k for k in range(n.bit_length() - 1, -1, -1) if 1 << k < n]
 
 
@@ -441,10 +457,12 @@ def suggest(c, hw: Hardware, plan_now: Plan | None = None) -> tuple[str, Plan] |
 
     Searched on every mesh over the same devices (and with remat on): the largest micro-batch that
     divides the step's samples and is a multiple of data x fsdp (as the trainer requires) for the
-    train step, and the most games per sampler call (up to the configured ones) for rollout, eval and
-    final eval. The phases share only the resident state, so each is sized on its own. Preferred: the
-    most evaluation games (they change what is measured), then the largest micro-batch, then the
-    most rollout games (those change only speed), then the lowest peak.
+    train step, and the largest rollout.games_per_batch (up to the configured one) whose sampler
+    calls fit: the rollout's, and evaluation's chunks of min(games, games_per_batch) at
+    eval.max_new_tokens. The number of evaluation games is never changed: it costs time, not memory.
+    The train step and the sampler calls share only the resident state, so each is sized on its own.
+    Preferred: the largest micro-batch, then the most games per call (both change only speed), then
+    the lowest peak.
     """
     from spiral_jax.rl.trainer import train_config
 
@@ -464,16 +482,21 @@ def suggest(c, hw: Hardware, plan_now: Plan | None = None) -> tuple[str, Plan] |
 
         dp = mesh.batch_shards
         micro = [m for m in range(work.samples, 0, -1) if work.samples % m == 0 and m % dp == 0]
+
+        def calls_fit(g, sample_fits=sample_fits):
+            chunk = dataclasses.replace(work, rollout_games=g)
+            return (sample_fits(g, work.rollout_new)
+                    and all(sample_fits(chunk.in_flight(n), work.eval_new)
+                            for n in (work.eval_games, work.final_games) if n > 0))
+
         sizes = dict(
             micro_batch=_largest(micro, lambda m: trial(dataclasses.replace(
                 work, micro_batch=m, rollout_games=0, eval_games=0, final_games=0)).fits),
-            rollout_games=_largest(_fewer(work.rollout_games), lambda g: sample_fits(g, work.rollout_new)),
-            eval_games=_largest(_fewer(work.eval_games), lambda g: sample_fits(g, work.eval_new)),
-            final_games=_largest(_fewer(work.final_games), lambda g: sample_fits(g, work.eval_new)))
+            rollout_games=_largest(_fewer(work.rollout_games), calls_fit))
         if any(v is None for v in sizes.values()):
             continue
         fit = trial(dataclasses.replace(work, **sizes))
-        key = (sizes["final_games"], sizes["eval_games"], sizes["micro_batch"], sizes["rollout_games"], -fit.peak)
+        key = (sizes["micro_batch"], sizes["rollout_games"], -fit.peak)
         if fit.fits and (best_key is None or key > best_key):
             best, best_key = fit, key
     if best is None:
@@ -484,8 +507,7 @@ def suggest(c, hw: Hardware, plan_now: Plan | None = None) -> tuple[str, Plan] |
                        f"--config.mesh.tensor={best.mesh.tensor}")
     if best.cfg.remat != cfg.remat:
         changes.append("--config.model.remat=True")
-    for field, key in (("micro_batch", "optim.micro_batch_size"), ("rollout_games", "rollout.games_per_batch"),
-                       ("eval_games", "eval.games"), ("final_games", "eval.final_games")):
+    for field, key in (("micro_batch", "optim.micro_batch_size"), ("rollout_games", "rollout.games_per_batch")):
         if getattr(best.work, field) != getattr(work, field):
             changes.append(f"--config.{key}={getattr(best.work, field)}")
     return " ".join(changes), best
@@ -519,7 +541,7 @@ def report(c, hw: Hardware) -> tuple[str, bool | None]:
             text.append(f"Suggestion (the planner's best fit: peak {better.peak / GiB:.2f} GiB per device, "
                         f"{better.peak / (hw.memory * hw.usable):.0%} of usable, in its {better.worst_phase}):"
                         f"\n  {change.strip()}")
-            if better.work.final_games < p.work.final_games or better.work.eval_games < p.work.eval_games:
-                text.append("  (evaluation plays all its games in one sampler call, so fewer games is what "
-                            "makes it fit)")
+            if better.work.rollout_games < p.work.rollout_games and (p.work.eval_games or p.work.final_games):
+                text.append("  (rollout.games_per_batch also bounds evaluation's games per sampler call; "
+                            "eval.games and eval.final_games cost time, not memory)")
     return "\n".join(text), False if mesh_error else p.fits

@@ -1,5 +1,6 @@
 """The memory planner: its estimate against what JAX measures on the 8 fake CPU devices, the presets
-against their hardware, the suggestion for a setup that does not fit, and the CLI."""
+against their hardware, evaluation in chunks of games_per_batch, the suggestion for a setup that
+does not fit, and the CLI."""
 import dataclasses
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from spiral_jax.sharding import MeshError, Rules, make_mesh
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PRESETS = {"kuhn_qwen3_4b_v4_8.py": "v4-8", "kuhn_qwen3_4b_v5e_8.py": "v5e-8", "kuhn_qwen3_4b_v5p_8.py": "v5p-8",
-           "kuhn_qwen3_4b_v6e_8.py": "v6e-8", "kuhn_qwen3_4b_8xh100.py": "8xH100"}
+           "kuhn_qwen3_4b_v6e_8.py": "v6e-8", "kuhn_qwen3_4b_8xh100.py": "8xH100",
+           "mesh_tpu_v4_8.py": "v4-8", "mesh_gpu_8x.py": "8xH100"}
 TOLERANCE = 0.2
 PROMPT = NEW = 128  # training rows of 256 slots, a 256-slot KV cache
 GAMES, MICRO = 16, 8
@@ -147,14 +149,50 @@ def test_a_setup_that_does_not_fit_warns_and_gets_a_suggestion_that_fits(capsys)
     assert ": fits" in capsys.readouterr().out
 
 
-def test_evaluation_games_count_towards_the_peak():
+def test_evaluation_plays_at_most_games_per_batch_at_once():
+    # Rollout.max_in_flight: an evaluation's sampler call is min(games, rollout.games_per_batch) games.
     c = config_from_file(str(CONFIGS / "kuhn_qwen3_4b_8xh100.py"))
-    c.eval.final_games = 512  # all in one sampler call
+    assert (c.eval.games, c.eval.final_games, c.rollout.games_per_batch) == (128, 512, 64)  # the paper's evals
+    c.eval.max_new_tokens = 2048  # its own sampler call, apart from the rollout's
     hw = P.hardware("8xH100")
     plan = P.plan(c, hw)
-    assert not plan.fits and plan.worst_phase.startswith("final eval (512 games")
+    assert "eval, final eval (64 games at once)" in plan.phases
+    assert "64 games x 4096 slots" in plan.labels["kv eval, final eval"]
+    assert any("eval (128 games) and final eval (512 games) play at most 64 games" in n for n in plan.notes)
+    c.eval.final_games = 16  # fewer than games_per_batch: a smaller call of its own
+    small = P.plan(c, hw)
+    assert small.parts["kv final eval"] < small.parts["kv eval"] == plan.parts["kv eval, final eval"]
+
+
+def test_more_final_eval_games_than_games_per_batch_do_not_change_the_eval_sampler_memory():
+    c = config_from_file(str(CONFIGS / "kuhn_qwen3_4b_8xh100.py"))
+    c.eval.update(games=0, max_new_tokens=2048)  # only the final eval makes a 2048-token call
+    hw = P.hardware("8xH100")
+    plans = {}
+    for games in (64, 65, 512, 4096):
+        c.eval.final_games = games
+        plans[games] = P.plan(c, hw)
+    for p in plans.values():
+        assert p.parts["kv final eval"] == plans[64].parts["kv final eval"] > 0
+        assert p.parts["prefill final eval"] == plans[64].parts["prefill final eval"]
+        assert p.phases == plans[64].phases and p.peak == plans[64].peak and p.fits
+    assert plans[4096].work.final_games == 4096  # the configured count is kept (and printed)
+
+
+def test_suggestion_sizes_games_per_batch_for_evaluation_and_keeps_the_eval_games():
+    c = config_from_file(str(CONFIGS / "kuhn_qwen3_4b_v5e_8.py"))
+    # Short rollouts, the paper's 4096-token evaluation: evaluation's chunks are what does not fit.
+    c.rollout.update(max_new_tokens=1024, games_per_batch=64)
+    hw = P.hardware("v5e-8")
+    plan = P.plan(c, hw)
+    assert not plan.fits and plan.worst_phase == "eval, final eval (64 games at once)"
     change, better = P.suggest(c, hw, plan)
-    assert better.fits and "--config.eval.final_games=" in change
+    assert better.fits and "--config.rollout.games_per_batch=" in change and "--config.eval." not in change
+    assert (better.work.eval_games, better.work.final_games) == (128, 512)
+    g = better.work.rollout_games
+    assert g < 64 and f"eval, final eval ({g} games at once)" in better.phases
+    text, fits = P.report(c, hw)
+    assert fits is False and change in text and "cost time, not memory" in text
 
 
 def test_cli_plan_prints_the_table(capsys):
