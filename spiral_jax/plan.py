@@ -292,7 +292,7 @@ def _sampling(cfg: ModelConfig, w: Workload, mesh: MeshShape, games: int, new_to
     cache = 2 * shard_elements(rules, CACHE_AXES, shape) * cb
     b, plen, t = batch // dp, w.prompt_len, mesh.tensor
     heads, kv = _split(cfg.num_heads, t), _split(cfg.num_kv_heads, t)
-    scores = b * heads * plen * slots * 4  # the prefill attends over every cache slot
+    scores = b * heads * plen * plen * 4  # the prefill attends over the prompt's slots only
     attention = 2 * scores + 2 * b * plen * (heads + 2 * kv) * cfg.head_dim * cb
     mlp = 3 * b * plen * _split(cfg.intermediate_size, t) * cb
     rest = (2 * b * plen * cfg.hidden_size * cb + cache // cfg.num_layers

@@ -109,7 +109,11 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
         start = (layer, 0, cache_start, 0, 0)
         cache = KVCache(jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), start),
                         jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), start))
-        out = attention(q, cache.k[layer].astype(dt), cache.v[layer].astype(dt), q_slots, kv_mask)
+        # Slots past the block hold no keys yet. When the block's place is known at trace time (prefill)
+        # attend over the filled prefix only: a 2k prompt in a 6k cache then scores 2k keys, not 6k.
+        seen = cache_start + x.shape[1] if isinstance(cache_start, int) else cache.k.shape[2]
+        out = attention(q, cache.k[layer, :, :seen].astype(dt), cache.v[layer, :, :seen].astype(dt), q_slots,
+                        kv_mask[:, :seen])
     attn = jnp.einsum("btnh,nhd->btd", out, w("o"))
     if cfg.o_bias:
         attn = attn + w("o_bias")
