@@ -23,5 +23,5 @@ def get_config():
     c.optim.update(learning_rate=1e-4, normaliser="token_mean", micro_batch_size=64)
     c.train.update(steps=30, eval_every=10, checkpoint_every=10)
     c.eval.update(games=64, final_games=200, max_new_tokens=12, opponents=("random", "scripted"))
-    c.bootstrap.update(enabled=True, steps=3000, batch_size=16, learning_rate=3e-3, warmup_steps=50)
+    c.bootstrap.update(enabled=True, steps=6000, batch_size=16, learning_rate=3e-3, warmup_steps=50)
     return c
