@@ -5,12 +5,12 @@ The tightest of the presets. Qwen3-4B is split 8 ways over `tensor` and not over
 and sample layouts agree and the sampler reads the train state (no second copy of the weights).
 Numbers from the memory planner, per chip (GiB): parameters 1.87 + Adam 3.75 + gradients 3.75 +
 gathered weights 0.32 + activations of one 6144-slot row (2048 prompt + 4096 new tokens) 3.00 =
-12.69 in the train step; 8 games in one sampler call: KV cache 0.84 + prefill 3.23 = 9.69. Peak
-12.69 of 14.9 GiB (85%); 16 games would be 13.76 (92%, above the planner's 90% limit). Evaluation
+12.69 in the train step; 8 games in one sampler call: KV cache 0.84 + prefill 1.23 = 7.69. Peak
+12.69 of 14.9 GiB (85%, the train step); 16 games would be 9.76 in sampling, still under it. Evaluation
 keeps the paper config's 128 games (512 in the final one) and plays them 8 at a time
 (rollout.games_per_batch), so its sampler call is the rollout's: more games cost time, not memory.
 If it runs out of memory, --config.rollout.max_new_tokens=3072 with
---config.rollout.max_prompt_len=1024 makes rows of 4096 slots (train step 11.31).
+--config.rollout.max_prompt_len=1024 makes rows of 4096 slots (train step 11.31, 76%).
 
     spiral-jax plan  --config configs/kuhn_qwen3_4b_v5e_8.py --hardware v5e-8
     spiral-jax train --config configs/kuhn_qwen3_4b_v5e_8.py --config.model.path=/ckpt/Qwen3-4B-Base
