@@ -4,7 +4,7 @@ Nothing is downloaded: the model is randomly initialised and the tokenizer is th
 project ships (scripts/build_tiny_tokenizer.py). A short, clearly labelled bootstrap stage first
 teaches the answer format by imitating the scripted minimax player; then self-play RL with RAE
 (the SPIRAL recipe, REINFORCE form) takes over, evaluated against the random and minimax opponents.
-Sizes are chosen to finish in about 8 minutes of training on 2 CPU cores (measured: see README).
+Sizes are chosen to finish within 15 minutes on 2 CPU cores, install included (measured: see README).
 """
 from spiral_jax.config import base_config
 
