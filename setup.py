@@ -26,8 +26,10 @@ setup(
     extras_require={
         # Reference checks against transformers need PyTorch; 2.13.0 is pinned so that a CPU
         # wheel is used (an unpinned torch pulls a multi-GB CUDA build).
-        # math-verify and matplotlib (the eval extra's grader and plots) so CI checks those too.
-        "test": ["pytest", "pytest-timeout", "hypothesis", "torch==2.13.0", "math-verify", "matplotlib"],
+        # math-verify, matplotlib and textarena (the eval and textarena extras) so CI checks the
+        # grader, the plots and the TextArena adapter against the real package too.
+        "test": ["pytest", "pytest-timeout", "hypothesis", "torch==2.13.0", "math-verify", "matplotlib",
+                 "textarena"],
         "tpu": ["jax[tpu]"],
         "cuda": ["jax[cuda12]"],
         "eval": ["math-verify", "datasets", "matplotlib"],

@@ -66,10 +66,15 @@ class TextArenaEnv(Env):
         return []
 
     def _play(self, player: int, action: str) -> None:
-        errors_before = self._ta.state.error_count
+        state = self._ta.state
+        errors_before = state.error_count
         done, info = self._ta.step(action)
-        reason = str((info or {}).get("reason", ""))
-        self._valid = not (self._ta.state.error_count > errors_before or (done and "invalid" in reason.lower()))
+        # TextArena 0.6 reports the reason in the step's info; 0.7 in state.game_info[player], with
+        # an `invalid_move` flag when an invalid move ended the game.
+        mine = (getattr(state, "game_info", None) or {}).get(player) or {}
+        reason = str((info or {}).get("reason") or mine.get("reason", ""))
+        self._valid = not (state.error_count > errors_before or mine.get("invalid_move")
+                           or (done and "invalid" in reason.lower()))
         if done:
             closed = self._ta.close()
             rewards = closed[0] if isinstance(closed, tuple) else closed

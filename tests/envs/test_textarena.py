@@ -35,6 +35,33 @@ def test_textarena_invalid_move_is_reported():
     assert result.done and not result.info["valid"] and result.rewards[0] < result.rewards[1]
 
 
+@needs_textarena
+@pytest.mark.parametrize("seed", range(12))
+def test_native_tictactoe_agrees_with_textarena(seed):
+    """A/B: the same moves (legal, sometimes an occupied cell) give the same validity and end; the same
+    rewards, except that after an invalid move TextArena 0.7 gives the other player +1 where the
+    reference (0.6.4 + SPIRAL, which the native game follows, see GAMES.md) gives 0."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    native, ours_ta = make("TicTacToe-v0", error_allowance=0), make("textarena:TicTacToe-v0", error_allowance=0)
+    native.reset(seed=seed)
+    ours_ta.reset(seed=seed)
+    played = []
+    while not native.done:
+        legal = native.legal_actions()
+        move = played[0] if played and rng.random() < 0.15 else legal[int(rng.integers(len(legal)))]
+        played.append(move)
+        a, b = native.step(move), ours_ta.step(move)
+        assert (a.done, a.info["valid"]) == (b.done, b.info["valid"]), (played, a, b)
+        assert native.current_player() == ours_ta.current_player() or a.done
+    if a.info["valid"]:
+        assert native.rewards == ours_ta.rewards, played
+    else:
+        offender = native.current_player()
+        assert native.rewards[offender] == ours_ta.rewards[offender] == -1, played
+
+
 class _FakeState:
     def __init__(self):
         self.observations = {0: [(-1, "rules for 0")], 1: [(-1, "rules for 1")]}
