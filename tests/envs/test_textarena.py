@@ -10,8 +10,8 @@ needs_textarena = pytest.mark.skipif(not HAS_TEXTARENA, reason="textarena is not
                                      "(pip install spiral-jax[textarena])")
 
 
-@pytest.mark.skipif(HAS_TEXTARENA, reason="textarena is installed")
-def test_missing_textarena_says_how_to_install():
+def test_missing_textarena_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "textarena", None)  # as if not installed
     with pytest.raises(ImportError, match=r"pip install spiral-jax\[textarena\]"):
         make("textarena:TicTacToe-v0")
 
