@@ -39,7 +39,7 @@ from spiral_jax.models import ModelConfig, abstract_params, param_specs
 from spiral_jax.models.params import is_spec
 from spiral_jax.models.transformer import CACHE_AXES
 from spiral_jax.sampling import bucket_length
-from spiral_jax.sharding import MESH_AXES, RULE_SETS, MeshError, Rules
+from spiral_jax.sharding import MESH_AXES, RULE_SETS, MeshError, Rules, mesh_sizes
 
 GB, GiB, MiB = 10**9, 2**30, 2**20
 HEADROOM = 0.10  # a plan "fits" below 90% of the usable memory: fragmentation, runtime, estimate error
@@ -109,16 +109,7 @@ class MeshShape:
 
     @classmethod
     def resolve(cls, data: int, fsdp: int, tensor: int, devices: int) -> "MeshShape":
-        sizes = [data, fsdp, tensor]
-        if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
-            raise MeshError(f"mesh data={data} x fsdp={fsdp} x tensor={tensor}: sizes must be positive, "
-                            f"with at most one -1")
-        known = math.prod(s for s in sizes if s != -1)
-        sizes = [devices // known if s == -1 else s for s in sizes]
-        if devices % known or math.prod(sizes) != devices:
-            raise MeshError(f"mesh data={data} x fsdp={fsdp} x tensor={tensor} does not fit {devices} "
-                            f"devices; the sizes must multiply to {devices} (use -1 for one axis)")
-        return cls(*sizes)
+        return cls(*mesh_sizes(data, fsdp, tensor, devices))
 
     @property
     def batch_shards(self) -> int:

@@ -43,23 +43,28 @@ class MeshError(ValueError):
     """A mesh shape that does not fit the available devices."""
 
 
-def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices=None) -> Mesh:
-    """A ('data', 'fsdp', 'tensor') mesh; one size may be -1 for "all remaining devices"."""
-    devices = list(jax.devices() if devices is None else devices)
+def mesh_sizes(data: int, fsdp: int, tensor: int, devices: int) -> tuple[int, int, int]:
+    """The (data, fsdp, tensor) sizes over `devices` devices; one size may be -1 for "the rest"."""
     sizes = [data, fsdp, tensor]
     if sizes.count(-1) > 1:
         raise MeshError(f"at most one mesh axis may be -1, got data={data}, fsdp={fsdp}, tensor={tensor}")
     known = math.prod(s for s in sizes if s != -1)
-    if any(s == 0 or s < -1 for s in sizes) or len(devices) % known:
+    if any(s == 0 or s < -1 for s in sizes) or devices % known:
         raise MeshError(
-            f"mesh data={data} x fsdp={fsdp} x tensor={tensor} does not fit {len(devices)} devices; "
-            f"the sizes must multiply to {len(devices)} (use -1 for one axis to take the rest)")
-    sizes = [len(devices) // known if s == -1 else s for s in sizes]
-    if math.prod(sizes) != len(devices):
+            f"mesh data={data} x fsdp={fsdp} x tensor={tensor} does not fit {devices} devices; "
+            f"the sizes must multiply to {devices} (use -1 for one axis to take the rest)")
+    sizes = [devices // known if s == -1 else s for s in sizes]
+    if math.prod(sizes) != devices:
         raise MeshError(
             f"mesh data={sizes[0]} x fsdp={sizes[1]} x tensor={sizes[2]} = {math.prod(sizes)} devices, "
-            f"but {len(devices)} are available; make the sizes multiply to {len(devices)}")
-    return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
+            f"but {devices} are available; make the sizes multiply to {devices}")
+    return tuple(sizes)
+
+
+def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices=None) -> Mesh:
+    """A ('data', 'fsdp', 'tensor') mesh; one size may be -1 for "all remaining devices"."""
+    devices = list(jax.devices() if devices is None else devices)
+    return Mesh(np.asarray(devices).reshape(mesh_sizes(data, fsdp, tensor, len(devices))), MESH_AXES)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -51,15 +51,21 @@ class EvalContext:
 
     def load_weights(self, source: str):
         """Weights of another model with the same architecture: an HF folder (sampler layout)."""
-        from spiral_jax.models import load_pretrained
+        return load_policy_weights(source, self.cfg, self.mesh)
 
-        cfg, params = load_pretrained(source, mesh=self.mesh, rules="sample", compute_dtype=self.cfg.compute_dtype,
-                                      scan_layers=self.cfg.scan_layers, remat=self.cfg.remat)
-        arch = lambda m: dataclasses.replace(m, bos_token_id=None, eos_token_id=None)  # noqa: E731
-        if arch(cfg) != arch(self.cfg):
-            raise ValueError(f"{source} has another architecture than the evaluated model; "
-                             "cross-play and model opponents need the same one")
-        return params
+
+def load_policy_weights(source: str, cfg, mesh):
+    """An HF folder's weights in the sampler layout on `mesh`, checked to have `cfg`'s architecture
+    (model opponents and cross-play players run through the same sampler program)."""
+    from spiral_jax.models import load_pretrained
+
+    other, params = load_pretrained(source, mesh=mesh, rules="sample", compute_dtype=cfg.compute_dtype,
+                                    scan_layers=cfg.scan_layers, remat=cfg.remat)
+    arch = lambda m: dataclasses.replace(m, bos_token_id=None, eos_token_id=None)  # noqa: E731
+    if arch(other) != arch(cfg):
+        raise ValueError(f"{source} has another architecture than the evaluated model; "
+                         "cross-play and model opponents need the same one")
+    return params
 
 
 def run_games(ctx: EvalContext, out_dir, env_ids: Sequence[str], opponents: Sequence[str], n_games: int,

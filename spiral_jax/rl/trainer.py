@@ -26,7 +26,7 @@ from spiral_jax.config import build_model, build_tokenizer
 from spiral_jax.distributed import host_local_mesh, initialize, is_leader, to_host_local
 from spiral_jax.envs import make
 from spiral_jax.eval.games import TABLE_HEADER, evaluate, summarize
-from spiral_jax.eval.suite import EvalContext, run_kuhn
+from spiral_jax.eval.suite import EvalContext, load_policy_weights, run_kuhn
 from spiral_jax.eval.transcripts import write_transcripts
 from spiral_jax.metrics import MetricsWriter
 from spiral_jax.rl.bootstrap import imitation_samples
@@ -114,7 +114,7 @@ class Trainer:
             raise FileNotFoundError(f"rollout.opponent={r.opponent!r} is neither 'random', 'scripted' nor a "
                                     "model folder; give a Hugging Face checkpoint folder with the model's "
                                     "architecture (e.g. one written by spiral-jax export)")
-        return {"frozen": EvalContext.from_trainer(self).load_weights(r.opponent)}
+        return {"frozen": load_policy_weights(r.opponent, self.cfg, self.sample_mesh)}
 
     # ----------------------------------------------------------------------------- checkpoints
 
