@@ -2,15 +2,17 @@
 
 The parameter tree is a plain dict:
 
-    {"embed": [V, D], "final_norm": [D], "lm_head": [D, V] (untied only),
+    {"embed": [V, D], "final_norm": [D], "lm_head": [V, D] (untied only),
      "layers": list of per-layer dicts, or one dict of arrays stacked on a leading [L] axis}
 
-Per layer: attn_norm [D], q [D, H, hd], k/v [D, KV, hd], o [H, hd, D], optional q/k/v biases [H|KV, hd],
-o_bias [D], q_norm/k_norm [hd], mlp_norm [D], gate/up [D, F], down [F, D].
+Per layer: attn_norm [D], q [H, hd, D], k/v [KV, hd, D], o [D, H, hd], optional q/k/v biases [H|KV, hd],
+o_bias [D], q_norm/k_norm [hd], mlp_norm [D], gate/up [F, D], down [D, F].
 
-HF stores a linear weight as [out, in]; ours is its transpose with the head axis split out, so the
-mapping is always "transpose, then split one axis into (heads, head_dim)". That is all `hf_slice`
-needs to read any shard of any weight straight from a safetensors slice.
+Linear weights are [out, in] as in HF checkpoints (and PyTorch), with the head axis split out, so the
+mapping is at most "split one axis into (heads, head_dim)". That is all `hf_slice` needs to read any
+shard of any weight straight from a safetensors slice. Out-major weights are also what XLA's CPU dot
+wants when a decode step multiplies them by a few rows (see `transformer.dense`); training is
+indifferent to the orientation.
 """
 from __future__ import annotations
 
@@ -31,8 +33,7 @@ class ParamSpec:
     axes: tuple[str | None, ...]
     hf_name: str  # "{i}" is the layer index for per-layer weights
     init: str  # "normal", "ones" or "zeros"
-    transpose: bool = False  # ours = hf.T (then split)
-    split_axis: int | None = None  # this axis and the next are one axis in (transposed) HF
+    split_axis: int | None = None  # this axis and the next are one axis in HF
 
 
 def _layer_specs(cfg: ModelConfig) -> dict[str, ParamSpec]:
@@ -41,23 +42,23 @@ def _layer_specs(cfg: ModelConfig) -> dict[str, ParamSpec]:
     p = "model.layers.{i}."
     specs = {
         "attn_norm": ParamSpec((d,), ("act_embed",), p + "input_layernorm.weight", "ones"),
-        "q": ParamSpec((d, h, hd), ("embed", "heads", "head_dim"), p + "self_attn.q_proj.weight",
-                       "normal", True, 1),
-        "k": ParamSpec((d, kv, hd), ("embed", "kv_heads", "head_dim"), p + "self_attn.k_proj.weight",
-                       "normal", True, 1),
-        "v": ParamSpec((d, kv, hd), ("embed", "kv_heads", "head_dim"), p + "self_attn.v_proj.weight",
-                       "normal", True, 1),
-        "o": ParamSpec((h, hd, d), ("heads", "head_dim", "embed"), p + "self_attn.o_proj.weight",
-                       "normal", True, 0),
+        "q": ParamSpec((h, hd, d), ("heads", "head_dim", "embed"), p + "self_attn.q_proj.weight",
+                       "normal", 0),
+        "k": ParamSpec((kv, hd, d), ("kv_heads", "head_dim", "embed"), p + "self_attn.k_proj.weight",
+                       "normal", 0),
+        "v": ParamSpec((kv, hd, d), ("kv_heads", "head_dim", "embed"), p + "self_attn.v_proj.weight",
+                       "normal", 0),
+        "o": ParamSpec((d, h, hd), ("embed", "heads", "head_dim"), p + "self_attn.o_proj.weight",
+                       "normal", 1),
         "mlp_norm": ParamSpec((d,), ("act_embed",), p + "post_attention_layernorm.weight", "ones"),
-        "gate": ParamSpec((d, f), ("embed", "mlp"), p + "mlp.gate_proj.weight", "normal", True),
-        "up": ParamSpec((d, f), ("embed", "mlp"), p + "mlp.up_proj.weight", "normal", True),
-        "down": ParamSpec((f, d), ("mlp", "embed"), p + "mlp.down_proj.weight", "normal", True),
+        "gate": ParamSpec((f, d), ("mlp", "embed"), p + "mlp.gate_proj.weight", "normal"),
+        "up": ParamSpec((f, d), ("mlp", "embed"), p + "mlp.up_proj.weight", "normal"),
+        "down": ParamSpec((d, f), ("embed", "mlp"), p + "mlp.down_proj.weight", "normal"),
     }
     if cfg.qkv_bias:
         for name, n, axis in (("q", h, "heads"), ("k", kv, "kv_heads"), ("v", kv, "kv_heads")):
             specs[f"{name}_bias"] = ParamSpec((n, hd), (axis, "head_dim"),
-                                              p + f"self_attn.{name}_proj.bias", "zeros", False, 0)
+                                              p + f"self_attn.{name}_proj.bias", "zeros", 0)
     if cfg.o_bias:
         specs["o_bias"] = ParamSpec((d,), ("act_embed",), p + "self_attn.o_proj.bias", "zeros")
     if cfg.qk_norm:
@@ -74,7 +75,7 @@ def param_specs(cfg: ModelConfig) -> dict:
         "final_norm": ParamSpec((d,), ("act_embed",), "model.norm.weight", "ones"),
     }
     if not cfg.tie_word_embeddings:
-        tree["lm_head"] = ParamSpec((d, v), ("embed", "vocab"), "lm_head.weight", "normal", True)
+        tree["lm_head"] = ParamSpec((v, d), ("vocab", "embed"), "lm_head.weight", "normal")
     layer = _layer_specs(cfg)
     if cfg.scan_layers:
         tree["layers"] = {k: dataclasses.replace(s, shape=(cfg.num_layers, *s.shape),
@@ -144,7 +145,7 @@ def hf_shape(spec: ParamSpec) -> tuple[int, ...]:
     if spec.split_axis is not None:
         a = spec.split_axis
         shape[a:a + 2] = [shape[a] * shape[a + 1]]
-    return tuple(reversed(shape)) if spec.transpose else tuple(shape)
+    return tuple(shape)
 
 
 def hf_slice(spec: ParamSpec, read: Callable[[str, tuple[slice, ...]], np.ndarray],
@@ -152,7 +153,7 @@ def hf_slice(spec: ParamSpec, read: Callable[[str, tuple[slice, ...]], np.ndarra
     """Our array's `index` slice of an (unstacked) spec, read as `read(hf_name, hf_index)`."""
     shape, split = spec.shape, spec.split_axis
     index = tuple(slice(*sl.indices(n)[:2]) for sl, n in zip(index, shape))
-    merged, out_shape = [], []  # our axes -> axes of the transposed HF tensor
+    merged, out_shape = [], []  # our axes -> axes of the HF tensor
     i = 0
     while i < len(shape):
         sl = index[i]
@@ -167,12 +168,9 @@ def hf_slice(spec: ParamSpec, read: Callable[[str, tuple[slice, ...]], np.ndarra
             merged.append(sl)
             out_shape.append(sl.stop - sl.start)
             i += 1
-    x = read(spec.hf_name, tuple(reversed(merged)) if spec.transpose else tuple(merged))
-    return (x.T if spec.transpose else x).reshape(out_shape)
+    return read(spec.hf_name, tuple(merged)).reshape(out_shape)
 
 
 def hf_tensor(spec: ParamSpec, ours: np.ndarray) -> np.ndarray:
     """Inverse of hf_slice for a whole (unstacked) array: our layout -> the HF tensor."""
-    shape = hf_shape(spec)
-    x = ours.reshape(tuple(reversed(shape)) if spec.transpose else shape)
-    return np.ascontiguousarray(x.T if spec.transpose else x)
+    return np.ascontiguousarray(ours.reshape(hf_shape(spec)))

@@ -74,27 +74,30 @@ def truncate(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array
     return jnp.where(scaled >= threshold, scaled, -jnp.inf)
 
 
-def sample_token(logits, keys, temperature, top_k, top_p, *, greedy: bool, truncated: bool):
+def sample_token(logits, keys, temperature, top_k, top_p, *, greedy: bool, truncated: bool,
+                 plain: bool = False):
     """Pick one token per row. Returns (token [B], behaviour log-prob [B], raw log-prob [B]).
 
     The behaviour log-prob is under the distribution actually sampled from (tempered, truncated);
     the raw log-prob is under temperature 1 and the full vocabulary. Greedy decoding reports the raw
-    log-prob for both.
+    log-prob for both. plain=True promises temperature 1 and no truncation (the caller checks).
     """
     pick = lambda x: jnp.take_along_axis(x, token[:, None], axis=-1)[:, 0]  # noqa: E731
-    raw_logz = jax.nn.logsumexp(logits, axis=-1)  # log-probs only for the picked tokens: no [B, V] copy
     if greedy:
         token = argmax(logits)
-        lp = pick(logits) - raw_logz
+        lp = pick(logits) - jax.nn.logsumexp(logits, axis=-1)  # only the picked tokens: no [B, V] copy
         return token, lp, lp
     scaled = logits / temperature
     if truncated:
         scaled = truncate(scaled, top_k, top_p)
     top = jnp.max(scaled, axis=-1, keepdims=True)
     probs = jnp.exp(scaled - top)  # unnormalised; masked tokens are exactly 0
+    logz = top[:, 0] + jnp.log(jnp.sum(probs, axis=-1))
     u = jax.vmap(lambda k: jax.random.uniform(k, dtype=jnp.float32))(keys)
     token = inverse_cdf(probs, u)
     # fp rounding can land on a zero-probability token next to the boundary; step back to a kept one
     token = jnp.where(pick(probs) > 0, token, argmax(scaled))
-    behaviour = pick(scaled) - top[:, 0] - jnp.log(jnp.sum(probs, axis=-1))
-    return token, behaviour, pick(logits) - raw_logz
+    # At temperature 1 without truncation the sampled distribution is the raw one: skip a second pass
+    # of exp over the vocabulary.
+    raw_logz = logz if plain else jax.nn.logsumexp(logits, axis=-1)
+    return token, pick(scaled) - logz, pick(logits) - raw_logz

@@ -100,13 +100,13 @@ class Sampler:
     def _compile_program(self):
         cfg, rules = self.cfg, self.rules
 
-        @functools.partial(jax.jit, static_argnames=("slots", "greedy", "truncated"))
+        @functools.partial(jax.jit, static_argnames=("slots", "greedy", "truncated", "plain"))
         def program(params, prompt, prompt_mask, keys, max_new, temperature, top_k, top_p, stop_ids,
-                    *, slots, greedy, truncated):
+                    *, slots, greedy, truncated, plain):
             batch, plen = prompt.shape
             budget = slots - plen  # output buffer length (the new-token bucket)
             pick = functools.partial(sample_token, temperature=temperature, top_k=top_k, top_p=top_p,
-                                     greedy=greedy, truncated=truncated)
+                                     greedy=greedy, truncated=truncated, plain=plain)
             step_keys = lambda step: jax.vmap(jax.random.fold_in, (0, None))(keys, step)  # noqa: E731
             is_stop = lambda tok: jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)  # noqa: E731
 
@@ -204,7 +204,7 @@ class Sampler:
         out, lp, raw, lengths = self._program(
             params, prompt, mask, keys, np.int32(sp.max_new_tokens), np.float32(sp.temperature),
             np.int32(sp.top_k), np.float32(sp.top_p), stop, slots=slots, greedy=sp.greedy,
-            truncated=truncated)
+            truncated=truncated, plain=not sp.greedy and not truncated and sp.temperature == 1.0)
         out, lp, raw, lengths = jax.device_get((out, lp, raw, lengths))
         result = SampleOutput([], [], [], [])
         for i in range(n):

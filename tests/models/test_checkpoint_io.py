@@ -148,5 +148,5 @@ def test_init_params_shapes():
     cfg = ModelConfig("llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=3,
                       num_heads=4, num_kv_heads=2, head_dim=8, scan_layers=True)
     params = init_params(cfg, jax.random.key(0))
-    assert params["layers"]["q"].shape == (3, 32, 4, 8)
+    assert params["layers"]["q"].shape == (3, 4, 8, 32)  # [layers, heads, head_dim, embed]: out-major like HF
     assert sum(x.size for x in jax.tree.leaves(params)) == cfg.num_params

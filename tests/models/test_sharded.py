@@ -43,5 +43,5 @@ def test_weights_are_actually_split():
     odd = ModelConfig("qwen3", vocab_size=250, hidden_size=64, intermediate_size=128, num_layers=1,
                       num_heads=3, num_kv_heads=3, head_dim=16)
     p = init_params(odd, jax.random.key(0), mesh=mesh)
-    assert p["layers"][0]["k"].sharding.shard_shape((64, 3, 16)) == (32, 3, 16)
+    assert p["layers"][0]["k"].sharding.shard_shape((3, 16, 64)) == (3, 16, 32)
     assert p["embed"].sharding.shard_shape((250, 64)) == (250, 32)
