@@ -97,6 +97,8 @@ def attention(q, k, v, q_slots, kv_mask):
     """
     b, t, h, hd = q.shape
     kv, g = k.shape[2], h // k.shape[2]
+    if t == 1 and jax.default_backend() == "cpu":
+        return _decode_attention(q, k, v, kv_mask & (jnp.arange(k.shape[1]) <= q_slots[0])[None])
     qh = q.reshape(b, t, kv, g, hd).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, hd)
     kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, KV, S, hd]
     scores = jnp.matmul(qh, kh.swapaxes(-1, -2), preferred_element_type=jnp.float32)
@@ -106,6 +108,26 @@ def attention(q, k, v, q_slots, kv_mask):
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kv, g * t, -1)
     out = jnp.matmul(probs, vh).reshape(b, kv, g, t, hd)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd)
+
+
+def _decode_attention(q, k, v, allowed):
+    """Attention of one query per row over the cache, reading the cache in place: [B,1,H,hd].
+
+    The scores are one matmul per row of every cached key (all KV heads) against every query head,
+    [S*KV, hd] x [hd, H], of which the matching (KV head, query group) blocks are kept. That computes
+    KV times the needed products, but needs no transposed copy of the cache and runs as a large
+    matmul; on the 0.6B shape at batch 8 a decode step takes 157 ms instead of 184 ms (measured).
+    CPU only: on accelerators the batched matmul is fine, and merging the KV axis into the sequence
+    would get in the way of splitting KV heads over a tensor-parallel mesh.
+    """
+    b, _, h, hd = q.shape
+    kv = k.shape[2]
+    every = jnp.einsum("bnd,bhd->bnh", k.reshape(b, -1, hd), q.reshape(b, h, hd),
+                       preferred_element_type=jnp.float32).reshape(b, -1, kv, kv, h // kv)
+    scores = jnp.einsum("bskjg,kj->bskg", every, jnp.eye(kv, dtype=every.dtype)) * (hd ** -0.5)
+    scores = jnp.where(allowed[:, :, None, None], scores, _MASKED)  # [B,S,KV,G]
+    probs = jax.nn.softmax(scores, axis=1).astype(v.dtype)
+    return jnp.einsum("bskg,bskd->bkgd", probs, v).reshape(b, 1, h, hd)
 
 
 def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positions, kv_mask, cache,
