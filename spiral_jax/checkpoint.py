@@ -12,6 +12,8 @@ from pathlib import Path
 import jax
 import orbax.checkpoint as ocp
 
+from spiral_jax.models.params import PARAM_LAYOUT
+
 
 def _abstract(tree):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
@@ -29,6 +31,7 @@ class Checkpointer:
         return self._manager.latest_step()
 
     def save(self, step: int, state, pool: list, meta: dict) -> None:
+        meta = {**meta, "param_layout": PARAM_LAYOUT}
         items = dict(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         if pool:
             items["pool"] = ocp.args.StandardSave(list(pool))
@@ -40,6 +43,11 @@ class Checkpointer:
         if step is None:
             raise FileNotFoundError(f"no checkpoint to resume from in {self.directory}")
         meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        if meta.get("param_layout") != PARAM_LAYOUT:
+            raise ValueError(
+                f"checkpoint step {step} in {self.directory} stores weights in an older layout ([in, out]; "
+                f"this version stores them [out, in] like Hugging Face). It cannot be resumed by this "
+                f"version: resume it with the spiral_jax version that wrote it, or start a new out_dir")
         items = dict(state=ocp.args.StandardRestore(_abstract(like_state)))
         if meta.get("pool_steps"):
             items["pool"] = ocp.args.StandardRestore([_abstract(like_params)] * len(meta["pool_steps"]))

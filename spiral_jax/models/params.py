@@ -27,6 +27,9 @@ from spiral_jax.models.config import ModelConfig
 from spiral_jax.sharding import Rules
 
 
+PARAM_LAYOUT = "out_major"  # recorded in checkpoints; older ones stored linear weights [in, out]
+
+
 @dataclasses.dataclass(frozen=True)
 class ParamSpec:
     shape: tuple[int, ...]

@@ -87,7 +87,7 @@ def sample_token(logits, keys, temperature, top_k, top_p, *, greedy: bool, trunc
         token = argmax(logits)
         lp = pick(logits) - jax.nn.logsumexp(logits, axis=-1)  # only the picked tokens: no [B, V] copy
         return token, lp, lp
-    scaled = logits / temperature
+    scaled = logits if plain else logits / temperature
     if truncated:
         scaled = truncate(scaled, top_k, top_p)
     top = jnp.max(scaled, axis=-1, keepdims=True)
@@ -95,8 +95,10 @@ def sample_token(logits, keys, temperature, top_k, top_p, *, greedy: bool, trunc
     logz = top[:, 0] + jnp.log(jnp.sum(probs, axis=-1))
     u = jax.vmap(lambda k: jax.random.uniform(k, dtype=jnp.float32))(keys)
     token = inverse_cdf(probs, u)
-    # fp rounding can land on a zero-probability token next to the boundary; step back to a kept one
-    token = jnp.where(pick(probs) > 0, token, argmax(scaled))
+    # fp rounding can land on a zero-probability token next to the boundary; step back to a kept one.
+    # That is rare, so the extra pass over the vocabulary runs only in a step where it happens.
+    kept = pick(probs) > 0
+    token = jax.lax.cond(jnp.all(kept), lambda: token, lambda: jnp.where(kept, token, argmax(scaled)))
     # At temperature 1 without truncation the sampled distribution is the raw one: skip a second pass
     # of exp over the vocabulary.
     raw_logz = logz if plain else jax.nn.logsumexp(logits, axis=-1)

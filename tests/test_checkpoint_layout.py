@@ -1,0 +1,23 @@
+"""A checkpoint from before linear weights became out-major is refused with a clear error."""
+import json
+
+import jax.numpy as jnp
+import pytest
+
+from spiral_jax.checkpoint import Checkpointer
+
+
+def test_old_layout_checkpoint_is_refused(tmp_path):
+    state = {"w": jnp.arange(6.0).reshape(2, 3)}
+    ckpt = Checkpointer(tmp_path, async_save=False)
+    ckpt.save(1, state, [], {"step": 1})
+    ckpt.wait()
+    restored, _, meta = ckpt.restore(None, state, None)
+    assert meta["step"] == 1 and jnp.array_equal(restored["w"], state["w"])
+    (meta_file,) = [p for p in tmp_path.rglob("*") if p.is_file() and "meta" in str(p.relative_to(tmp_path))
+                    and p.read_text(errors="ignore").lstrip().startswith("{\"step\"")]
+    old = json.loads(meta_file.read_text())
+    del old["param_layout"]  # what a checkpoint written before the change holds
+    meta_file.write_text(json.dumps(old))
+    with pytest.raises(ValueError, match=r"older layout.*start a new out_dir"):
+        Checkpointer(tmp_path, async_save=False).restore(None, state, None)
