@@ -106,7 +106,8 @@ def run(name: str, shape: dict, batches, new: int, repeats: int, bf16: bool, ban
     floor = cfg.num_params * 4 / (bandwidth * 1e9) * 1e3
     print(f"decode step at batch 1: {step:.2f} ms; memory floor {floor:.2f} ms "
           f"({cfg.num_params * 4 / 1e6:.0f} MB of fp32 params at {bandwidth:.1f} GB/s); "
-          f"{step / floor:.2f}x the floor")
+          f"{step / floor:.2f}x the floor (the step reads the weights at "
+          f"{cfg.num_params * 4 / step / 1e6:.1f} GB/s)")
 
 
 def main():

@@ -68,9 +68,10 @@ def dense(x: jax.Array, w: jax.Array, n_in: int = 1, weight_major: bool | None =
     """x [..., *in] times an out-major weight w [*out, *in] -> [..., *out].
 
     weight_major computes the product as w . x^T (out axes leading), then transposes the small result.
-    XLA's CPU dot runs a handful of rows (a decode step) 1.3-3x faster that way (measured on
-    the Qwen3-0.6B shapes at 1 and 8 rows); the barrier keeps XLA from folding the transpose back into
-    the product. By default it is used on CPU for products of at most 64 rows.
+    XLA's CPU dot runs a few rows (a decode step) much faster that way: the seven products of a
+    Qwen3-0.6B layer take 3.3 ms instead of 5.7 ms at 8 rows (measured; many rows are indifferent).
+    The barrier keeps XLA from folding the transpose back into the product. By default it is used on
+    CPU for products of at most 64 rows.
     """
     lead = x.ndim - n_in
     if weight_major is None:

@@ -106,6 +106,19 @@ def test_sampling_frequencies_match_target(temperature, top_k, top_p):
     assert chi2 < CHI2_CRIT_DF7, (counts, expected)
 
 
+def test_plain_path_equals_general_path_at_temperature_one():
+    """plain=True (temperature 1, no truncation: one exp pass) draws the same tokens and log-probs."""
+    logits = jax.random.normal(jax.random.key(1), (16, 1000)) * 3
+    keys = jax.random.split(jax.random.key(2), 16)
+    args = (logits, keys, jnp.float32(1.0), jnp.int32(0), jnp.float32(1.0))
+    general = sample_token(*args, greedy=False, truncated=False)
+    plain = sample_token(*args, greedy=False, truncated=False, plain=True)
+    np.testing.assert_array_equal(general[0], plain[0])
+    np.testing.assert_allclose(general[1], plain[1], atol=1e-6)
+    np.testing.assert_allclose(general[2], plain[2], atol=1e-6)
+    np.testing.assert_allclose(plain[1], jax.nn.log_softmax(logits)[jnp.arange(16), plain[0]], atol=1e-5)
+
+
 def test_row_is_independent_of_batch(qwen3):
     cfg, params = qwen3
     sampler = Sampler(cfg)
