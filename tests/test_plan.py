@@ -85,7 +85,7 @@ def test_estimate_matches_what_jax_measures_on_cpu():
     keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.key(0), np.arange(GAMES, dtype=np.uint32))
     program = sampler._program.lower(sample_params, prompt, prompt, keys, np.int32(NEW), np.float32(1.0),
                                      np.int32(0), np.float32(1.0), np.full((8,), -1, np.int32), slots=slots,
-                                     greedy=False, truncated=False).compile()
+                                     greedy=False, truncated=False, plain=True).compile()
 
     temp, temp_double = train_temp(MICRO), train_temp(2 * MICRO)
     double = P.estimate(cfg, tc, dataclasses.replace(plan.work, micro_batch=2 * MICRO), plan.mesh, hw).parts

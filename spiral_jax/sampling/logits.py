@@ -36,17 +36,22 @@ def cumsum(x: jax.Array) -> jax.Array:
     return out.reshape(x.shape[0], -1)[:, :x.shape[1]]
 
 
-def inverse_cdf(probs: jax.Array, u: jax.Array) -> jax.Array:
-    """The first index whose cumulative (unnormalised) mass reaches u * total, per row."""
+def inverse_cdf(probs: jax.Array, u: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(the first index whose cumulative (unnormalised) mass reaches u * total, the total), per row.
+
+    The total is summed exactly from the block masses, not read off the matmul cumsum (which runs at
+    reduced precision on TPU); returning it saves the caller another pass over the vocabulary.
+    """
     blocks = _blocks(probs)
-    cum_blocks = _inclusive_cumsum(blocks.sum(-1))  # [B, nb]
+    block_mass = blocks.sum(-1)  # [B, nb]
+    cum_blocks = _inclusive_cumsum(block_mass)
     target = u * cum_blocks[:, -1]
     nb = blocks.shape[1]
     block = jnp.minimum(jnp.sum(cum_blocks < target[:, None], axis=-1), nb - 1)
     before = jnp.where(block > 0, jnp.take_along_axis(cum_blocks, jnp.maximum(block - 1, 0)[:, None], -1)[:, 0], 0.0)
     inside = _inclusive_cumsum(jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0])
     offset = jnp.minimum(jnp.sum(inside < (target - before)[:, None], axis=-1), _BLOCK - 1)
-    return jnp.minimum(block * _BLOCK + offset, probs.shape[1] - 1)
+    return jnp.minimum(block * _BLOCK + offset, probs.shape[1] - 1), block_mass.sum(-1)
 
 
 def argmax(x: jax.Array) -> jax.Array:
@@ -92,9 +97,9 @@ def sample_token(logits, keys, temperature, top_k, top_p, *, greedy: bool, trunc
         scaled = truncate(scaled, top_k, top_p)
     top = jnp.max(scaled, axis=-1, keepdims=True)
     probs = jnp.exp(scaled - top)  # unnormalised; masked tokens are exactly 0
-    logz = top[:, 0] + jnp.log(jnp.sum(probs, axis=-1))
     u = jax.vmap(lambda k: jax.random.uniform(k, dtype=jnp.float32))(keys)
-    token = inverse_cdf(probs, u)
+    token, mass = inverse_cdf(probs, u)
+    logz = top[:, 0] + jnp.log(mass)
     # fp rounding can land on a zero-probability token next to the boundary; step back to a kept one.
     # That is rare, so the extra pass over the vocabulary runs only in a step where it happens.
     kept = pick(probs) > 0
