@@ -38,7 +38,7 @@ from jax.sharding import AbstractMesh
 from spiral_jax.models import ModelConfig, abstract_params, param_specs
 from spiral_jax.models.params import is_spec
 from spiral_jax.models.transformer import CACHE_AXES
-from spiral_jax.sampling import bucket_length
+from spiral_jax.sampling import batch_bucket, bucket_length, cache_slots
 from spiral_jax.sharding import MESH_AXES, RULE_SETS, MeshError, Rules, mesh_sizes
 
 GB, GiB, MiB = 10**9, 2**30, 2**20
@@ -275,9 +275,8 @@ def _sampling(cfg: ModelConfig, w: Workload, mesh: MeshShape, games: int, new_to
     """(KV cache, prefill transients) per device for one generate call over `games` prompts."""
     cb = jnp.dtype(cfg.compute_dtype).itemsize
     dp = mesh.batch_shards
-    batch = bucket_length(games, dp)
-    batch = -(-batch // dp) * dp  # as Sampler.generate pads it
-    slots = w.prompt_len + bucket_length(new_tokens, 1)
+    batch = batch_bucket(games, dp)
+    slots = cache_slots(w.prompt_len, new_tokens)
     rules = mesh.rules("sample")
     shape = (cfg.num_layers, batch, slots, cfg.num_kv_heads, cfg.head_dim)
     cache = 2 * shard_elements(rules, CACHE_AXES, shape) * cb

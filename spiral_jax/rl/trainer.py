@@ -35,7 +35,7 @@ from spiral_jax.rl.reshard import make_reshard
 from spiral_jax.rl.rollout import PlayedGame, Rollout, label_games
 from spiral_jax.rl.samples import pack, shard_batch
 from spiral_jax.rl.train_step import TrainConfig, init_train_state, make_update
-from spiral_jax.sampling import Sampler, SamplingParams, bucket_length
+from spiral_jax.sampling import Sampler, SamplingParams, bucket_length, cache_slots
 from spiral_jax.sharding import make_mesh
 
 MODES = ("self_play", "fixed_opponent", "pool")
@@ -81,7 +81,7 @@ class Trainer:
                 f"optim.micro_batch_size={micro} must be a multiple of the data x fsdp mesh size "
                 f"({shards}) and divide rollout.samples_per_step={c.rollout.samples_per_step}")
         r, e = c.rollout, c.eval
-        slots = bucket_length(r.max_prompt_len) + bucket_length(max(r.max_new_tokens, e.max_new_tokens), 1)
+        slots = cache_slots(bucket_length(r.max_prompt_len), max(r.max_new_tokens, e.max_new_tokens))
         self.sampler = Sampler(self.cfg, self.sample_mesh, max_prompt_len=r.max_prompt_len, max_cache_len=slots)
         self.rollout = Rollout(self.sampler, self.tokenizer,
                                SamplingParams(r.max_new_tokens, r.temperature, r.top_k, r.top_p),

@@ -77,6 +77,17 @@ def bucket_length(n: int, min_length: int = 16, per_octave: int = 1) -> int:
     return -(-n // step) * step
 
 
+def cache_slots(prompt_bucket: int, max_new_tokens: int) -> int:
+    """KV-cache slots of one generate call: the prompt bucket plus the power-of-two new-token bucket."""
+    return prompt_bucket + bucket_length(max_new_tokens, 1)
+
+
+def batch_bucket(rows: int, shards: int) -> int:
+    """Rows of one generate call: a power of two of at least `shards`, rounded up to a multiple of it."""
+    batch = bucket_length(rows, shards)
+    return -(-batch // shards) * shards
+
+
 class Sampler:
     """Generates continuations for many prompts at once with one compiled program per bucket.
 
@@ -165,7 +176,7 @@ class Sampler:
                                  f"{self.max_prompt_len}; shorten it or raise max_prompt_len")
         longest = max(len(p) for p in prompts)
         plen = bucket_length(longest, self.min_prompt_bucket)
-        slots = plen + bucket_length(sp.max_new_tokens, 1)
+        slots = cache_slots(plen, sp.max_new_tokens)
         if slots > self.max_cache_len:
             raise ValueError(
                 f"max_new_tokens={sp.max_new_tokens} does not fit the KV cache: the prompt bucket "
@@ -180,9 +191,7 @@ class Sampler:
         sp = sampling_params
         plen, slots = self._validate(prompts, sp)
         n = len(prompts)
-        batch = bucket_length(n, self.min_batch_bucket)
-        if batch % self.min_batch_bucket:
-            batch = -(-batch // self.min_batch_bucket) * self.min_batch_bucket
+        batch = batch_bucket(n, self.min_batch_bucket)
         prompt = np.zeros((batch, plen), np.int32)
         mask = np.zeros((batch, plen), np.int32)
         for i, p in enumerate(prompts):
