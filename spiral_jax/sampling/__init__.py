@@ -1,5 +1,5 @@
 """Batched KV-cache sampling with one compiled prefill + decode program per bucket."""
-from spiral_jax.sampling.logits import sample_token, truncate
+from spiral_jax.sampling.logits import sample_token
 from spiral_jax.sampling.sampler import SampleOutput, Sampler, SamplingParams, batch_bucket, bucket_length, cache_slots
 
-__all__ = ["batch_bucket", "bucket_length", "cache_slots", "SampleOutput", "Sampler", "SamplingParams", "sample_token", "truncate"]
+__all__ = ["batch_bucket", "bucket_length", "cache_slots", "SampleOutput", "Sampler", "SamplingParams", "sample_token"]
