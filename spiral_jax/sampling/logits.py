@@ -8,11 +8,13 @@ the chosen block, both as small matmuls with a triangular matrix. Nor is the dis
 materialised: the block masses are one fused exp-and-sum pass over the logits, and only the chosen
 block's probabilities are computed again.
 
-Everything here works vocabulary-major, on [V, B]. On CPU the unembedding produces the logits in
-that order (the vocabulary leads the product, see `models.transformer.dense`), so the transpose at the
-top of `sample_token` cancels, and every pass over the vocabulary reads memory in order: reducing a
-[B, V] view of that memory over V instead costs 2.5x more in XLA:CPU, and transposing it first costs
-a copy. On accelerators the transpose is a layout choice.
+The helpers take the vocabulary axis `ax` of a 2-D array, 1 for [B, V] or 0 for [V, B], and keep
+per-row results with that axis kept at size 1, so they broadcast against the logits either way. On
+CPU, batches of 16 rows or more are sampled vocabulary-major: the unembedding produces the logits
+in that order (the vocabulary leads the product, see `models.transformer.dense`), so the transpose
+cancels and every pass reads memory in order; reducing the [B, V] view of that memory costs XLA:CPU
+2.5x more (measured, 32 x 32000). Few rows are sampled row-major, where XLA:CPU's reductions over a
+leading axis with a narrow trailing one are slow (batch 1: 3.5 instead of 2.4 ms a decode step).
 """
 from __future__ import annotations
 
@@ -21,74 +23,86 @@ import jax.numpy as jnp
 
 
 _BLOCK = 128
+_VOCAB_MAJOR_ROWS = 16  # on CPU, batches of at least this many rows are sampled vocabulary-major
 
 
-def _blocks(x: jax.Array, fill: float) -> jax.Array:
-    """[V, B] -> [V/block, block, B], padding V with `fill`."""
-    v, b = x.shape
+def _blocks(x: jax.Array, ax: int, fill: float) -> jax.Array:
+    """Split the vocabulary axis of x into (V/block, block) axes at ax, ax + 1, padding with `fill`."""
+    v = x.shape[ax]
     pad = -v % _BLOCK
-    return jnp.pad(x, ((0, pad), (0, 0)), constant_values=fill).reshape((v + pad) // _BLOCK, _BLOCK, b)
+    widths = [(0, 0), (0, 0)]
+    widths[ax] = (0, pad)
+    x = jnp.pad(x, widths, constant_values=fill)
+    return x.reshape(x.shape[:ax] + ((v + pad) // _BLOCK, _BLOCK) + x.shape[ax + 1:])
 
 
-def _inclusive_cumsum(x: jax.Array) -> jax.Array:
-    """Cumulative sum over the second-to-last (short) axis, as a matmul with a lower-triangular matrix."""
-    n = x.shape[-2]
-    return jnp.einsum("ij,...jb->...ib", jnp.tril(jnp.ones((n, n), x.dtype)), x, precision=jax.lax.Precision.HIGHEST)
+def _inclusive_cumsum(x: jax.Array, axis: int) -> jax.Array:
+    """Cumulative sum along a short axis, as a matmul with a triangular matrix (at full precision:
+    TPUs otherwise multiply f32 in bf16 passes)."""
+    n = x.shape[axis]
+    letters = "abcd"[:x.ndim]
+    out = letters.replace(letters[axis], "z")
+    lower = jnp.tril(jnp.ones((n, n), x.dtype))  # lower[z, j] = 1 where j <= z
+    return jnp.einsum(f"z{letters[axis]},{letters}->{out}", lower, x, precision=jax.lax.Precision.HIGHEST)
 
 
-def cumsum(x: jax.Array) -> jax.Array:
-    """Cumulative sum over the vocabulary of [V, B], blockwise (see the module docstring)."""
-    blocks = _blocks(x, 0.0)
-    mass = blocks.sum(1)
-    before = _inclusive_cumsum(mass) - mass  # mass of the earlier blocks, [V/block, B]
-    out = _inclusive_cumsum(blocks) + before[:, None]
-    return out.reshape(-1, x.shape[1])[:x.shape[0]]
+def cumsum(x: jax.Array, ax: int) -> jax.Array:
+    """Cumulative sum over the vocabulary axis, blockwise (see the module docstring)."""
+    blocks = _blocks(x, ax, 0.0)
+    mass = blocks.sum(ax + 1)
+    before = _inclusive_cumsum(mass, ax) - mass  # mass of the earlier blocks
+    out = _inclusive_cumsum(blocks, ax + 1) + jnp.expand_dims(before, ax + 1)
+    out = out.reshape(x.shape[:ax] + (-1,) + x.shape[ax + 1:])
+    return jax.lax.slice_in_dim(out, 0, x.shape[ax], axis=ax)
 
 
-def inverse_cdf(scaled: jax.Array, top: jax.Array, u: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Draw from p ~ exp(scaled - top) over the vocabulary of [V, B] by inverting its CDF at u [B].
+def inverse_cdf(scaled: jax.Array, top: jax.Array, u: jax.Array, ax: int):
+    """Draw from p ~ exp(scaled - top) over the vocabulary axis by inverting its CDF at u.
 
-    Returns per row the first index whose cumulative mass reaches u * total, the total mass (summed
-    exactly from the block masses, not read off the matmul cumsum, which runs at reduced precision on
-    TPU; it saves the caller another pass over the vocabulary), and whether the drawn index has
-    nonzero probability (fp rounding at a block boundary can land on a masked one).
+    top and u hold one value per row (the vocabulary axis kept at size 1). Returns per row, in the same
+    shape: the first index whose cumulative mass reaches u * total, the total mass, and whether the
+    drawn index has nonzero probability (fp rounding at a block boundary can land on a masked one).
     """
-    blocks = _blocks(scaled, -jnp.inf)  # [nb, block, B]
-    block_mass = jnp.exp(blocks - top).sum(1)  # [nb, B]
-    cum_blocks = _inclusive_cumsum(block_mass)
-    target = u * cum_blocks[-1]
-    block = jnp.minimum(jnp.sum(cum_blocks < target, axis=0), blocks.shape[0] - 1)  # [B]
-    before = jnp.where(block > 0, jnp.take_along_axis(cum_blocks, jnp.maximum(block - 1, 0)[None], 0)[0], 0.0)
-    chosen = jnp.exp(jnp.take_along_axis(blocks, block[None, None], axis=0)[0] - top)  # [block, B]
-    offset = jnp.minimum(jnp.sum(_inclusive_cumsum(chosen) < target - before, axis=0), _BLOCK - 1)
-    token = jnp.minimum(block * _BLOCK + offset, scaled.shape[0] - 1)
-    kept = jnp.take_along_axis(chosen, offset[None], axis=0)[0] > 0
-    return token, cum_blocks[-1], kept
+    blocks = _blocks(scaled, ax, -jnp.inf)
+    block_mass = jnp.exp(blocks - jnp.expand_dims(top, ax + 1)).sum(ax + 1)
+    cum_blocks = _inclusive_cumsum(block_mass, ax)
+    nb = blocks.shape[ax]
+    total = jax.lax.slice_in_dim(cum_blocks, nb - 1, nb, axis=ax)
+    target = u * total
+    block = jnp.minimum(jnp.sum(cum_blocks < target, axis=ax, keepdims=True), nb - 1)
+    before = jnp.where(block > 0, jnp.take_along_axis(cum_blocks, jnp.maximum(block - 1, 0), axis=ax), 0.0)
+    chosen = jnp.take_along_axis(blocks, jnp.expand_dims(block, ax + 1), axis=ax).squeeze(ax)
+    chosen = jnp.exp(chosen - top)  # the chosen block's unnormalised probabilities, block along ax
+    offset = jnp.minimum(jnp.sum(_inclusive_cumsum(chosen, ax) < target - before, axis=ax, keepdims=True),
+                         _BLOCK - 1)
+    token = jnp.minimum(block * _BLOCK + offset, scaled.shape[ax] - 1)
+    return token, total, jnp.take_along_axis(chosen, offset, axis=ax) > 0
 
 
-def argmax(x: jax.Array) -> jax.Array:
-    """First index of the maximum over the vocabulary of [V, B], as jnp.argmax in two plain reductions
-    (2.7x faster on CPU)."""
-    top = jnp.max(x, axis=0, keepdims=True)
-    return jnp.min(jnp.where(x == top, jnp.arange(x.shape[0])[:, None], x.shape[0]), axis=0).astype(jnp.int32)
+def argmax(x: jax.Array, ax: int) -> jax.Array:
+    """First index of the maximum over the vocabulary axis (kept), as jnp.argmax in two plain
+    reductions (2.7x faster on CPU)."""
+    top = jnp.max(x, axis=ax, keepdims=True)
+    index = jnp.expand_dims(jnp.arange(x.shape[ax]), 1 - ax)
+    return jnp.min(jnp.where(x == top, index, x.shape[ax]), axis=ax, keepdims=True).astype(jnp.int32)
 
 
-def truncate(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+def truncate(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array, ax: int) -> jax.Array:
     """Mask (to -inf) everything outside the top-k, then outside the smallest top-p nucleus.
 
-    scaled: tempered logits [V, B]. top_k <= 0 means no top-k. Tokens tied with the last kept
-    value are kept too.
+    scaled: tempered logits with the vocabulary along ax. top_k <= 0 means no top-k. Tokens tied with
+    the last kept value are kept too.
     """
-    vocab = scaled.shape[0]
-    ranks = jnp.arange(vocab)[:, None]
-    sorted_desc = -jnp.sort(-scaled, axis=0)
+    vocab = scaled.shape[ax]
+    ranks = jnp.expand_dims(jnp.arange(vocab), 1 - ax)
+    sorted_desc = -jnp.sort(-scaled, axis=ax)
     k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
     in_top_k = ranks < k
-    probs = jax.nn.softmax(jnp.where(in_top_k, sorted_desc, -jnp.inf), axis=0)
-    mass_before = cumsum(probs) - probs
+    probs = jax.nn.softmax(jnp.where(in_top_k, sorted_desc, -jnp.inf), axis=ax)
+    mass_before = cumsum(probs, ax) - probs
     keep = in_top_k & (mass_before < top_p)  # the first token is always kept
-    n_keep = jnp.sum(keep, axis=0, keepdims=True)
-    threshold = jnp.take_along_axis(sorted_desc, n_keep - 1, axis=0)
+    n_keep = jnp.sum(keep, axis=ax, keepdims=True)
+    threshold = jnp.take_along_axis(sorted_desc, n_keep - 1, axis=ax)
     return jnp.where(scaled >= threshold, scaled, -jnp.inf)
 
 
@@ -100,23 +114,25 @@ def sample_token(logits, keys, temperature, top_k, top_p, *, greedy: bool, trunc
     the raw log-prob is under temperature 1 and the full vocabulary. Greedy decoding reports the raw
     log-prob for both. plain=True promises temperature 1 and no truncation (the caller checks).
     """
-    logits = logits.T  # vocabulary-major: see the module docstring
-    pick = lambda x: jnp.take_along_axis(x, token[None], axis=0)[0]  # noqa: E731
+    vocab_major = jax.default_backend() == "cpu" and logits.shape[0] >= _VOCAB_MAJOR_ROWS
+    ax = 0 if vocab_major else 1
+    logits = logits.T if vocab_major else logits
+    pick = lambda x: jnp.take_along_axis(x, token, axis=ax).reshape(-1)  # noqa: E731
     if greedy:
-        token = argmax(logits)
-        lp = pick(logits) - jax.nn.logsumexp(logits, axis=0)
-        return token, lp, lp
+        token = argmax(logits, ax)
+        lp = pick(logits) - jax.nn.logsumexp(logits, axis=ax)
+        return token.reshape(-1), lp, lp
     scaled = logits if plain else logits / temperature
     if truncated:
-        scaled = truncate(scaled, top_k, top_p)
-    top = jnp.max(scaled, axis=0)
+        scaled = truncate(scaled, top_k, top_p, ax)
+    top = jnp.max(scaled, axis=ax, keepdims=True)
     u = jax.vmap(lambda k: jax.random.uniform(k, dtype=jnp.float32))(keys)
-    token, mass, kept = inverse_cdf(scaled, top, u)
-    logz = top + jnp.log(mass)
+    token, mass, kept = inverse_cdf(scaled, top, jnp.expand_dims(u, ax), ax)
+    logz = (top + jnp.log(mass)).reshape(-1)
     # A draw of a zero-probability token is rare, so the extra pass over the vocabulary to step back to
     # the most likely one runs only in a step where it happens.
-    token = jax.lax.cond(jnp.all(kept), lambda: token, lambda: jnp.where(kept, token, argmax(scaled)))
+    token = jax.lax.cond(jnp.all(kept), lambda: token, lambda: jnp.where(kept, token, argmax(scaled, ax)))
     # At temperature 1 without truncation the sampled distribution is the raw one: skip a second pass
     # of exp over the vocabulary.
-    raw_logz = logz if plain else jax.nn.logsumexp(logits, axis=0)
-    return token, pick(scaled) - logz, pick(logits) - raw_logz
+    raw_logz = logz if plain else jax.nn.logsumexp(logits, axis=ax)
+    return token.reshape(-1), pick(scaled) - logz, pick(logits) - raw_logz

@@ -1,4 +1,6 @@
 """The sampler: exact greedy decoding, exact log-probs, correct sampling statistics, static shapes."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +10,7 @@ import torch
 from spiral_jax.compilation import compile_count
 from spiral_jax.models import forward, load_pretrained
 from spiral_jax.sampling import Sampler, SamplingParams, sample_token
+from spiral_jax.sampling import logits as logits_module
 from spiral_jax.sharding import make_mesh
 
 PROMPTS = [[5, 6, 7, 8, 9], [1, 2, 3], list(range(10, 47)), [100] * 17]
@@ -117,6 +120,22 @@ def test_plain_path_equals_general_path_at_temperature_one():
     np.testing.assert_allclose(general[1], plain[1], atol=1e-6)
     np.testing.assert_allclose(general[2], plain[2], atol=1e-6)
     np.testing.assert_allclose(plain[1], jax.nn.log_softmax(logits)[jnp.arange(16), plain[0]], atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", [dict(greedy=True, truncated=False), dict(greedy=False, truncated=False, plain=True),
+                                  dict(greedy=False, truncated=False), dict(greedy=False, truncated=True)])
+def test_vocab_major_and_row_major_sampling_agree(monkeypatch, mode):
+    """Large CPU batches are sampled vocabulary-major, small ones row-major: same tokens, same log-probs."""
+    logits = jax.random.normal(jax.random.key(3), (16, 1000)) * 3
+    keys = jax.random.split(jax.random.key(4), 16)
+    args = (logits, keys, jnp.float32(0.8 if not mode.get("plain") else 1.0), jnp.int32(40), jnp.float32(0.9))
+    out = {}
+    for rows in (1, 10**6):  # the smallest batch sampled vocabulary-major
+        monkeypatch.setattr(logits_module, "_VOCAB_MAJOR_ROWS", rows)
+        out[rows] = jax.jit(functools.partial(sample_token, **mode))(*args)
+    np.testing.assert_array_equal(out[1][0], out[10**6][0])
+    np.testing.assert_allclose(out[1][1], out[10**6][1], atol=1e-5)
+    np.testing.assert_allclose(out[1][2], out[10**6][2], atol=1e-5)
 
 
 def test_row_is_independent_of_batch(qwen3):
