@@ -112,7 +112,7 @@ class Sampler:
         cfg, rules = self.cfg, self.rules
 
         @functools.partial(jax.jit, static_argnames=("slots", "greedy", "truncated", "plain"))
-        def program(params, prompt, prompt_mask, keys, max_new, temperature, top_k, top_p, stop_ids,
+        def program(params, prompt, prompt_mask, key, row_ids, max_new, temperature, top_k, top_p, stop_ids,
                     *, slots, greedy, truncated, plain):
             batch, plen = prompt.shape
             budget = slots - plen  # output buffer length (the new-token bucket)
@@ -120,7 +120,8 @@ class Sampler:
                                      greedy=greedy, truncated=truncated, plain=plain)
             # Every step's uniform number per row, drawn up front from the row's own key: one batched
             # draw instead of two hash evaluations per step.
-            uniforms = jax.vmap(lambda key: jax.random.uniform(key, (budget,), jnp.float32))(keys)
+            keys = jax.vmap(jax.random.fold_in, (None, 0))(key, row_ids)
+            uniforms = jax.vmap(lambda k: jax.random.uniform(k, (budget,), jnp.float32))(keys)
             is_stop = lambda tok: jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)  # noqa: E731
 
             kv_mask = jnp.zeros((batch, slots), bool).at[:, :plen].set(prompt_mask.astype(bool))
@@ -204,7 +205,6 @@ class Sampler:
         if len(ids) != n:
             raise ValueError(f"row_ids has {len(ids)} entries for {n} prompts")
         ids = np.concatenate([ids, np.full(batch - n, -1)]).astype(np.uint32)
-        keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.key(seed), ids)
         stop = np.full((_MAX_STOP_IDS,), -1, np.int32)
         stop[:len(sp.stop_token_ids)] = sorted(sp.stop_token_ids)
         if self.rules is not None:
@@ -213,7 +213,7 @@ class Sampler:
             prompt, mask = jax.device_put(prompt, rows), jax.device_put(mask, rows)
         truncated = not sp.greedy and (sp.top_k > 0 or sp.top_p < 1.0)
         out, lp, raw, lengths = self._program(
-            params, prompt, mask, keys, np.int32(sp.max_new_tokens), np.float32(sp.temperature),
+            params, prompt, mask, jax.random.key(seed), ids, np.int32(sp.max_new_tokens), np.float32(sp.temperature),
             np.int32(sp.top_k), np.float32(sp.top_p), stop, slots=slots, greedy=sp.greedy,
             truncated=truncated, plain=not sp.greedy and not truncated and sp.temperature == 1.0)
         out, lp, raw, lengths = jax.device_get((out, lp, raw, lengths))
