@@ -2,26 +2,25 @@
 
 Same random model, batch and lengths on both sides, 2 CPU threads each, prompt 64 tokens, sampling at
 temperature 1 (no top-k / top-p, no stop token so every row generates the full budget). Also reports
-the decode step time against the memory floor (parameter bytes / read bandwidth measured here).
+the decode step time against the memory floor (parameter bytes / read bandwidth measured here). XLA
+uses every core the process may run on: on a bigger machine run it under `taskset -c 0,1`. The two
+sides take turns, repeat by repeat, so that a slow spell of a shared machine hits both alike.
 
     python bench/sampler.py              # tiny Qwen3 at batch 1, 8, 32, 64 and the 0.6B shape at 1, 8
     python bench/sampler.py --only tiny  # just the tiny model
 """
+import argparse
 import os
+import tempfile
+import time
 
-os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads=2")
+import jax
+import numpy as np
+import torch
+import transformers
 
-import argparse  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
-
-from spiral_jax.models import load_pretrained  # noqa: E402
-from spiral_jax.sampling import Sampler, SamplingParams  # noqa: E402
+from spiral_jax.models import load_pretrained
+from spiral_jax.sampling import Sampler, SamplingParams
 
 torch.set_num_threads(2)
 
@@ -54,22 +53,35 @@ def build(shape: dict, path: str):
     return model, cfg, params
 
 
-def hf_tokens_per_s(model, prompts: np.ndarray, new: int, repeats: int) -> float:
+def hf_generate(model, prompts: np.ndarray, new: int):
+    """transformers `generate` for `new` tokens, sampling at temperature 1, warmed up: a callable."""
     ids = torch.tensor(prompts, dtype=torch.long)
     kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=True, temperature=1.0, top_k=0,
                   top_p=1.0, pad_token_id=0, eos_token_id=None)
-    with torch.no_grad():
-        model.generate(ids, **{**kwargs, "max_new_tokens": 2, "min_new_tokens": 2})
-        best = min(_timed(lambda: model.generate(ids, **kwargs)) for _ in range(repeats))
-    return prompts.shape[0] * new / best
+
+    def run(**overrides):
+        with torch.no_grad():
+            model.generate(ids, **{**kwargs, **overrides})
+    run(max_new_tokens=2, min_new_tokens=2)
+    return run
 
 
-def jax_tokens_per_s(sampler, params, prompts: np.ndarray, new: int, repeats: int) -> float:
+def jax_generate(sampler, params, prompts: np.ndarray, new: int):
+    """spiral_jax `Sampler.generate` for `new` tokens at temperature 1, compiled: a callable."""
     sp = SamplingParams(max_new_tokens=new, temperature=1.0)
     rows = prompts.tolist()
     sampler.generate(params, rows, sp, seed=0)  # compile
-    best = min(_timed(lambda: sampler.generate(params, rows, sp, seed=1)) for _ in range(repeats))
-    return prompts.shape[0] * new / best
+    return lambda: sampler.generate(params, rows, sp, seed=1)
+
+
+def best_of_interleaved(runs: dict, repeats: int) -> dict:
+    """Best wall time of each callable over `repeats` rounds that take turns, so that a slow spell of a
+    shared machine hits both sides alike."""
+    best = dict.fromkeys(runs, float("inf"))
+    for _ in range(repeats):
+        for name, run in runs.items():
+            best[name] = min(best[name], _timed(run))
+    return best
 
 
 def decode_ms_per_step(sampler, params, new: int) -> float:
@@ -83,7 +95,7 @@ def decode_ms_per_step(sampler, params, new: int) -> float:
     return (times[new] - times[1]) / (new - 1) * 1e3
 
 
-def run(name: str, shape: dict, batches, new: int, repeats: int, bf16: bool, bandwidth: float):
+def run(name: str, shape: dict, batches, new: int, repeats: int, bf16: bool):
     with tempfile.TemporaryDirectory() as tmp:
         model, cfg, params = build(shape, tmp)
     sampler = Sampler(cfg)
@@ -94,15 +106,17 @@ def run(name: str, shape: dict, batches, new: int, repeats: int, bf16: bool, ban
     print(header + (f" {'transformers bf16':>18} {'ratio':>7}" if bf16 else ""))
     for batch in batches:
         prompts = rng.integers(1, cfg.vocab_size, (batch, PROMPT_LEN))
-        ours = jax_tokens_per_s(sampler, params, prompts, new, repeats)
-        ref = hf_tokens_per_s(model, prompts, new, repeats)
+        best = best_of_interleaved({"ours": jax_generate(sampler, params, prompts, new),
+                                    "ref": hf_generate(model, prompts, new)}, repeats)
+        ours, ref = (batch * new / best[k] for k in ("ours", "ref"))
         line = f"{batch:>6} {ours:>17.1f} {ref:>17.1f} {ours / ref:>6.2f}x"
         if bf16:
-            ref16 = hf_tokens_per_s(model.to(torch.bfloat16), prompts, new, 1)
+            ref16 = batch * new / _timed(hf_generate(model.to(torch.bfloat16), prompts, new))
             model.float()
             line += f" {ref16:>18.1f} {ours / ref16:>6.2f}x"
         print(line, flush=True)
     step = decode_ms_per_step(sampler, params, new)
+    bandwidth = read_bandwidth_gbs()  # measured now: a shared machine's bandwidth drifts
     floor = cfg.num_params * 4 / (bandwidth * 1e9) * 1e3
     print(f"decode step at batch 1: {step:.2f} ms; memory floor {floor:.2f} ms "
           f"({cfg.num_params * 4 / 1e6:.0f} MB of fp32 params at {bandwidth:.1f} GB/s); "
@@ -116,14 +130,12 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__}, "
-          f"transformers {transformers.__version__}, 2 threads each")
-    bandwidth = read_bandwidth_gbs()
-    print(f"measured memory read bandwidth: {bandwidth:.1f} GB/s")
+          f"transformers {transformers.__version__}, {len(os.sched_getaffinity(0))} CPUs for XLA, "
+          f"{torch.get_num_threads()} threads for torch")
     if args.only in (None, "tiny"):
-        run("tiny Qwen3", TINY, [1, 8, 32, 64], 64, args.repeats, bf16=False, bandwidth=bandwidth)
+        run("tiny Qwen3", TINY, [1, 8, 32, 64], 64, args.repeats, bf16=False)
     if args.only in (None, "0.6b"):
-        run("Qwen3-0.6B shape", QWEN3_06B, [1, 8], 32, max(1, args.repeats - 1), bf16=True,
-            bandwidth=bandwidth)
+        run("Qwen3-0.6B shape", QWEN3_06B, [1, 8], 32, max(1, args.repeats - 1), bf16=True)
 
 
 if __name__ == "__main__":
