@@ -38,7 +38,7 @@ def _blocks(x: jax.Array, ax: int, fill: float) -> jax.Array:
 
 def _inclusive_cumsum(x: jax.Array, axis: int) -> jax.Array:
     """Cumulative sum along a short axis, as a matmul with a triangular matrix (at full precision:
-    TPUs otherwise multiply f32 in bf16 passes)."""
+    TPUs otherwise multiply f32 in bf16 passes; only the search reads it)."""
     n = x.shape[axis]
     letters = "abcd"[:x.ndim]
     out = letters.replace(letters[axis], "z")
@@ -66,17 +66,17 @@ def inverse_cdf(scaled: jax.Array, top: jax.Array, u: jax.Array, ax: int):
     blocks = _blocks(scaled, ax, -jnp.inf)
     nb = blocks.shape[ax]
     if ax == 0:
-        # The exponentials are fused into the block sums and never stored; the total is read off the
-        # cumsum, since a second sum over them would make XLA store them.
-        block_mass = jnp.exp(blocks - jnp.expand_dims(top, ax + 1)).sum(ax + 1)
-        cum_blocks = _inclusive_cumsum(block_mass, ax)
-        total = jax.lax.slice_in_dim(cum_blocks, nb - 1, nb, axis=ax)
+        # The exponentials are fused into the block sums and never stored. The barrier keeps XLA from
+        # rewriting the total's sum of sums as a second pass over them, which would store them.
+        block_mass = jax.lax.optimization_barrier(jnp.exp(blocks - jnp.expand_dims(top, ax + 1)).sum(ax + 1))
     else:
         # Row-major, XLA:CPU fuses that form into the cumsum's matmul and runs it several times slower
-        # (8 x 152k: +8 ms a step, measured); stored probabilities and an exact total keep them apart.
+        # (8 x 152k: +8 ms a step, measured); stored probabilities keep them apart.
         block_mass = _blocks(jnp.exp(scaled - top), ax, 0.0).sum(ax + 1)
-        cum_blocks = _inclusive_cumsum(block_mass, ax)
-        total = block_mass.sum(ax, keepdims=True)
+    cum_blocks = _inclusive_cumsum(block_mass, ax)
+    # The total is summed exactly, not read off the matmul: a library matmul's summation order may
+    # depend on threads and blocking, and the total enters every log-prob.
+    total = block_mass.sum(ax, keepdims=True)
     target = u * total
     block = jnp.minimum(jnp.sum(cum_blocks < target, axis=ax, keepdims=True), nb - 1)
     before = jnp.where(block > 0, jnp.take_along_axis(cum_blocks, jnp.maximum(block - 1, 0), axis=ax), 0.0)
