@@ -115,11 +115,9 @@ def truncate(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array, ax: int) -> 
     return jnp.where(scaled >= threshold, scaled, -jnp.inf)
 
 
-def sample_token(logits, u, temperature, top_k, top_p, *, greedy: bool, truncated: bool,
+def sample_token(logits, keys, temperature, top_k, top_p, *, greedy: bool, truncated: bool,
                  plain: bool = False):
-    """Pick one token per row of logits [B, V] with uniform numbers u [B] in [0, 1).
-
-    Returns (token [B], behaviour log-prob [B], raw log-prob [B]).
+    """Pick one token per row of logits [B, V]. Returns (token [B], behaviour log-prob [B], raw log-prob [B]).
 
     The behaviour log-prob is under the distribution actually sampled from (tempered, truncated);
     the raw log-prob is under temperature 1 and the full vocabulary. Greedy decoding reports the raw
@@ -137,6 +135,7 @@ def sample_token(logits, u, temperature, top_k, top_p, *, greedy: bool, truncate
     if truncated:
         scaled = truncate(scaled, top_k, top_p, ax)
     top = jnp.max(scaled, axis=ax, keepdims=True)
+    u = jax.vmap(lambda k: jax.random.uniform(k, dtype=jnp.float32))(keys)
     token, mass, kept = inverse_cdf(scaled, top, jnp.expand_dims(u, ax), ax)
     logz = (top + jnp.log(mass)).reshape(-1)
     # A draw of a zero-probability token is rare, so the extra pass over the vocabulary to step back to

@@ -7,8 +7,8 @@ decoding is a `lax.while_loop` that feeds one token per row per step and exits a
 has stopped. The cache lives inside the program, so XLA updates it in place. Only the last
 position's logits are ever formed: there is no [batch, length, vocab] buffer.
 
-Each row's randomness comes from its own key, `fold_in(key(seed), row_id)`, which draws one uniform
-number per step, so a row samples the same tokens alone or in any batch.
+Each row's randomness is `fold_in(fold_in(key(seed), row_id), step)`, so a row samples the same
+tokens alone or in any batch.
 """
 from __future__ import annotations
 
@@ -118,10 +118,8 @@ class Sampler:
             budget = slots - plen  # output buffer length (the new-token bucket)
             pick = functools.partial(sample_token, temperature=temperature, top_k=top_k, top_p=top_p,
                                      greedy=greedy, truncated=truncated, plain=plain)
-            # Every step's uniform number per row, drawn up front from the row's own key: one batched
-            # draw instead of two hash evaluations per step.
             keys = jax.vmap(jax.random.fold_in, (None, 0))(key, row_ids)
-            uniforms = jax.vmap(lambda k: jax.random.uniform(k, (budget,), jnp.float32))(keys)
+            step_keys = lambda step: jax.vmap(jax.random.fold_in, (0, None))(keys, step)  # noqa: E731
             is_stop = lambda tok: jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)  # noqa: E731
 
             kv_mask = jnp.zeros((batch, slots), bool).at[:, :plen].set(prompt_mask.astype(bool))
@@ -132,7 +130,7 @@ class Sampler:
                     c, rules.sharding(("layers", "batch", "seq", "kv_heads", "head_dim"), c.shape))
                     for c in cache))
             hidden, cache = decoder(params, cfg, prompt, positions, kv_mask, cache, 0, rules)
-            token, lp, raw = pick(unembed(params, cfg, hidden[:, -1]), uniforms[:, 0])
+            token, lp, raw = pick(unembed(params, cfg, hidden[:, -1]), step_keys(0))
 
             out = jnp.zeros((batch, budget), jnp.int32).at[:, 0].set(token)
             out_lp = jnp.zeros((batch, budget), jnp.float32).at[:, 0].set(lp)
@@ -152,7 +150,7 @@ class Sampler:
                 kv_mask = kv_mask.at[:, slot].set(True)
                 pos = (next_pos + step - 1)[:, None]
                 hidden, cache = decoder(params, cfg, prev[:, None], pos, kv_mask, cache, slot, rules)
-                token, lp, raw = pick(unembed(params, cfg, hidden[:, 0]), uniforms[:, step])
+                token, lp, raw = pick(unembed(params, cfg, hidden[:, 0]), step_keys(step))
                 live = ~done
                 out = out.at[:, step].set(jnp.where(live, token, 0))
                 out_lp = out_lp.at[:, step].set(jnp.where(live, lp, 0.0))

@@ -96,11 +96,11 @@ CHI2_CRIT_DF7 = 24.32
 def test_sampling_frequencies_match_target(temperature, top_k, top_p):
     logits = jnp.asarray([[2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0]])
     n = 40000
-    uniforms = jax.random.uniform(jax.random.key(0), (n,))
-    draw = jax.jit(jax.vmap(lambda u: sample_token(
-        logits, u[None], temperature, jnp.int32(top_k), jnp.float32(top_p), greedy=False,
+    keys = jax.random.split(jax.random.key(0), n)
+    draw = jax.jit(jax.vmap(lambda k: sample_token(
+        logits, k[None], temperature, jnp.int32(top_k), jnp.float32(top_p), greedy=False,
         truncated=top_k > 0 or top_p < 1)[0][0]))
-    counts = np.bincount(np.asarray(draw(uniforms)), minlength=8)
+    counts = np.bincount(np.asarray(draw(keys)), minlength=8)
     target = np.exp(_truncated_logprobs(np.asarray(logits), temperature, top_k, top_p)[0])
     support = target > 0
     assert counts[~support].sum() == 0, "sampled outside the truncated support"
@@ -112,8 +112,8 @@ def test_sampling_frequencies_match_target(temperature, top_k, top_p):
 def test_plain_path_equals_general_path_at_temperature_one():
     """plain=True (temperature 1, no truncation: one exp pass) draws the same tokens and log-probs."""
     logits = jax.random.normal(jax.random.key(1), (16, 1000)) * 3
-    u = jax.random.uniform(jax.random.key(2), (16,))
-    args = (logits, u, jnp.float32(1.0), jnp.int32(0), jnp.float32(1.0))
+    keys = jax.random.split(jax.random.key(2), 16)
+    args = (logits, keys, jnp.float32(1.0), jnp.int32(0), jnp.float32(1.0))
     general = sample_token(*args, greedy=False, truncated=False)
     plain = sample_token(*args, greedy=False, truncated=False, plain=True)
     np.testing.assert_array_equal(general[0], plain[0])
@@ -127,8 +127,8 @@ def test_plain_path_equals_general_path_at_temperature_one():
 def test_vocab_major_and_row_major_sampling_agree(monkeypatch, mode):
     """Large CPU batches are sampled vocabulary-major, small ones row-major: same tokens, same log-probs."""
     logits = jax.random.normal(jax.random.key(3), (16, 1000)) * 3
-    u = jax.random.uniform(jax.random.key(4), (16,))
-    args = (logits, u, jnp.float32(0.8 if not mode.get("plain") else 1.0), jnp.int32(40), jnp.float32(0.9))
+    keys = jax.random.split(jax.random.key(4), 16)
+    args = (logits, keys, jnp.float32(0.8 if not mode.get("plain") else 1.0), jnp.int32(40), jnp.float32(0.9))
     out = {}
     for rows in (1, 10**6):  # the smallest batch sampled vocabulary-major
         monkeypatch.setattr(logits_module, "_VOCAB_MAJOR_ROWS", rows)
