@@ -83,9 +83,9 @@ def test_estimate_matches_what_jax_measures_on_cpu():
     sampler = Sampler(cfg, mesh, max_prompt_len=PROMPT, max_cache_len=slots)
     prompt = jax.device_put(np.ones((GAMES, PROMPT), np.int32), rules.sharding(("batch", "seq"), (GAMES, PROMPT)))
     row_ids = np.arange(GAMES, dtype=np.uint32)
-    program = sampler._program.lower(sample_params, prompt, prompt, jax.random.key(0), row_ids, np.int32(NEW), np.float32(1.0),
-                                     np.int32(0), np.float32(1.0), np.full((8,), -1, np.int32), slots=slots,
-                                     greedy=False, truncated=False, plain=True).compile()
+    program = sampler._program.lower(sample_params, prompt, prompt, jax.random.key(0), row_ids, np.int32(NEW),
+                                     np.float32(1.0), np.int32(0), np.float32(1.0), np.full((8,), -1, np.int32),
+                                     slots=slots, greedy=False, truncated=False, plain=True).compile()
 
     temp, temp_double = train_temp(MICRO), train_temp(2 * MICRO)
     double = P.estimate(cfg, tc, dataclasses.replace(plan.work, micro_batch=2 * MICRO), plan.mesh, hw).parts

@@ -70,11 +70,13 @@ def dense(x: jax.Array, w: jax.Array, n_in: int = 1, weight_major: bool | None =
     On CPU the product runs as one 2-D matmul of [out, in] and [rows, in]: given several out or in axes
     (the attention projections, [heads, head_dim, embed]), XLA:CPU copied those weights into a
     transposed layout on every many-row call, 670 MB of copies per prefill of a Qwen3-0.6B shape
-    (batch 8 x 64 tokens: 2.85 s before, 2.67 s after; measured). weight_major computes the product as w . x^T (out axes leading), then transposes
-    the small result. XLA's CPU dot runs a few rows (a decode step) much faster that way: the seven
-    products of a Qwen3-0.6B layer take 3.3 ms instead of 5.7 ms at 8 rows (measured; many rows are
-    indifferent). The barrier keeps XLA from folding the transpose back into the product. By default it
-    is used on CPU for products of at most 64 rows.
+    (batch 8 x 64 tokens: 2.85 s before, 2.67 s after; measured).
+
+    weight_major computes the product as w . x^T (out axes leading), then transposes the small result.
+    XLA's CPU dot runs a few rows (a decode step) much faster that way: the seven products of a
+    Qwen3-0.6B layer take 3.3 ms instead of 5.7 ms at 8 rows (measured; many rows are indifferent).
+    The barrier keeps XLA from folding the transpose back into the product. By default it is used on
+    CPU for products of at most 64 rows.
     """
     lead = x.ndim - n_in
     out_shape, rows = w.shape[:w.ndim - n_in], x.shape[:lead]
