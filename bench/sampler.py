@@ -6,6 +6,9 @@ the decode step time against the memory floor (parameter bytes / read bandwidth 
 uses every core the process may run on: on a bigger machine run it under `taskset -c 0,1`. The two
 sides take turns, repeat by repeat, so that a slow spell of a shared machine hits both alike.
 
+On a GPU (JAX's default backend is then the GPU) transformers runs on the GPU too, both sides in bf16
+by default, and the batches grow: the question there is throughput at a trainer's batch sizes.
+
     python bench/sampler.py              # tiny Qwen3 at batch 1, 8, 32, 64 and the 0.6B shape at 1, 8
     python bench/sampler.py --only tiny  # just the tiny model
 """
@@ -15,6 +18,7 @@ import tempfile
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
@@ -23,6 +27,8 @@ from spiral_jax.models import load_pretrained
 from spiral_jax.sampling import Sampler, SamplingParams
 
 torch.set_num_threads(2)
+GPU = jax.default_backend() == "gpu"
+TORCH_DEVICE = "cuda" if GPU else "cpu"
 
 TINY = dict(vocab_size=32000, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
             num_attention_heads=8, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True)
@@ -32,9 +38,16 @@ PROMPT_LEN = 64
 
 
 def read_bandwidth_gbs() -> float:
-    x = np.ones(256 * 2**20 // 4, np.float32)  # 256 MiB
-    x.sum()
-    best = min(_timed(x.sum) for _ in range(5))
+    """Read bandwidth of one plain reduction over 256 MiB (1 GiB on a GPU: past its caches)."""
+    if GPU:
+        x = jnp.ones(2**28, jnp.float32)
+        total = jax.jit(jnp.sum)
+        fn = lambda: total(x).block_until_ready()  # noqa: E731
+    else:
+        x = np.ones(256 * 2**20 // 4, np.float32)
+        fn = x.sum
+    fn()
+    best = min(_timed(fn) for _ in range(5))
     return x.nbytes / best / 1e9
 
 
@@ -44,24 +57,24 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def build(shape: dict, path: str):
+def build(shape: dict, path: str, dtype: str):
     config = transformers.Qwen3Config(**shape, max_position_embeddings=4096)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
     model.save_pretrained(path)
-    cfg, params = load_pretrained(path)
-    return model, cfg, params
+    cfg, params = load_pretrained(path, dtype=jnp.dtype(dtype), compute_dtype=dtype)
+    return model.to(TORCH_DEVICE), cfg, params
 
 
 def hf_generate(model, prompts: np.ndarray, new: int):
     """transformers `generate` for `new` tokens, sampling at temperature 1, warmed up: a callable."""
-    ids = torch.tensor(prompts, dtype=torch.long)
+    ids = torch.tensor(prompts, dtype=torch.long, device=TORCH_DEVICE)
     kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=True, temperature=1.0, top_k=0,
                   top_p=1.0, pad_token_id=0, eos_token_id=None)
 
     def run(**overrides):
         with torch.no_grad():
-            model.generate(ids, **{**kwargs, **overrides})
+            model.generate(ids, **{**kwargs, **overrides}).cpu()  # .cpu() waits for a GPU
     run(max_new_tokens=2, min_new_tokens=2)
     return run
 
@@ -95,14 +108,19 @@ def decode_ms_per_step(sampler, params, new: int) -> float:
     return (times[new] - times[1]) / (new - 1) * 1e3
 
 
-def run(name: str, shape: dict, batches, new: int, repeats: int, bf16: bool):
+def run(name: str, shape: dict, batches, new: int, repeats: int, dtype: str, bf16: bool):
+    """One model: tok/s of both sides per batch. `bf16`: also (once) against transformers in bf16."""
     with tempfile.TemporaryDirectory() as tmp:
-        model, cfg, params = build(shape, tmp)
+        model, cfg, params = build(shape, tmp, dtype)
     sampler = Sampler(cfg)
     rng = np.random.default_rng(0)
-    print(f"\n{name}: {cfg.num_params / 1e6:.1f}M params, prompt {PROMPT_LEN}, {new} new tokens, "
-          f"temperature 1")
-    header = f"{'batch':>6} {'spiral_jax tok/s':>17} {'transformers f32':>17} {'ratio':>7}"
+    ref_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    model.to(ref_dtype)
+    ref_name = "transformers " + ("f32" if dtype == "float32" else "bf16")
+    print(f"\n{name}: {cfg.num_params / 1e6:.1f}M params, {dtype}, prompt {PROMPT_LEN}, {new} new "
+          f"tokens, temperature 1, {jax.devices()[0].device_kind}")
+    header = f"{'batch':>6} {'spiral_jax tok/s':>17} {ref_name:>17} {'ratio':>7}"
+    bf16 = bf16 and dtype != "bfloat16"
     print(header + (f" {'transformers bf16':>18} {'ratio':>7}" if bf16 else ""))
     for batch in batches:
         prompts = rng.integers(1, cfg.vocab_size, (batch, PROMPT_LEN))
@@ -112,30 +130,35 @@ def run(name: str, shape: dict, batches, new: int, repeats: int, bf16: bool):
         line = f"{batch:>6} {ours:>17.1f} {ref:>17.1f} {ours / ref:>6.2f}x"
         if bf16:
             ref16 = batch * new / _timed(hf_generate(model.to(torch.bfloat16), prompts, new))
-            model.float()
+            model.to(ref_dtype)
             line += f" {ref16:>18.1f} {ours / ref16:>6.2f}x"
         print(line, flush=True)
     step = decode_ms_per_step(sampler, params, new)
     bandwidth = read_bandwidth_gbs()  # measured now: a shared machine's bandwidth drifts
-    floor = cfg.num_params * 4 / (bandwidth * 1e9) * 1e3
+    weight_bytes = cfg.num_params * jnp.dtype(dtype).itemsize
+    floor = weight_bytes / (bandwidth * 1e9) * 1e3
     print(f"decode step at batch 1: {step:.2f} ms; memory floor {floor:.2f} ms "
-          f"({cfg.num_params * 4 / 1e6:.0f} MB of fp32 params at {bandwidth:.1f} GB/s); "
+          f"({weight_bytes / 1e6:.0f} MB of {dtype} params at {bandwidth:.1f} GB/s); "
           f"{step / floor:.2f}x the floor (the step reads the weights at "
-          f"{cfg.num_params * 4 / step / 1e6:.1f} GB/s)")
+          f"{weight_bytes / step / 1e6:.1f} GB/s)")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=["tiny", "0.6b"], default=None)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16" if GPU else "float32",
+                        help="compute dtype of both sides (default: bf16 on a GPU, fp32 on a CPU)")
     args = parser.parse_args()
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__}, "
-          f"transformers {transformers.__version__}, {len(os.sched_getaffinity(0))} CPUs for XLA, "
-          f"{torch.get_num_threads()} threads for torch")
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__} on "
+          f"{TORCH_DEVICE}, transformers {transformers.__version__}, {len(os.sched_getaffinity(0))} CPUs "
+          f"for XLA, {torch.get_num_threads()} threads for torch")
+    tiny_batches, big_batches = ([1, 8, 64, 256], [1, 8, 64]) if GPU else ([1, 8, 32, 64], [1, 8])
     if args.only in (None, "tiny"):
-        run("tiny Qwen3", TINY, [1, 8, 32, 64], 64, args.repeats, bf16=False)
+        run("tiny Qwen3", TINY, tiny_batches, 64, args.repeats, args.dtype, bf16=False)
     if args.only in (None, "0.6b"):
-        run("Qwen3-0.6B shape", QWEN3_06B, [1, 8], 32, max(1, args.repeats - 1), bf16=True)
+        run("Qwen3-0.6B shape", QWEN3_06B, big_batches, 32, max(1, args.repeats - 1), args.dtype,
+            bf16=not GPU)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Check the GPU code paths on a machine with one NVIDIA GPU, in about 10 minutes:
+#   1. the model, sampler and train-step tests with JAX on the GPU (the 8-device mesh tests are left
+#      out: they need 8 devices; CI runs them on fake CPU devices),
+#   2. bench/sampler.py: spiral_jax against transformers on the same GPU, both in bf16,
+#   3. the main job (configs/tiny_tictactoe.py) end to end on the GPU.
+# Logs go to $OUT (default /tmp/gpu_check). Run from the repository root with spiral_jax importable
+# (pip install -e '.[cuda,test]', or PYTHONPATH=. where the packages are already there).
+set -u
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
+export XLA_PYTHON_CLIENT_MEM_FRACTION=0.5  # leave room for transformers on the same GPU
+
+nvidia-smi -L
+python3 -c "import jax, torch, transformers; print('jax', jax.__version__, jax.devices(), '| torch', \
+torch.__version__, torch.cuda.is_available(), '| transformers', transformers.__version__)"
+
+section() { echo; echo "=== $1 ($(date +%T))"; }
+
+section "tests on the GPU"
+timeout "${TESTS_S:-200}" python3 -m pytest -q -p no:cacheprovider --durations=5 \
+  tests/models/test_hf_parity.py tests/sampling/test_sampler.py tests/rl/test_train_step.py \
+  -k "not sharded and not reshard" 2>&1 | tee "$OUT/tests.log"
+
+section "bench/sampler.py"
+timeout "${BENCH_S:-200}" python3 bench/sampler.py --repeats 2 2>&1 | grep -v "Writing model" \
+  | tee "$OUT/sampler.log"
+
+section "main job: configs/tiny_tictactoe.py"
+start=$(date +%s)
+timeout "${MAIN_S:-170}" python3 -m spiral_jax.cli train --config configs/tiny_tictactoe.py \
+  --config.out_dir=/tmp/tiny_tictactoe_gpu > "$OUT/main.log" 2>&1
+echo "main job: exit $? after $(( $(date +%s) - start )) s"
+tr '\r' '\n' < "$OUT/main.log" | grep -v -E "^(bootstrap|self-play): " | tail -30
+ls /tmp/tiny_tictactoe_gpu
