@@ -119,7 +119,7 @@ def run(name: str, shape: dict, batches, new: int, repeats: int, dtype: str, bf1
     ref_name = "transformers " + ("f32" if dtype == "float32" else "bf16")
     print(f"\n{name}: {cfg.num_params / 1e6:.1f}M params, {dtype}, prompt {PROMPT_LEN}, {new} new "
           f"tokens, temperature 1, {jax.devices()[0].device_kind}")
-    header = f"{'batch':>6} {'spiral_jax tok/s':>17} {ref_name:>17} {'ratio':>7}"
+    header = f"{'batch':>6} {'spiral_jax tok/s':>17} {ref_name:>18} {'ratio':>7}"
     bf16 = bf16 and dtype != "bfloat16"
     print(header + (f" {'transformers bf16':>18} {'ratio':>7}" if bf16 else ""))
     for batch in batches:
@@ -127,7 +127,7 @@ def run(name: str, shape: dict, batches, new: int, repeats: int, dtype: str, bf1
         best = best_of_interleaved({"ours": jax_generate(sampler, params, prompts, new),
                                     "ref": hf_generate(model, prompts, new)}, repeats)
         ours, ref = (batch * new / best[k] for k in ("ours", "ref"))
-        line = f"{batch:>6} {ours:>17.1f} {ref:>17.1f} {ours / ref:>6.2f}x"
+        line = f"{batch:>6} {ours:>17.1f} {ref:>18.1f} {ours / ref:>6.2f}x"
         if bf16:
             ref16 = batch * new / _timed(hf_generate(model.to(torch.bfloat16), prompts, new))
             model.to(ref_dtype)
