@@ -36,9 +36,14 @@ def test_greedy_matches_transformers_generate(hf_model):
         assert reason == "length"
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _forward(params, cfg, ids):
+    return forward(params, cfg, ids)
+
+
 def _teacher_forced_logits(params, cfg, prompt, tokens):
     ids = np.asarray([prompt + tokens])
-    logits = np.asarray(forward(params, cfg, ids))[0]
+    logits = np.asarray(_forward(params, cfg, ids))[0]
     return logits[len(prompt) - 1:-1]  # logits that predicted each generated token
 
 
