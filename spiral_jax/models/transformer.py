@@ -147,7 +147,7 @@ def _decode_attention(q, k, v, allowed):
 
 
 def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positions, kv_mask, cache,
-           cache_start):
+           cache_start, kv_len):
     """One pre-norm decoder layer. Returns the new residual stream and (possibly updated) cache."""
     dt = x.dtype
     w = lambda name: p[name].astype(dt)  # noqa: E731
@@ -166,9 +166,10 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
         start = (layer, 0, cache_start, 0, 0)
         cache = KVCache(jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), start),
                         jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), start))
-        # Slots past the block hold no keys yet. When the block's place is known at trace time (prefill)
-        # attend over the filled prefix only: a 2k prompt in a 6k cache then scores 2k keys, not 6k.
-        seen = cache_start + x.shape[1] if isinstance(cache_start, int) else cache.k.shape[2]
+        # Slots past the block hold no keys yet, so attention reads the filled prefix only where its
+        # length is static: the caller's kv_len, or the block's end when its place is known at trace
+        # time (prefill). A 2k prompt in a 6k cache then scores 2k keys, not 6k.
+        seen = kv_len or (cache_start + x.shape[1] if isinstance(cache_start, int) else cache.k.shape[2])
         out = attention(q, cache.k[layer, :, :seen].astype(dt), cache.v[layer, :, :seen].astype(dt), q_slots,
                         kv_mask[:, :seen])
     attn = dense(out, w("o"), n_in=2)
@@ -182,11 +183,12 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
 
 
 def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache | None = None,
-            cache_start=0, rules: Rules | None = None):
+            cache_start=0, rules: Rules | None = None, kv_len: int | None = None):
     """Run the layer stack on `tokens` [B, T]; returns (final-normed hidden [B, T, D], cache).
 
     positions [B, T]: RoPE positions. kv_mask [B, S]: which key slots hold real tokens, where S = T
     without a cache and S = cache slots with one (the caller marks the new block's slots too).
+    kv_len (static, with a cache): attend over the first kv_len slots only; no later slot may hold a key.
     """
     dt = jnp.dtype(cfg.compute_dtype)
     # Gather from a table whole along embed (vocab may stay split): gathering rows of an
@@ -198,7 +200,7 @@ def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache
     inv_freq = rope_inv_freq(cfg)
 
     def block(x, p, layer, cache):
-        return _block(cfg, rules, inv_freq, x, p, layer, positions, kv_mask, cache, cache_start)
+        return _block(cfg, rules, inv_freq, x, p, layer, positions, kv_mask, cache, cache_start, kv_len)
 
     if cfg.remat:
         block = jax.checkpoint(block)

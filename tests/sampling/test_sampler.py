@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from spiral_jax.compilation import compile_count
-from spiral_jax.models import forward, load_pretrained
+from spiral_jax.models import KVCache, decoder, forward, load_pretrained
 from spiral_jax.sampling import Sampler, SamplingParams, sample_token
 from spiral_jax.sampling import logits as logits_module
+from spiral_jax.sampling import sampler as sampler_module
 from spiral_jax.sharding import make_mesh
 
 PROMPTS = [[5, 6, 7, 8, 9], [1, 2, 3], list(range(10, 47)), [100] * 17]
@@ -151,6 +152,51 @@ def test_row_is_independent_of_batch(qwen3):
     batch = sampler.generate(params, PROMPTS + PROMPTS, sp, seed=7, row_ids=range(8))
     assert alone.tokens[0] == batch.tokens[2]
     assert batch.tokens[2] != batch.tokens[6], "different row ids should sample differently"
+
+
+def test_attention_windows_grow_to_the_whole_cache():
+    windows = sampler_module.attention_windows
+    assert windows(64, 64 + 128) == [192]  # budgets up to 256 new tokens: one stage
+    assert windows(64, 64 + 256) == [320]
+    assert windows(64, 64 + 512) == [320, 576]
+    assert windows(2048, 2048 + 4096) == [2304, 3072, 6144]
+
+
+def test_decode_step_reads_only_its_window(qwen3):
+    """NaN values past kv_len never reach the output; without kv_len the whole cache is read."""
+    cfg, params = qwen3
+    cache = KVCache.zeros(cfg, 1, 64)
+    poisoned = KVCache(cache.k, cache.v.at[:, :, 32:].set(jnp.nan))
+    mask = jnp.zeros((1, 64), bool).at[:, :5].set(True)
+
+    @functools.partial(jax.jit, static_argnums=1)
+    def step(cache, kv_len):
+        hidden, _ = decoder(params, cfg, jnp.array([[7]]), jnp.array([[4]]), mask, cache, jnp.int32(4),
+                            kv_len=kv_len)
+        return hidden
+
+    assert np.isfinite(step(poisoned, 32)).all()
+    assert not np.isfinite(step(poisoned, None)).any()
+
+
+def test_staged_decode_equals_one_stage(qwen3, monkeypatch):
+    """300 new tokens run as two stages (256 + 512 new-token windows): the same tokens and log-probs
+    as attending over the whole cache at every step, and still the teacher-forced log-probs."""
+    cfg, params = qwen3
+    prompts = PROMPTS[:2]
+    for sp in (SamplingParams(max_new_tokens=300, temperature=1.0), SamplingParams(max_new_tokens=300,
+                                                                                   greedy=True)):
+        staged = Sampler(cfg).generate(params, prompts, sp, seed=4)
+        with monkeypatch.context() as m:
+            m.setattr(sampler_module, "_FIRST_WINDOW", 10**6)
+            whole = Sampler(cfg).generate(params, prompts, sp, seed=4)
+        assert [len(t) for t in staged.tokens] == [300, 300]
+        assert staged.tokens == whole.tokens
+        for a, b in zip(staged.logprobs + staged.raw_logprobs, whole.logprobs + whole.raw_logprobs):
+            np.testing.assert_allclose(a, b, atol=1e-6)
+    logits = _teacher_forced_logits(params, cfg, prompts[0], staged.tokens[0])
+    expected = jax.nn.log_softmax(logits, -1)[np.arange(300), staged.tokens[0]]
+    np.testing.assert_allclose(staged.raw_logprobs[0], expected, atol=1e-5)
 
 
 def test_stop_tokens_and_finish_reason(qwen3):
