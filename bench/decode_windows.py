@@ -4,8 +4,9 @@ RL rollouts ask for a large new-token budget (4096 in the paper's configs) while
 a few hundred tokens. The sampler's decode attention reads only the filled part of the cache, in stages
 of static size (`attention_windows`); this compares it with one stage over the whole cache (the
 sampler before the stages). The model has the tiny Qwen3's layers (4 x 256, 8 heads, 2 KV heads) and a
-512-token vocabulary with 8 stop tokens, so sampling at temperature 1 ends a row after about 64 tokens
-on average and a batch of 32 after a few hundred: the shape of a rollout, not of a throughput test.
+512-token vocabulary with 8 stop tokens, so sampling at temperature 1 ends a row after about a hundred
+tokens (93 on average when measured) and a batch of 32 after a few hundred: the shape of a rollout,
+not of a throughput test.
 The first call's time (compile included) shows what the extra stages cost in compilation.
 
     python bench/decode_windows.py
@@ -45,12 +46,14 @@ def main():
         sp = SamplingParams(max_new_tokens=budget, temperature=1.0, stop_token_ids=STOP)
         first_window = sampler_module._FIRST_WINDOW
         runs, first = {}, {}  # "whole": traced with a first window past any budget, so one stage over the cache
-        for name, sampler, window in (("staged", Sampler(CFG), first_window), ("whole", Sampler(CFG), 10**9)):
-            sampler_module._FIRST_WINDOW = window  # read when the program is traced, on the first call
-            start = time.perf_counter()
-            runs[name] = (sampler, sampler.generate(params, rows, sp, seed=0))
-            first[name] = time.perf_counter() - start
-        sampler_module._FIRST_WINDOW = first_window
+        try:
+            for name, sampler, window in (("staged", Sampler(CFG), first_window), ("whole", Sampler(CFG), 10**9)):
+                sampler_module._FIRST_WINDOW = window  # read when the program is traced, on the first call
+                start = time.perf_counter()
+                runs[name] = (sampler, sampler.generate(params, rows, sp, seed=0))
+                first[name] = time.perf_counter() - start
+        finally:
+            sampler_module._FIRST_WINDOW = first_window
         assert runs["staged"][1].tokens == runs["whole"][1].tokens, "the stages changed the tokens"
         best = dict.fromkeys(runs, float("inf"))
         for repeat in range(args.repeats):  # the two take turns, so a slow spell hits both
