@@ -227,8 +227,17 @@ class Sampler:
         prompt = np.zeros((batch, plen), np.int32)
         mask = np.zeros((batch, plen), np.int32)
         for i, p in enumerate(prompts):
-            prompt[i, plen - len(p):] = p
+            prompt[i, plen - len(p):] = np.clip(p, -1, self.cfg.vocab_size)  # no int32 overflow
             mask[i, plen - len(p):] = 1
+        # JAX's gather clamps an out-of-range id to the table's edge: the model would silently read the
+        # wrong token, usually because the tokenizer belongs to another model.
+        vocab = self.cfg.vocab_size
+        bad_rows = np.flatnonzero(((prompt < 0) | (prompt >= vocab)).any(1))
+        if len(bad_rows):
+            i = int(bad_rows[0])
+            token = next(t for t in prompts[i] if not 0 <= t < vocab)
+            raise ValueError(f"prompt {i} has token id {token}, outside the model's vocabulary [0, {vocab}); "
+                             f"check that the tokenizer belongs to this model")
         mask[n:, -1] = 1  # padding rows: one dummy token, so every row has a real last position
         ids = np.arange(n) if row_ids is None else np.asarray(row_ids)
         if len(ids) != n:

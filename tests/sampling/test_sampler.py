@@ -249,6 +249,12 @@ def test_clear_errors(qwen3):
         sampler.generate(params, [[1], []], sp)
     with pytest.raises(ValueError, match="prompt 0 has 65 tokens, more than max_prompt_len=64"):
         sampler.generate(params, [[1] * 65], sp)
+    with pytest.raises(ValueError, match=rf"prompt 1 has token id {cfg.vocab_size}, outside the model's vocabulary"):
+        sampler.generate(params, [[1, 2], [3, cfg.vocab_size]], sp)
+    with pytest.raises(ValueError, match="prompt 0 has token id -1"):
+        sampler.generate(params, [[-1, 2]], sp)
+    with pytest.raises(ValueError, match=f"prompt 0 has token id {2**40}"):  # past int32 too
+        sampler.generate(params, [[1, 2**40]], sp)
     with pytest.raises(ValueError, match="max_new_tokens=100 does not fit the KV cache"):
         sampler.generate(params, [[1] * 40], SamplingParams(max_new_tokens=100))
     with pytest.raises(ValueError, match="temperature must be > 0"):
