@@ -112,6 +112,27 @@ def abstract_params(cfg: ModelConfig, dtype=jnp.float32, rules: Rules | None = N
         s.shape, dtype, sharding=None if rules is None else rules.sharding(s.axes, s.shape)), cfg)
 
 
+def check_params(cfg: ModelConfig, params) -> None:
+    """Raise a ValueError naming the first parameter whose presence or shape does not fit `cfg`.
+
+    Without this check a parameter tree of another model size can run without any error: the decoder
+    loops over whatever layers it is given and the KV cache clamps out-of-range layer indices.
+    """
+    expected = {jax.tree_util.keystr(k): s.shape for k, s in jax.tree_util.tree_leaves_with_path(
+        param_specs(cfg), is_leaf=is_spec)}
+    got = {jax.tree_util.keystr(k): tuple(np.shape(x)) for k, x in jax.tree_util.tree_leaves_with_path(params)}
+    hint = ("the parameters do not belong to this model config; load both from the same checkpoint "
+            "(spiral_jax.models.load_pretrained returns the pair)")
+    for name, shape in expected.items():
+        if name not in got:
+            raise ValueError(f"parameter {name} (shape {shape}) is missing: {hint}")
+        if got[name] != shape:
+            raise ValueError(f"parameter {name} has shape {got[name]}, the config expects {shape}: {hint}")
+    for name in got:
+        if name not in expected:
+            raise ValueError(f"parameter {name} is not part of this model: {hint}")
+
+
 def init_params(cfg: ModelConfig, rng: jax.Array, mesh=None, dtype=jnp.float32, rules: str = "train",
                 std: float = 0.02):
     """Random parameters (normal(0, std) matrices, unit norms, zero biases) built in their shardings."""

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spiral_jax.models.config import ModelConfig
-from spiral_jax.models.params import param_shardings
+from spiral_jax.models.params import check_params, param_shardings
 from spiral_jax.models.transformer import KVCache, decoder, unembed
 from spiral_jax.sampling.logits import sample_token
 from spiral_jax.sharding import Rules
@@ -221,6 +221,7 @@ class Sampler:
                  seed: int = 0, row_ids: Sequence[int] | None = None) -> SampleOutput:
         """Sample a continuation of every prompt. row_ids (default 0..n-1) key each row's randomness."""
         sp = sampling_params
+        check_params(self.cfg, params)
         plen, slots = self._validate(prompts, sp)
         n = len(prompts)
         batch = batch_bucket(n, self.min_batch_bucket)

@@ -255,6 +255,14 @@ def test_clear_errors(qwen3):
         sampler.generate(params, [[-1, 2]], sp)
     with pytest.raises(ValueError, match=f"prompt 0 has token id {2**40}"):  # past int32 too
         sampler.generate(params, [[1, 2**40]], sp)
+    # Parameters of another model size must not run: extra layers would silently clamp into the cache.
+    with pytest.raises(ValueError, match=r"parameter \['layers'\]\[2\]\['\w+'\] is not part of this model"):
+        sampler.generate({**params, "layers": params["layers"] + [params["layers"][0]]}, [[1]], sp)
+    narrow = jax.tree.map(lambda x: x[..., :-1] if x.ndim == 2 else x, params)
+    with pytest.raises(ValueError, match=r"parameter \['embed'\] has shape \(\d+, \d+\), the config expects"):
+        sampler.generate(narrow, [[1]], sp)
+    with pytest.raises(ValueError, match=r"parameter \['final_norm'\] \(shape \(\d+,\)\) is missing"):
+        sampler.generate({k: v for k, v in params.items() if k != "final_norm"}, [[1]], sp)
     with pytest.raises(ValueError, match="max_new_tokens=100 does not fit the KV cache"):
         sampler.generate(params, [[1] * 40], SamplingParams(max_new_tokens=100))
     with pytest.raises(ValueError, match="temperature must be > 0"):
