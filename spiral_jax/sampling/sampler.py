@@ -206,6 +206,13 @@ class Sampler:
             if len(p) > self.max_prompt_len:
                 raise ValueError(f"prompt {i} has {len(p)} tokens, more than max_prompt_len="
                                  f"{self.max_prompt_len}; shorten it or raise max_prompt_len")
+            # JAX's gather clamps an out-of-range id to the table's edge: the model would silently read
+            # the wrong token, usually because the tokenizer belongs to another model.
+            ids = np.asarray(p)
+            if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
+                token = next(t for t in p if not 0 <= t < self.cfg.vocab_size)
+                raise ValueError(f"prompt {i} has token id {token}, outside the model's vocabulary "
+                                 f"[0, {self.cfg.vocab_size}); check that the tokenizer belongs to this model")
         longest = max(len(p) for p in prompts)
         plen = bucket_length(longest, self.min_prompt_bucket)
         slots = cache_slots(plen, sp.max_new_tokens)
@@ -228,17 +235,8 @@ class Sampler:
         prompt = np.zeros((batch, plen), np.int32)
         mask = np.zeros((batch, plen), np.int32)
         for i, p in enumerate(prompts):
-            prompt[i, plen - len(p):] = np.clip(p, -1, self.cfg.vocab_size)  # no int32 overflow
+            prompt[i, plen - len(p):] = p
             mask[i, plen - len(p):] = 1
-        # JAX's gather clamps an out-of-range id to the table's edge: the model would silently read the
-        # wrong token, usually because the tokenizer belongs to another model.
-        vocab = self.cfg.vocab_size
-        bad_rows = np.flatnonzero(((prompt < 0) | (prompt >= vocab)).any(1))
-        if len(bad_rows):
-            i = int(bad_rows[0])
-            token = next(t for t in prompts[i] if not 0 <= t < vocab)
-            raise ValueError(f"prompt {i} has token id {token}, outside the model's vocabulary [0, {vocab}); "
-                             f"check that the tokenizer belongs to this model")
         mask[n:, -1] = 1  # padding rows: one dummy token, so every row has a real last position
         ids = np.arange(n) if row_ids is None else np.asarray(row_ids)
         if len(ids) != n:
