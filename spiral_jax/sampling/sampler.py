@@ -153,7 +153,7 @@ class Sampler:
                 cache = KVCache(*(jax.lax.with_sharding_constraint(
                     c, rules.sharding(("layers", "batch", "seq", "kv_heads", "head_dim"), c.shape))
                     for c in cache))
-            hidden, cache = decoder(params, cfg, prompt, positions, kv_mask, cache, 0, rules)
+            hidden, cache = decoder(params, cfg, prompt, positions, kv_mask, cache, 0, rules, last_only=True)
             token, lp, raw = pick(unembed(params, cfg, hidden[:, -1]), step_keys(0))
 
             out = jnp.zeros((batch, budget), jnp.int32).at[:, 0].set(token)

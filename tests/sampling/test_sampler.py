@@ -179,6 +179,29 @@ def test_decode_step_reads_only_its_window(qwen3):
     assert not np.isfinite(step(poisoned, None)).any()
 
 
+@pytest.mark.parametrize("remat", [False, True])
+def test_prefill_of_the_last_position_only(qwen3, remat):
+    """last_only: the same cache and the same last hidden state as running every position through
+    every layer, while the last layer carries on with one position (a [B, 1, D] result)."""
+    cfg, params = qwen3
+    cfg = cfg.replace(remat=remat)
+    ids = jnp.array([[0, 0, 5, 9, 14, 3, 8, 2], [4, 11, 7, 1, 9, 9, 6, 13]])
+    mask = ids > 0
+    kv_mask = jnp.zeros((2, 16), bool).at[:, :8].set(mask)
+    positions = jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def prefill(last_only):
+        return decoder(params, cfg, ids, positions, kv_mask, KVCache.zeros(cfg, 2, 16), 0, last_only=last_only)
+
+    (full, full_cache), (last, last_cache) = prefill(False), prefill(True)
+    assert full.shape[1] == 8 and last.shape[1] == 1
+    np.testing.assert_allclose(last[:, 0], full[:, -1], atol=1e-5)
+    assert np.abs(np.asarray(full[:, -1])).max() > 0.1
+    for a, b in zip(last_cache, full_cache):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_staged_decode_equals_one_stage(qwen3, monkeypatch):
     """300 new tokens run as two stages (256 + 512 new-token windows): the same tokens and log-probs
     as attending over the whole cache at every step, and still the teacher-forced log-probs."""
