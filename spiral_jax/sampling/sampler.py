@@ -254,6 +254,7 @@ class Sampler:
             np.int32(sp.top_k), np.float32(sp.top_p), stop, slots=slots, greedy=sp.greedy,
             truncated=truncated, plain=not sp.greedy and not truncated and sp.temperature == 1.0)
         out, lp, raw, lengths = jax.device_get((out, lp, raw, lengths))
+        _check_finite(raw[:n], lengths[:n])
         result = SampleOutput([], [], [], [])
         for i in range(n):
             k = int(lengths[i])
@@ -263,3 +264,14 @@ class Sampler:
             stopped = k > 0 and int(out[i, k - 1]) in sp.stop_token_ids
             result.finish_reasons.append("stop" if stopped else "length")
         return result
+
+
+def _check_finite(raw_logprobs: np.ndarray, lengths: np.ndarray) -> None:
+    """Non-finite logits would otherwise come back as tokens past the vocabulary with NaN log-probs."""
+    bad = ~np.isfinite(raw_logprobs) & (np.arange(raw_logprobs.shape[1]) < lengths[:, None])
+    if bad.any():
+        row, step = np.argwhere(bad)[0]
+        raise FloatingPointError(
+            f"the model's logits are NaN or infinite (prompt {row}, new token {step}): the parameters hold "
+            f"NaN/inf values or overflow the compute dtype; check the checkpoint, or the update that "
+            f"produced these parameters")

@@ -299,6 +299,12 @@ def test_clear_errors(qwen3):
         sampler.generate(narrow, [[1]], sp)
     with pytest.raises(ValueError, match=r"parameter \['final_norm'\] \(shape \(\d+,\)\) is missing"):
         sampler.generate({k: v for k, v in params.items() if k != "final_norm"}, [[1]], sp)
+    # NaN weights (a corrupt checkpoint) gave tokens past the vocabulary with NaN log-probs.
+    broken = {**params, "layers": [{**params["layers"][0], "q": params["layers"][0]["q"].at[0, 0, 0].set(jnp.nan)},
+                                   *params["layers"][1:]]}
+    for broken_sp in (sp, SamplingParams(max_new_tokens=8, greedy=True)):
+        with pytest.raises(FloatingPointError, match="logits are NaN or infinite .prompt 0, new token 0."):
+            sampler.generate(broken, [[1, 2, 3]], broken_sp)
     with pytest.raises(ValueError, match="max_new_tokens=100 does not fit the KV cache"):
         sampler.generate(params, [[1] * 40], SamplingParams(max_new_tokens=100))
     with pytest.raises(ValueError, match="temperature must be > 0"):
