@@ -5,7 +5,8 @@ length bucket, the batch to a power-of-two batch bucket, and the new-token budge
 cache bucket. Prefill runs the model's own `decoder` over the prompt block and writes the cache;
 decoding is a `lax.while_loop` that feeds one token per row per step and exits as soon as every row
 has stopped. The cache lives inside the program, so XLA updates it in place. Only the last
-position's logits are ever formed: there is no [batch, length, vocab] buffer.
+position's logits are ever formed: there is no [batch, length, vocab] buffer, and the prefill's last
+layer carries on with the last position only once it has cached every position's keys and values.
 
 Decode attention reads only the part of the cache filled so far, in stages of static size: with a
 4096-token budget the loop runs as three `while_loop`s that attend over the prompt plus 256, 1024
