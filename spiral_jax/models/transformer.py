@@ -147,7 +147,7 @@ def _decode_attention(q, k, v, allowed):
 
 
 def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positions, kv_mask, cache,
-           cache_start, kv_len, last_only=False):
+           cache_start, kv_len, last_only):
     """One pre-norm decoder layer. Returns the new residual stream and (possibly updated) cache.
 
     last_only: after writing the block's keys and values to the cache, carry on with its last position
@@ -225,7 +225,7 @@ def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache
         (x, cache), _ = jax.lax.scan(step, (x, cache), (params["layers"], jnp.arange(cfg.num_layers)))
     else:
         for layer, p in enumerate(params["layers"]):
-            x, cache = block(x, p, layer, cache, last_only and cache is not None and layer == cfg.num_layers - 1)
+            x, cache = block(x, p, layer, cache, last_only and layer == cfg.num_layers - 1)
     return rms_norm(x, params["final_norm"], cfg.rms_norm_eps), cache
 
 
