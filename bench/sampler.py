@@ -41,19 +41,21 @@ PROMPT_LEN = 64
 def read_bandwidth_gbs() -> float:
     """Read bandwidth of the machine: the best of plain reductions over 256 MiB (1 GiB on a GPU: past
     its caches). On CPU every core reads at once, as the decode step's two threads do: torch's
-    multi-threaded sum, and numpy's in one thread per CPU. One numpy thread reads at about 60% of what
-    two cores can (24 against 35-59 GB/s on this machine, measured), which would put the floor too high.
+    multi-threaded sum, and numpy's in one thread per CPU. One numpy thread reads at about 2/3 of what
+    two cores can (24 against 34-37 GB/s on this machine, measured), which would put the floor too high.
     """
-    if GPU:
-        x = jnp.ones(2**28, jnp.float32)
-        total = jax.jit(jnp.sum)
-        return x.nbytes / min(_timed(lambda: total(x).block_until_ready()) for _ in range(5)) / 1e9
-    x = np.ones(256 * 2**20 // 4, np.float32)
-    parts = np.array_split(x, len(os.sched_getaffinity(0)))
-    with ThreadPoolExecutor(len(parts)) as pool:
-        readers = [torch.from_numpy(x).sum, lambda: list(pool.map(np.sum, parts))]
+    cpus = len(os.sched_getaffinity(0))
+    with ThreadPoolExecutor(cpus) as pool:
+        if GPU:
+            x = jnp.ones(2**28, jnp.float32)
+            total = jax.jit(jnp.sum)
+            readers = [lambda: total(x).block_until_ready()]
+        else:
+            x = np.ones(256 * 2**20 // 4, np.float32)
+            parts = np.array_split(x, cpus)
+            readers = [torch.from_numpy(x).sum, lambda: list(pool.map(np.sum, parts))]
         for read in readers:
-            read()
+            read()  # warm up (compile, page in)
         return x.nbytes / min(_timed(read) for read in readers for _ in range(5)) / 1e9
 
 
