@@ -1,4 +1,9 @@
-"""A process-wide count of XLA compilations, so tests and logs can prove a hot loop never recompiles."""
+"""A process-wide count of XLA compilations, so tests and logs can prove a hot loop never recompiles.
+
+JAX reports a backend compile for every executable it builds, also one it loads from the persistent
+compilation cache (`jax_compilation_cache_dir`) instead: either way the in-memory jit cache missed,
+which is what a hot loop must never do (tests/test_compilation.py checks both).
+"""
 from __future__ import annotations
 
 import threading

@@ -22,6 +22,7 @@ from ml_collections import ConfigDict
 from tqdm import tqdm
 
 from spiral_jax.checkpoint import Checkpointer
+from spiral_jax.compilation import compile_count
 from spiral_jax.config import build_model, build_tokenizer
 from spiral_jax.distributed import host_local_mesh, initialize, is_leader, to_host_local
 from spiral_jax.envs import make
@@ -204,6 +205,7 @@ class Trainer:
 
     def train_step(self) -> dict:
         t0 = time.perf_counter()
+        executables0 = compile_count()
         sample_params = self.to_sampler(self.state.params)
         jax.block_until_ready(sample_params)
         t_handover = time.perf_counter() - t0
@@ -244,6 +246,8 @@ class Trainer:
             "time/step": time.perf_counter() - t0, "time/sampling": t_sample,
             "time/env": t_rollout - t_sample, "time/update": t_update, "time/handover": t_handover,
             "throughput/sampled_tokens_per_s": generated / max(t_sample, 1e-9),
+            # Nonzero after the first steps means a shape is not bucketed and a program recompiles.
+            "compile/new_executables": compile_count() - executables0,
         })
         metrics.update(baseline_metrics(self.rae_state))
         return metrics

@@ -56,6 +56,8 @@ def test_three_steps_in_every_mode(tmp_path, changes):
     for tag in ("train/loss", "train/grad_norm", "train/entropy", "rollout/valid_action_rate",
                 "time/sampling", "time/update", "throughput/sampled_tokens_per_s"):
         assert len(scalars[tag]) == 3 and all(np.isfinite(v) for _, v in scalars[tag])
+    assert [step for step, _ in scalars["compile/new_executables"]] == [1, 2, 3]
+    assert scalars["compile/new_executables"][0][1] > 0  # the first step compiles (or loads) its programs
     assert any(t.startswith("rae/baseline/") for t in scalars)
     assert any(t.startswith("eval/") for t in scalars)
     assert list((tmp_path / "run" / "eval" / "step3").glob("*.jsonl"))  # eval transcripts
