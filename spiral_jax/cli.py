@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 
 from absl import flags
-from ml_collections import config_flags
+from ml_collections import ConfigDict, config_flags
 
 from spiral_jax.models.config import CheckpointError
 from spiral_jax.sharding import MeshError
@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     except flags.Error as e:
         print(f"spiral-jax {command}: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # overrides applied to a config file that could not be read
+        return _unreadable_config(command, e)
     except (AttributeError, KeyError) as e:  # ml_collections: a key the config does not have
         message = str(e).strip("'\"").replace("\\n", " ").replace("\n", " ")
         print(f"spiral-jax {command}: unknown config key in an override: {message}", file=sys.stderr)
@@ -87,11 +89,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"spiral-jax {command}: --config is required (e.g. --config configs/tiny_tictactoe.py)",
               file=sys.stderr)
         return 2
+    if not isinstance(FLAGS.config, ConfigDict):  # ml_collections defers the error until first use
+        return _unreadable_config(command, vars(FLAGS.config).get("_error"))
     try:
         return _run(command, FLAGS.config)
     except (CheckpointError, MeshError, FileNotFoundError, ValueError) as e:
         print(f"spiral-jax {command}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
+
+
+def _unreadable_config(command: str, error: Exception | None) -> int:
+    reason = str(error).strip().splitlines()[-1].strip() if error else "unknown error"
+    print(f"spiral-jax {command}: cannot load the config file ({reason}); pass a Python file with a "
+          f"get_config() function, e.g. --config configs/tiny_tictactoe.py (the presets are in configs/)",
+          file=sys.stderr)
+    return 2
 
 
 def _plan(c) -> int:

@@ -166,6 +166,14 @@ def test_bad_config_key_is_an_error(tmp_path, capsys):
     assert code == 2 and "stepz" in capsys.readouterr().err
 
 
+def test_missing_config_file_is_an_error(tmp_path, capsys):
+    for extra in ([], ["--config.train.steps=3"]):
+        code = cli_main(["spiral-jax", "train", f"--config={tmp_path}/no_such_config.py", *extra])
+        err = capsys.readouterr().err
+        assert code == 2 and "cannot load the config file" in err and "no_such_config.py" in err
+        assert "Traceback" not in err
+
+
 def test_unknown_env_id(tmp_path):
     with pytest.raises(ValueError, match="Chess-v0.*TicTacToe-v0"):
         Trainer(tiny_config(tmp_path, **{"games.env_ids": ("Chess-v0",)}))
