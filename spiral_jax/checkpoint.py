@@ -4,15 +4,34 @@ One checkpoint per saved step holds `state` (parameters, optimiser state, counte
 parameter snapshots, when the opponent pool is used) and `meta` (RAE baselines, the step, the RNG seed,
 the pool's steps and the config). Saves are asynchronous; the manager keeps the newest `keep`.
 Restoring builds every array directly in the sharding of the running job's state.
+
+A save that finds its disk full raises `DiskFullError` saying where and what to do. Orbax writes each
+step to a temporary directory and renames it when complete, so the checkpoints already there stay
+whole; a leftover temporary directory is removed when the next run opens the folder.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
+import shutil
 from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
 
 from spiral_jax.models.params import PARAM_LAYOUT
+
+
+class DiskFullError(OSError):
+    """A checkpoint could not be written because the disk holding it is full."""
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether `error` says a disk is full: an OSError's errno, or the text of a tensorstore error
+    (orbax reports those as ValueError: RESOURCE_EXHAUSTED ... No space left on device)."""
+    if getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return any(text in str(error) for text in ("No space left on device", "Disk quota exceeded"))
 
 
 def _abstract(tree):
@@ -23,9 +42,11 @@ class Checkpointer:
     def __init__(self, directory: str | Path, keep: int = 3, async_save: bool = True):
         # Cloud storage (gs://...) as it is: multi-host jobs need a directory every host can reach.
         self.directory = str(directory) if "://" in str(directory) else Path(directory).absolute()
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, cleanup_tmp_directories=True,
                                                enable_async_checkpointing=async_save)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._async = async_save
+        self._pending: int | None = None  # the step an async save may still be writing
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -35,7 +56,33 @@ class Checkpointer:
         items = dict(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         if pool:
             items["pool"] = ocp.args.StandardSave(list(pool))
-        self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+        # An async save fails in the background; its error comes up at the next call.
+        with self._full_disk_reported(self._pending):
+            self._manager.check_for_errors()
+        with self._full_disk_reported(step if self._pending is None else f"{self._pending} or {step}"):
+            self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+        self._pending = step if self._async else None
+
+    @contextlib.contextmanager
+    def _full_disk_reported(self, step: int | str | None):
+        try:
+            yield
+        except Exception as e:
+            if not is_disk_full(e):
+                raise
+            raise DiskFullError(errno.ENOSPC, self._disk_full_message(step)) from e
+
+    def _disk_full_message(self, step: int | str | None) -> str:
+        what = "a checkpoint" if step is None else f"the checkpoint of step {step}"
+        where, free, complete = str(self.directory), "", []
+        if isinstance(self.directory, Path):
+            free = f", {shutil.disk_usage(self.directory).free / 2**20:.1f} MiB free"
+            complete = sorted(int(d.name) for d in self.directory.iterdir() if d.name.isdigit())
+        newest = f"the newest complete checkpoint, step {complete[-1]}" if complete else \
+            "no complete checkpoint yet: the run starts over"
+        return (f"{what} could not be written: the disk holding {where} is full{free}. Free space there or "
+                f"lower train.keep (checkpoints kept) or move out_dir to a bigger disk, then run again with "
+                f"--resume ({newest})")
 
     def restore(self, step: int | None, like_state, like_params) -> tuple[object, list, dict]:
         """(state, pool, meta) of `step` (default: the latest), shaped and sharded like the arguments."""
@@ -55,8 +102,12 @@ class Checkpointer:
         return restored["state"], list(restored.get("pool") or []), meta
 
     def wait(self) -> None:
-        self._manager.wait_until_finished()
+        with self._full_disk_reported(self._pending):
+            self._manager.wait_until_finished()
+        self._pending = None
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
-        self._manager.close()
+        try:
+            self.wait()
+        finally:
+            self._manager.close()

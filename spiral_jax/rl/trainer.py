@@ -313,8 +313,10 @@ class Trainer:
         finally:
             for s, h in handlers.items():
                 signal.signal(s, h)
-            self.ckpt.close()
-            self.writer.close()
+            try:
+                self.ckpt.close()  # waits for an async save, which may fail (a full disk) only now
+            finally:
+                self.writer.close()
 
     def table(self, results) -> str:
         lines = [f"\nfinal evaluation after {self.step} steps (temperature {self.c.eval.temperature}, "

@@ -174,6 +174,37 @@ def test_missing_config_file_is_an_error(tmp_path, capsys):
         assert "Traceback" not in err
 
 
+def test_full_disk_is_a_clear_error_and_loses_no_checkpoint(tmp_path, capsys, monkeypatch):
+    import errno
+
+    import orbax.checkpoint as ocp
+
+    from spiral_jax.checkpoint import is_disk_full
+
+    assert is_disk_full(OSError(errno.ENOSPC, "No space left on device"))
+    assert not is_disk_full(OSError(errno.EACCES, "Permission denied")) and not is_disk_full(ValueError("x"))
+    save = ocp.CheckpointManager.save
+
+    def save_until_the_disk_fills(manager, step, *args, **kwargs):
+        if step >= 2:  # what orbax raises on a full disk (tensorstore's error, seen on a full tmpfs)
+            raise ValueError("RESOURCE_EXHAUSTED: Error writing \"opt_state\" in OCDBT database: Failed to "
+                             "write 71569 bytes to file 15: No space left on device [os_error_code='28']")
+        return save(manager, step, *args, **kwargs)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", save_until_the_disk_fills)
+    config = tmp_path / "cfg.py"
+    config.write_text(
+        "from tests.trainer.test_trainer import tiny_config\n"
+        "from pathlib import Path\n"
+        f"def get_config():\n    return tiny_config(Path({str(tmp_path)!r}), **{{'train.checkpoint_every': 1}})\n")
+    assert cli_main(["spiral-jax", "train", f"--config={config}"]) == 1
+    err = capsys.readouterr().err
+    assert "the checkpoint of step 2 could not be written" in err and "is full" in err
+    assert "--resume (the newest complete checkpoint, step 1)" in err
+    monkeypatch.setattr(ocp.CheckpointManager, "save", save)  # space freed
+    assert Trainer(tiny_config(tmp_path), resume=True, log=lambda *_: None).step == 1
+
+
 def test_unknown_env_id(tmp_path):
     with pytest.raises(ValueError, match="Chess-v0.*TicTacToe-v0"):
         Trainer(tiny_config(tmp_path, **{"games.env_ids": ("Chess-v0",)}))
