@@ -12,7 +12,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from spiral_jax.models.config import CheckpointError, ModelConfig
@@ -22,6 +22,14 @@ from spiral_jax.sharding import Rules
 
 # Tensors some checkpoints carry that the model does not need.
 _IGNORED = re.compile(r"(.*rotary_emb\.inv_freq$)")
+
+
+def _open_safetensors(file: Path):
+    try:
+        return safe_open(file, "np")
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{file} is not a readable safetensors file ({e}); it is probably a partial "
+                              f"download or copy: download or export the checkpoint again") from None
 
 
 class _SafetensorsReader:
@@ -37,9 +45,7 @@ class _SafetensorsReader:
                 raise CheckpointError(f"{index} is malformed ({e!r}); it needs a 'weight_map'") from None
             self.files = {name: path / f for name, f in weight_map.items()}
         elif single.exists():
-            self.files = {}
-            with safe_open(single, "np") as f:
-                self.files = {name: single for name in f.keys()}
+            self.files = {name: single for name in _open_safetensors(single).keys()}
         else:
             raise CheckpointError(
                 f"no model.safetensors or model.safetensors.index.json in {path}; spiral_jax reads "
@@ -52,7 +58,7 @@ class _SafetensorsReader:
     def _open(self, name: str):
         file = self.files[name]
         if file not in self._handles:
-            self._handles[file] = safe_open(file, "np")
+            self._handles[file] = _open_safetensors(file)
         return self._handles[file]
 
     def shape(self, name: str) -> tuple[int, ...]:

@@ -136,6 +136,16 @@ def test_missing_weights_file(hf_model, tmp_path):
         load_pretrained(ckpt)
 
 
+def test_truncated_or_damaged_weights_file(hf_model, tmp_path):
+    ckpt = _copy(hf_model[1], tmp_path)
+    weights = ckpt / "model.safetensors"
+    data = weights.read_bytes()
+    for damaged in (data[:len(data) // 2], b"\xff" * 16 + data[16:], b""):
+        weights.write_bytes(damaged)
+        with pytest.raises(CheckpointError, match="model.safetensors is not a readable safetensors file.*again"):
+            load_pretrained(ckpt)
+
+
 def test_mesh_that_does_not_fit():
     with pytest.raises(MeshError, match="does not fit 8 devices"):
         make_mesh(data=3, fsdp=-1)
