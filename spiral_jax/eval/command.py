@@ -4,8 +4,8 @@ Options come as attributes of `args` (the CLI's absl FLAGS, or any namespace in 
 suite ("games", "transfer", "kuhn", "crossplay", "bench"), games (per pair; 0: eval.final_games),
 eval_out (default <out_dir>/eval), opponents and env_ids (lists; default the config's), players
 (crossplay: HF folders, "name=path" or "path"), crossplay_env, kuhn_samples (0: exact scoring),
-bench ("NAME=file.jsonl", or "NAME" to download it from the hub first), samples, shots_file, shots,
-limit (0: all items).
+bench ("NAME=file.jsonl", "file.jsonl" named after the file, or "NAME" to download it from the hub
+first), samples, shots_file, shots, limit (0: all items).
 """
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ def run_eval(ctx: suite.EvalContext, c, args) -> str:
                 opponents.append(spec)
             else:  # a model folder
                 name, path = _named(spec)
+                if not Path(path).is_dir():
+                    raise FileNotFoundError(f"--opponents {spec}: not random, scripted or self, and no model "
+                                            f"folder {path} exists (name=path/to/hf_folder for a model)")
                 extra[name] = ctx.load_weights(path)
                 opponents.append(name)
         results = suite.run_games(ctx, out, args.env_ids or c.games.env_ids, opponents, n, extra)
@@ -54,6 +57,10 @@ def run_eval(ctx: suite.EvalContext, c, args) -> str:
     files = {}
     for spec in args.bench:
         name, path = spec.partition("=")[::2]
+        if not path and (spec.endswith(".jsonl") or Path(spec).is_file()):
+            name, path = Path(spec).stem, spec  # a local file given without a name: named after it
+        if path and not Path(path).is_file():
+            raise FileNotFoundError(f"--bench {spec}: no such file {path}")
         files[name] = path or hub.download(name, out / "data" / f"{name}.jsonl")
     if not files:
         raise ValueError("--bench needs NAME=file.jsonl (or NAME, to download from the hub) entries")

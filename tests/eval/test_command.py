@@ -31,5 +31,11 @@ def test_suites(ctx, tmp_path):
     items.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
     md = run_eval(ctx, c, args(suite="bench", bench=[f"toy={items}"], eval_out=str(tmp_path / "o")))
     assert "| toy | 1 |" in md and (tmp_path / "o" / "bench" / "toy.items.jsonl").exists()
+    md = run_eval(ctx, c, args(suite="bench", bench=[str(items)], eval_out=str(tmp_path / "p")))
+    assert "| toy | 1 |" in md  # a file without NAME= is named after itself
+    with pytest.raises(FileNotFoundError, match="no such file .*missing.jsonl"):
+        run_eval(ctx, c, args(suite="bench", bench=[str(tmp_path / "missing.jsonl")]))
+    with pytest.raises(FileNotFoundError, match="not random, scripted or self, and no model folder nope"):
+        run_eval(ctx, c, args(env_ids=["Nim-v0"], opponents=["nope"]))
     with pytest.raises(ValueError, match="suite"):
         run_eval(ctx, c, args(suite="chess"))
