@@ -36,8 +36,8 @@ flags.DEFINE_list("players", [], "eval crossplay: HF model folders (name=path) t
 flags.DEFINE_string("crossplay_env", "TicTacToe-v0", "eval crossplay: the game.")
 flags.DEFINE_integer("kuhn_samples", 0, "eval kuhn: responses per information set (0: exact scoring of "
                      "the answers, for templates without reasoning).")
-flags.DEFINE_list("bench", [], "eval bench: NAME=items.jsonl, or NAME (MATH500, AIME24, ...) to download "
-                  "it from the hub (needs the network and the eval extra).")
+flags.DEFINE_list("bench", [], "eval bench: NAME=items.jsonl, items.jsonl (named after the file), or NAME "
+                  "(MATH500, AIME24, ...) to download it from the hub (needs the network and the eval extra).")
 flags.DEFINE_integer("samples", 4, "eval bench: samples per item (pass@1 = first sample; mean over all).")
 flags.DEFINE_string("shots_file", "", "eval bench: JSONL of worked examples for few-shot prompts.")
 flags.DEFINE_integer("shots", 0, "eval bench: how many of them (0: zero-shot).")
