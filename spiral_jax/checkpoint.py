@@ -7,7 +7,7 @@ Restoring builds every array directly in the sharding of the running job's state
 
 A save that finds its disk full raises `DiskFullError` saying where and what to do. Orbax writes each
 step to a temporary directory and renames it when complete, so the checkpoints already there stay
-whole; a leftover temporary directory is removed when the next run opens the folder.
+whole; the resumed run replaces the leftover temporary directory when it saves that step again.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class Checkpointer:
     def __init__(self, directory: str | Path, keep: int = 3, async_save: bool = True):
         # Cloud storage (gs://...) as it is: multi-host jobs need a directory every host can reach.
         self.directory = str(directory) if "://" in str(directory) else Path(directory).absolute()
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, cleanup_tmp_directories=True,
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                                enable_async_checkpointing=async_save)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._async = async_save
