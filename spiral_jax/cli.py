@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from absl import flags
 from ml_collections import ConfigDict, config_flags
@@ -146,6 +147,8 @@ def _run(command: str, c) -> int:
         return 0
     if command == "export" and not FLAGS.out:
         raise ValueError("--out is required (the folder to write the Hugging Face checkpoint to)")
+    if command == "export" and Path(FLAGS.out).exists() and not Path(FLAGS.out).is_dir():
+        raise ValueError(f"--out {FLAGS.out} is a file; export writes a folder (config, safetensors, tokenizer)")
     # eval / export: the newest checkpoint in out_dir, else the weights at model.path as they are.
     has_checkpoint = Checkpointer(f"{c.out_dir}/checkpoints").latest_step() is not None
     if not has_checkpoint and not c.model.path:

@@ -120,13 +120,16 @@ def test_sigterm_saves_and_exits(tmp_path):
     assert resumed.step == 2
 
 
-def test_export_loads_in_transformers(tmp_path):
+def test_export_loads_in_transformers(tmp_path, capsys):
     config = tmp_path / "cfg.py"
     config.write_text(
         "from tests.trainer.test_trainer import tiny_config\n"
         "from pathlib import Path\n"
         f"def get_config():\n    return tiny_config(Path({str(tmp_path)!r}))\n")
     assert cli_main(["spiral-jax", "train", f"--config={config}", "--config.train.steps=1"]) == 0
+    (tmp_path / "a_file").write_text("")
+    assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={tmp_path / 'a_file'}"]) == 1
+    assert "is a file; export writes a folder" in capsys.readouterr().err
     out = tmp_path / "exported"
     assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={out}"]) == 0
     model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
