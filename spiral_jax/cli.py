@@ -94,18 +94,19 @@ def main(argv: list[str] | None = None) -> int:
         return _unreadable_config(command, vars(FLAGS.config).get("_error"))
     try:
         return _run(command, FLAGS.config)
-    except (CheckpointError, MeshError, FileNotFoundError, ValueError, OSError) as e:
+    except (CheckpointError, MeshError, ValueError, OSError) as e:
         from spiral_jax.checkpoint import DiskFullError, is_disk_full
 
         if isinstance(e, DiskFullError):
-            print(f"spiral-jax {command}: {e.strerror}", file=sys.stderr)
+            reason = e.strerror
         elif is_disk_full(e):  # metrics, transcripts, an export
-            print(f"spiral-jax {command}: the disk is full ({e}); free space or move out_dir to a bigger "
-                  f"disk, then run again (train: with --resume)", file=sys.stderr)
+            reason = (f"the disk is full ({e}); free space or move out_dir to a bigger disk, then run again "
+                      f"(train: with --resume)")
         elif isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
             raise
         else:
-            print(f"spiral-jax {command}: {type(e).__name__}: {e}", file=sys.stderr)
+            reason = f"{type(e).__name__}: {e}"
+        print(f"spiral-jax {command}: {reason}", file=sys.stderr)
         return 1
 
 
