@@ -25,6 +25,7 @@ if not jax.config.jax_compilation_cache_dir:
 
 import pytest  # noqa: E402
 
+from spiral_jax.models import transformer  # noqa: E402
 from tests.tiny_models import FAMILIES, make_hf_model  # noqa: E402
 
 
@@ -37,3 +38,12 @@ def hf_model(request, tmp_path_factory):
     """(family name, checkpoint folder, torch model) for each tiny model family."""
     path = tmp_path_factory.mktemp(request.param)
     return request.param, path, make_hf_model(request.param, path)
+
+
+@pytest.fixture(params=["cpu", "accelerator"])
+def layouts(request, monkeypatch):
+    """Run a test with the operand layouts tuned for XLA:CPU, then with the ones GPUs and TPUs get
+    (`transformer.cpu_layouts`): CI has no accelerator, and this keeps their code paths tested."""
+    if request.param == "accelerator":
+        monkeypatch.setattr(transformer, "cpu_layouts", lambda: False)
+    return request.param

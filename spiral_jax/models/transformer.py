@@ -23,6 +23,13 @@ _WEIGHT_MAJOR_ROWS = 64  # on CPU, products with at most this many rows put the 
 _MASKED = -0.7 * float(np.finfo(np.float32).max)  # finite, so fully masked (padding) rows stay NaN-free
 
 
+def cpu_layouts() -> bool:
+    """Whether to lay the products out for XLA:CPU (`dense`, decode attention, `unembed`, and the
+    vocabulary-major sampling in `sampling.logits`). Read at trace time and only here, so that tests
+    run the accelerator layouts on a CPU too."""
+    return jax.default_backend() == "cpu"
+
+
 class KVCache(NamedTuple):
     """Keys and values of every layer: [layers, batch, slots, kv_heads, head_dim]."""
 
@@ -80,7 +87,7 @@ def dense(x: jax.Array, w: jax.Array, n_in: int = 1, weight_major: bool | None =
     """
     lead = x.ndim - n_in
     out_shape, rows = w.shape[:w.ndim - n_in], x.shape[:lead]
-    cpu = jax.default_backend() == "cpu"
+    cpu = cpu_layouts()
     if weight_major is None:
         weight_major = cpu and np.prod(rows) <= _WEIGHT_MAJOR_ROWS
     if cpu:
@@ -110,7 +117,7 @@ def attention(q, k, v, q_slots, kv_mask):
     """
     b, t, h, hd = q.shape
     kv, g = k.shape[2], h // k.shape[2]
-    if t == 1 and jax.default_backend() == "cpu":
+    if t == 1 and cpu_layouts():
         return _decode_attention(q, k, v, kv_mask & (jnp.arange(k.shape[1]) <= q_slots[0])[None])
     qh = q.reshape(b, t, kv, g, hd).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, hd)
     kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, KV, S, hd]
@@ -234,7 +241,7 @@ def unembed(params, cfg: ModelConfig, hidden: jax.Array) -> jax.Array:
     table = params["embed"] if cfg.tie_word_embeddings else params["lm_head"]  # [V, D] either way
     # On CPU the vocabulary leads the product at any row count: 1.2-2x faster (measured, 32 x 256 x 32k
     # and 8 x 1024 x 152k).
-    return dense(hidden, table.astype(hidden.dtype), weight_major=jax.default_backend() == "cpu",
+    return dense(hidden, table.astype(hidden.dtype), weight_major=cpu_layouts(),
                  preferred_element_type=jnp.float32)
 
 

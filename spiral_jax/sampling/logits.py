@@ -21,6 +21,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from spiral_jax.models import transformer
+
 
 _BLOCK = 128
 _VOCAB_MAJOR_ROWS = 16  # on CPU, batches of at least this many rows are sampled vocabulary-major
@@ -123,7 +125,7 @@ def sample_token(logits, keys, temperature, top_k, top_p, *, greedy: bool, trunc
     the raw log-prob is under temperature 1 and the full vocabulary. Greedy decoding reports the raw
     log-prob for both. plain=True promises temperature 1 and no truncation (the caller checks).
     """
-    vocab_major = jax.default_backend() == "cpu" and logits.shape[0] >= _VOCAB_MAJOR_ROWS
+    vocab_major = transformer.cpu_layouts() and logits.shape[0] >= _VOCAB_MAJOR_ROWS
     ax = 0 if vocab_major else 1
     logits = logits.T if vocab_major else logits
     pick = lambda x: jnp.take_along_axis(x, token, axis=ax).reshape(-1)  # noqa: E731

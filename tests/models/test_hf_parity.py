@@ -28,7 +28,7 @@ def _torch_logits(model, ids, mask):
 
 
 @pytest.mark.parametrize("scan_layers", [False, True])
-def test_logits_match_transformers(hf_model, scan_layers):
+def test_logits_match_transformers(hf_model, scan_layers, layouts):
     family, path, model = hf_model
     cfg, params = load_pretrained(path, scan_layers=scan_layers)
     ids, mask = _padded_batch(cfg.vocab_size, [320, 257, 290], 320)
@@ -36,7 +36,7 @@ def test_logits_match_transformers(hf_model, scan_layers):
     ref = _torch_logits(model, ids, mask)
     valid = mask.astype(bool)
     diff = np.abs(ours - ref)[valid].max()
-    print(f"{family} scan={scan_layers}: max |logit diff| = {diff:.2e} over {valid.sum()} tokens")
+    print(f"{family} scan={scan_layers} {layouts} layouts: max |logit diff| = {diff:.2e} over {valid.sum()} tokens")
     assert np.abs(ref).max() > 1.0  # logits of order 1, so 1e-4 is a meaningful bound
     assert diff < TOL
 

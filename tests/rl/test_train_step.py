@@ -39,7 +39,8 @@ def _host(tree):
     return jax.tree.map(np.asarray, tree)
 
 
-def test_sharded_step_equals_single_device(host_params, step, logprobs):
+def test_sharded_step_equals_single_device(host_params, step, logprobs, layouts):
+    """The mesh side is compiled under each `layouts`; with the accelerators' it is what a TPU pod runs."""
     batch = pack(random_samples(8, seed=2), row_multiple=4)
     want_logprobs = logprobs(jax.tree.map(jax.numpy.asarray, host_params), shard_batch(batch, None))
     single, single_metrics = step(_state(host_params), shard_batch(batch, None))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from spiral_jax.compilation import compile_count
-from spiral_jax.models import KVCache, decoder, forward, load_pretrained
+from spiral_jax.models import KVCache, decoder, forward, load_pretrained, transformer
 from spiral_jax.sampling import Sampler, SamplingParams, sample_token
 from spiral_jax.sampling import logits as logits_module
 from spiral_jax.sampling import sampler as sampler_module
@@ -26,7 +26,7 @@ def qwen3(tmp_path_factory):
     return load_pretrained(path)
 
 
-def test_greedy_matches_transformers_generate(hf_model):
+def test_greedy_matches_transformers_generate(hf_model, layouts):
     _, path, model = hf_model
     cfg, params = load_pretrained(path)
     out = Sampler(cfg).generate(params, PROMPTS, SamplingParams(max_new_tokens=40, greedy=True))
@@ -35,6 +35,16 @@ def test_greedy_matches_transformers_generate(hf_model):
                              eos_token_id=None, pad_token_id=0)
         assert tokens == ref[0, len(prompt):].tolist()
         assert reason == "length"
+
+
+def test_layouts_fixture_switches_code_paths(qwen3, layouts, monkeypatch):
+    """Only the CPU layouts decode with the CPU attention: the `layouts` fixture reaches the model."""
+    cfg, params = qwen3
+    calls = []
+    cpu_attention = transformer._decode_attention
+    monkeypatch.setattr(transformer, "_decode_attention", lambda *a: calls.append(1) or cpu_attention(*a))
+    Sampler(cfg).generate(params, PROMPTS[:1], SamplingParams(max_new_tokens=3, greedy=True))
+    assert bool(calls) == (layouts == "cpu")
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -237,7 +247,7 @@ def test_stop_tokens_and_finish_reason(qwen3):
 
 
 @pytest.mark.parametrize("mesh_shape", [dict(data=2, fsdp=2, tensor=2), dict(data=1, fsdp=8, tensor=1)])
-def test_sharded_sampler_matches_single_device(hf_model, mesh_shape):
+def test_sharded_sampler_matches_single_device(hf_model, mesh_shape, layouts):
     _, path, _ = hf_model
     cfg, params = load_pretrained(path)
     sp = SamplingParams(max_new_tokens=16, greedy=True)
@@ -248,7 +258,7 @@ def test_sharded_sampler_matches_single_device(hf_model, mesh_shape):
     assert sharded.tokens == single.tokens
 
 
-def test_sharded_staged_decode_matches_single_device(qwen3, monkeypatch):
+def test_sharded_staged_decode_matches_single_device(qwen3, monkeypatch, layouts):
     """Under a 2x2x2 mesh, 16 new tokens decoded in two stages (a first window of 4 new slots, then all):
     the same greedy tokens and log-probs as one device attending over the whole cache."""
     cfg, params = qwen3
