@@ -89,9 +89,10 @@ def dense(x: jax.Array, w: jax.Array, n_in: int = 1, weight_major: bool | None =
     A single row (batch-1 decode) is a matrix-vector product, which XLA:CPU runs on one thread, and
     with the weights out of cache (the unembedding streams the rest out every step) one thread reads
     them at about 11 GB/s. Split into groups of the weight's out rows as a batch axis, the product
-    uses both cores: the tiny Qwen3's batch-1 decode step went from 2.34 to 1.96 ms (best of 12
-    alternating rounds; median 2.83 -> 2.26), the same tokens and log-probs; the Qwen3-0.6B shape's,
-    which reads its weights at 30+ GB/s either way, was unchanged (83 against 81 ms).
+    uses both cores (on one core the two forms run alike): the tiny Qwen3's batch-1 decode step went
+    from 2.34 to 1.96 ms (best of 12 alternating rounds; median 2.83 -> 2.26), the same tokens and
+    log-probs; the Qwen3-0.6B shape's, which reads its weights at about 29 GB/s either way, did not
+    change (83 against 81 ms).
     """
     lead = x.ndim - n_in
     out_shape, rows = w.shape[:w.ndim - n_in], x.shape[:lead]
