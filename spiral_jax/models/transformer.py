@@ -96,9 +96,9 @@ def dense(x: jax.Array, w: jax.Array, n_in: int = 1, weight_major: bool | None =
     """
     lead = x.ndim - n_in
     out_shape, rows = w.shape[:w.ndim - n_in], x.shape[:lead]
-    cpu = cpu_layouts()
+    n_rows, cpu = int(np.prod(rows)), cpu_layouts()
     if weight_major is None:
-        weight_major = cpu and np.prod(rows) <= _WEIGHT_MAJOR_ROWS
+        weight_major = cpu and n_rows <= _WEIGHT_MAJOR_ROWS
     if cpu:
         size_in = int(np.prod(x.shape[lead:]))
         x, w, n_in = x.reshape(*rows, size_in), w.reshape(-1, size_in), 1
@@ -106,7 +106,7 @@ def dense(x: jax.Array, w: jax.Array, n_in: int = 1, weight_major: bool | None =
     if not weight_major:
         y = jax.lax.dot_general(x, w, ((x_in, w_in), ((), ())), preferred_element_type=preferred_element_type)
     else:
-        if cpu and np.prod(rows) == 1 and w.shape[0] % _MATVEC_GROUPS == 0:
+        if cpu and n_rows == 1 and w.shape[0] % _MATVEC_GROUPS == 0:
             groups = w.reshape(_MATVEC_GROUPS, -1, size_in)
             vector = jnp.broadcast_to(x.reshape(1, 1, size_in), (_MATVEC_GROUPS, 1, size_in))
             y = jax.lax.dot_general(groups, vector, (((2,), (2,)), ((0,), (0,))),

@@ -120,12 +120,18 @@ def test_sigterm_saves_and_exits(tmp_path):
     assert resumed.step == 2
 
 
-def test_export_loads_in_transformers(tmp_path, capsys):
+def _config_file(tmp_path, **changes):
+    """A config file for the CLI: tiny_config(tmp_path, **changes)."""
     config = tmp_path / "cfg.py"
     config.write_text(
         "from tests.trainer.test_trainer import tiny_config\n"
         "from pathlib import Path\n"
-        f"def get_config():\n    return tiny_config(Path({str(tmp_path)!r}))\n")
+        f"def get_config():\n    return tiny_config(Path({str(tmp_path)!r}), **{changes!r})\n")
+    return config
+
+
+def test_export_loads_in_transformers(tmp_path, capsys):
+    config = _config_file(tmp_path)
     assert cli_main(["spiral-jax", "train", f"--config={config}", "--config.train.steps=1"]) == 0
     (tmp_path / "a_file").write_text("")
     assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={tmp_path / 'a_file'}"]) == 1
@@ -195,11 +201,7 @@ def test_full_disk_is_a_clear_error_and_loses_no_checkpoint(tmp_path, capsys, mo
         return save(manager, step, *args, **kwargs)
 
     monkeypatch.setattr(ocp.CheckpointManager, "save", save_until_the_disk_fills)
-    config = tmp_path / "cfg.py"
-    config.write_text(
-        "from tests.trainer.test_trainer import tiny_config\n"
-        "from pathlib import Path\n"
-        f"def get_config():\n    return tiny_config(Path({str(tmp_path)!r}), **{{'train.checkpoint_every': 1}})\n")
+    config = _config_file(tmp_path, **{"train.checkpoint_every": 1})
     assert cli_main(["spiral-jax", "train", f"--config={config}"]) == 1
     err = capsys.readouterr().err
     assert "the checkpoint of step 2 could not be written" in err and "is full" in err
