@@ -164,6 +164,55 @@ def test_row_is_independent_of_batch(qwen3):
     assert batch.tokens[2] != batch.tokens[6], "different row ids should sample differently"
 
 
+def _spy_on_transposed_table(monkeypatch) -> list:
+    """Record, at trace time, each unembedding's (rows, whether it got the sampler's [D, V] copy)."""
+    calls = set()
+    real = sampler_module.unembed
+    monkeypatch.setattr(sampler_module, "unembed",
+                        lambda params, cfg, hidden, table_t: calls.add((hidden.shape[0], table_t is not None))
+                        or real(params, cfg, hidden, table_t))
+    return calls
+
+
+def test_one_row_decodes_with_a_transposed_table(qwen3, layouts, monkeypatch):
+    """A one-row call on CPU multiplies a [D, V] copy of the table, with the same tokens and log-probs
+    as the same row decoded in a batch (which multiplies the stored table)."""
+    cfg, params = qwen3
+    used = _spy_on_transposed_table(monkeypatch)
+    sampler = Sampler(cfg)
+    for sp in (SamplingParams(max_new_tokens=24, greedy=True), SamplingParams(max_new_tokens=24, temperature=1.0)):
+        alone = sampler.generate(params, [PROMPTS[2]], sp, seed=4, row_ids=[2])
+        batch = sampler.generate(params, PROMPTS, sp, seed=4)
+        assert alone.tokens[0] == batch.tokens[2]
+        np.testing.assert_allclose(alone.logprobs[0], batch.logprobs[2], atol=1e-5)
+        np.testing.assert_allclose(alone.raw_logprobs[0], batch.raw_logprobs[2], atol=1e-5)
+    assert used == {(1, layouts == "cpu"), (4, False)}
+
+
+def test_transposed_table_follows_new_parameters(qwen3, monkeypatch):
+    """The [D, V] copy is made once per table, remade when the parameters change, and does not keep
+    the old table alive."""
+    import gc
+    import weakref
+
+    cfg, params = qwen3
+    transposes = []
+    monkeypatch.setattr(sampler_module, "_transpose", lambda t: transposes.append(1) or jnp.transpose(t))
+    old = jax.tree.map(jnp.copy, params)
+    new = jax.tree.map(lambda x: x[::-1] if x.shape == params["embed"].shape else x, params)  # rows permuted
+    sampler, sp = Sampler(cfg), SamplingParams(max_new_tokens=16, greedy=True)
+    before = sampler.generate(old, [PROMPTS[0]], sp).tokens
+    assert sampler.generate(old, [PROMPTS[0]], sp).tokens == before and len(transposes) == 1
+    after = sampler.generate(new, [PROMPTS[0]], sp).tokens
+    assert len(transposes) == 2
+    assert after != before, "the test needs parameters that decode differently"
+    assert after == [Sampler(cfg).generate(new, PROMPTS, sp).tokens[0]]
+    old_table = weakref.ref(old["embed"])
+    del old
+    gc.collect()
+    assert old_table() is None
+
+
 def test_attention_windows_grow_to_the_whole_cache():
     windows = sampler_module.attention_windows
     assert windows(64, 64 + 128) == [192]  # budgets up to 256 new tokens: one stage
