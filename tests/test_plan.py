@@ -83,7 +83,7 @@ def test_estimate_matches_what_jax_measures_on_cpu():
     sampler = Sampler(cfg, mesh, max_prompt_len=PROMPT, max_cache_len=slots)
     prompt = jax.device_put(np.ones((GAMES, PROMPT), np.int32), rules.sharding(("batch", "seq"), (GAMES, PROMPT)))
     row_ids = np.arange(GAMES, dtype=np.uint32)
-    program = sampler._program.lower(sample_params, prompt, prompt, jax.random.key(0), row_ids, np.int32(NEW),
+    program = sampler._program.lower(sample_params, None, prompt, prompt, jax.random.key(0), row_ids, np.int32(NEW),
                                      np.float32(1.0), np.int32(0), np.float32(1.0), np.full((8,), -1, np.int32),
                                      slots=slots, greedy=False, truncated=False, plain=True).compile()
 
