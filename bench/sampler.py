@@ -1,8 +1,11 @@
 """Sampler throughput: spiral_jax vs transformers `generate`, side by side in one run.
 
 Same random model, batch and lengths on both sides, 2 CPU threads each, prompt 64 tokens, sampling at
-temperature 1 (no top-k / top-p, no stop token so every row generates the full budget). Also reports
-the decode step time against the memory floor (parameter bytes / read bandwidth measured here). XLA
+temperature 1 (no top-k / top-p, no stop token so every row generates the full budget). Then, per
+batch, how each side's call splits into prefill and decode steps (a prefill is large matmuls on both
+sides, where neither can be much faster than the machine's peak FLOP rate; the larger its share of a
+call, the nearer the call's ratio is to the prefill's), and the batch-1
+decode step time against the memory floor (parameter bytes / read bandwidth measured here). XLA
 uses every core the process may run on: on a bigger machine run it under `taskset -c 0,1`. The two
 sides take turns, repeat by repeat, so that a slow spell of a shared machine hits both alike.
 
@@ -105,6 +108,20 @@ def best_of_interleaved(runs: dict, repeats: int) -> dict:
     return best
 
 
+def print_split(parts, new: int) -> None:
+    """Where each side's call goes: the prefill (a call for one new token: prefill and first sample)
+    and the decode step ((call for `new` tokens - call for one) / (new - 1)). The ratio of whole calls
+    lies between the two parts' ratios, nearer the prefill's the larger its share."""
+    print(f"\n{'batch':>6} {'prefill ms: ours':>17} {'ref':>8} {'ratio':>6}   "
+          f"{'decode ms/step: ours':>20} {'ref':>8} {'ratio':>6}   prefill share of our call")
+    for batch, best in parts:
+        pre = {k: best[k + "_1"] * 1e3 for k in ("ours", "ref")}
+        step = {k: (best[k] - best[k + "_1"]) / (new - 1) * 1e3 for k in ("ours", "ref")}
+        print(f"{batch:>6} {pre['ours']:>17.1f} {pre['ref']:>8.1f} {pre['ref'] / pre['ours']:>5.2f}x   "
+              f"{step['ours']:>20.2f} {step['ref']:>8.2f} {step['ref'] / step['ours']:>5.2f}x   "
+              f"{best['ours_1'] / best['ours']:.0%}")
+
+
 def decode_ms_per_step(sampler, params, new: int) -> float:
     """(time for `new` tokens - time for 1 token) / (new - 1) at batch 1: the pure decode step."""
     rows = [list(range(1, PROMPT_LEN + 1))]
@@ -130,10 +147,14 @@ def run(name: str, shape: dict, batches, new: int, repeats: int, dtype: str, bf1
     header = f"{'batch':>6} {'spiral_jax tok/s':>17} {ref_name:>18} {'ratio':>7}"
     bf16 = bf16 and dtype != "bfloat16"
     print(header + (f" {'transformers bf16':>18} {'ratio':>7}" if bf16 else ""))
+    parts = []  # per batch: seconds of both sides for one new token and for `new`
     for batch in batches:
         prompts = rng.integers(1, cfg.vocab_size, (batch, PROMPT_LEN))
         best = best_of_interleaved({"ours": jax_generate(sampler, params, prompts, new),
-                                    "ref": hf_generate(model, prompts, new)}, repeats)
+                                    "ref": hf_generate(model, prompts, new),
+                                    "ours_1": jax_generate(sampler, params, prompts, 1),
+                                    "ref_1": hf_generate(model, prompts, 1)}, repeats)
+        parts.append((batch, best))
         ours, ref = (batch * new / best[k] for k in ("ours", "ref"))
         line = f"{batch:>6} {ours:>17.1f} {ref:>18.1f} {ours / ref:>6.2f}x"
         if bf16:
@@ -141,6 +162,7 @@ def run(name: str, shape: dict, batches, new: int, repeats: int, dtype: str, bf1
             model.to(ref_dtype)
             line += f" {ref16:>18.1f} {ours / ref16:>6.2f}x"
         print(line, flush=True)
+    print_split(parts, new)
     # A shared machine's bandwidth drifts: measured right before and after, and the higher one (the
     # lower floor) is kept.
     before = read_bandwidth_gbs()
