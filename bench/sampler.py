@@ -4,10 +4,10 @@ Same random model, batch and lengths on both sides, 2 CPU threads each, prompt 6
 temperature 1 (no top-k / top-p, no stop token so every row generates the full budget). Then, per
 batch, how each side's call splits into prefill and decode steps (a prefill is large matmuls on both
 sides, where neither can be much faster than the machine's peak FLOP rate; the larger its share of a
-call, the nearer the call's ratio is to the prefill's), and the batch-1
-decode step time against the memory floor (parameter bytes / read bandwidth measured here). XLA
-uses every core the process may run on: on a bigger machine run it under `taskset -c 0,1`. The two
-sides take turns, repeat by repeat, so that a slow spell of a shared machine hits both alike.
+call, the nearer the call's ratio is to the prefill's), and the batch-1 decode step time against the
+memory floor (parameter bytes / read bandwidth measured here). XLA uses every core the process may
+run on: on a bigger machine run it under `taskset -c 0,1`. The two sides take turns, repeat by
+repeat, so that a slow spell of a shared machine hits both alike.
 
 On a GPU (JAX's default backend is then the GPU) transformers runs on the GPU too, both sides in bf16
 by default, and the batches grow: the question there is throughput at a trainer's batch sizes.
@@ -108,6 +108,11 @@ def best_of_interleaved(runs: dict, repeats: int) -> dict:
     return best
 
 
+def step_ms(seconds_new: float, seconds_one: float, new: int) -> float:
+    """A decode step in ms, from a call's time for `new` tokens and for one: the prefill cancels."""
+    return (seconds_new - seconds_one) / (new - 1) * 1e3
+
+
 def print_split(parts, new: int) -> None:
     """Where each side's call goes: the prefill (a call for one new token: prefill and first sample)
     and the decode step ((call for `new` tokens - call for one) / (new - 1)). The ratio of whole calls
@@ -116,7 +121,7 @@ def print_split(parts, new: int) -> None:
           f"{'decode ms/step: ours':>20} {'ref':>8} {'ratio':>6}   prefill share of our call")
     for batch, best in parts:
         pre = {k: best[k + "_1"] * 1e3 for k in ("ours", "ref")}
-        step = {k: (best[k] - best[k + "_1"]) / (new - 1) * 1e3 for k in ("ours", "ref")}
+        step = {k: step_ms(best[k], best[k + "_1"], new) for k in ("ours", "ref")}
         print(f"{batch:>6} {pre['ours']:>17.1f} {pre['ref']:>8.1f} {pre['ref'] / pre['ours']:>5.2f}x   "
               f"{step['ours']:>20.2f} {step['ref']:>8.2f} {step['ref'] / step['ours']:>5.2f}x   "
               f"{best['ours_1'] / best['ours']:.0%}")
@@ -130,7 +135,7 @@ def decode_ms_per_step(sampler, params, new: int) -> float:
         sp = SamplingParams(max_new_tokens=n, temperature=1.0)
         sampler.generate(params, rows, sp)
         times[n] = min(_timed(lambda: sampler.generate(params, rows, sp)) for _ in range(5))
-    return (times[new] - times[1]) / (new - 1) * 1e3
+    return step_ms(times[new], times[1], new)
 
 
 def run(name: str, shape: dict, batches, new: int, repeats: int, dtype: str, bf16: bool):
