@@ -9,7 +9,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["spiral_jax", "spiral_jax.*"]),
-    package_data={"spiral_jax": ["assets/**/*"]},
+    # cpu_matmul.cc is compiled on first use, on the machine that runs it (spiral_jax/models/cpu_matmul.py).
+    package_data={"spiral_jax": ["assets/**/*", "models/*.cc"]},
     install_requires=[
         "jax>=0.5",
         "numpy",

@@ -40,7 +40,7 @@ def token_logprobs(params, cfg: ModelConfig, batch: Batch, chunk: int, rules: Ru
 
     @jax.checkpoint
     def one_chunk(params, h, y):
-        logits = constrain(unembed(params, cfg, h), rules, ("batch", "seq", "vocab"))
+        logits = constrain(unembed(params, cfg, h, local=rules is None), rules, ("batch", "seq", "vocab"))
         logz = jax.nn.logsumexp(logits, axis=-1)
         logp = jnp.take_along_axis(logits, y[..., None], axis=-1)[..., 0] - logz
         entropy = logz - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)

@@ -169,7 +169,7 @@ class Sampler:
             keys = jax.vmap(jax.random.fold_in, (None, 0))(key, row_ids)
             step_keys = lambda step: jax.vmap(jax.random.fold_in, (0, None))(keys, step)  # noqa: E731
             is_stop = lambda tok: jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)  # noqa: E731
-            logits = lambda hidden: unembed(params, cfg, hidden, table_t)  # noqa: E731
+            logits = lambda hidden: unembed(params, cfg, hidden, table_t, local=rules is None)  # noqa: E731
 
             kv_mask = jnp.zeros((batch, slots), bool).at[:, :plen].set(prompt_mask.astype(bool))
             positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=-1) - 1, 0)

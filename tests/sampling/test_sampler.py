@@ -169,8 +169,8 @@ def _spy_on_transposed_table(monkeypatch) -> list:
     calls = set()
     real = sampler_module.unembed
     monkeypatch.setattr(sampler_module, "unembed",
-                        lambda params, cfg, hidden, table_t: calls.add((hidden.shape[0], table_t is not None))
-                        or real(params, cfg, hidden, table_t))
+                        lambda params, cfg, hidden, table_t, **kw: calls.add((hidden.shape[0], table_t is not None))
+                        or real(params, cfg, hidden, table_t, **kw))
     return calls
 
 
