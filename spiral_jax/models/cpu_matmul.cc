@@ -30,9 +30,10 @@ constexpr int kPrefetchTiles = 4;  // how many tiles ahead the weight rows are p
 constexpr int kFloatsPerLine = 16;
 constexpr int64_t kBlockK = 128;  // contraction block: 128 x 32 floats of x, 16 KB
 
-// acc[r][j] = sum over k < kc of w[r * ldw + k] * xt[k * ldx + 8j : 8j + 8], added to (or, for the
-// first block of k, stored in) out[r * ldo + 8j + c] for the first `rows` rows and `cols` columns. The
-// R * NV accumulators stay in registers. xt is x transposed, [K, ldx], zero-padded past the batch.
+// acc[r][j] = sum over k < kc of w[r * ldw + k] * xt[k * ldx + 8j : 8j + 8]; lane i of it is added to
+// (or, for the first block of k, stored in) out[r * ldo + 8j + i], for the first `rows` rows and `cols`
+// columns. The R * NV accumulators stay in registers. xt is x transposed, [K, ldx], zero-padded past
+// the batch.
 template <int R, int NV>
 void Tile(const float* w, int64_t ldw, int64_t kc, const float* xt, int64_t ldx, const float* prefetch,
           float* out, int64_t ldo, int rows, int cols, bool accumulate) {
