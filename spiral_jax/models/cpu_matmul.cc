@@ -33,7 +33,7 @@ constexpr int64_t kBlockK = 128;  // contraction block: 128 x 32 floats of x, 16
 // acc[r][j] = sum over k < kc of w[r * ldw + k] * xt[k * ldx + 8j : 8j + 8]; lane i of it is added to
 // (or, for the first block of k, stored in) out[r * ldo + 8j + i], for the first `rows` rows and `cols`
 // columns. The R * NV accumulators stay in registers. xt is x transposed, [K, ldx], zero-padded past
-// the batch.
+// the batch (by the caller, where XLA fuses it into the op that makes x).
 template <int R, int NV>
 void Tile(const float* w, int64_t ldw, int64_t kc, const float* xt, int64_t ldx, const float* prefetch,
           float* out, int64_t ldo, int rows, int cols, bool accumulate) {
@@ -107,22 +107,23 @@ struct Work {
   int64_t chunks = 0;
 };
 
-ffi::Error WeightMajorMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> x,
+ffi::Error WeightMajorMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> xt,
                              ffi::ResultBuffer<ffi::F32> out) {
-  const auto wd = w.dimensions(), xd = x.dimensions();
-  if (wd.size() != 2 || xd.size() != 2 || wd[1] != xd[1])
-    return ffi::Error::InvalidArgument("weight_major_matmul: expected w [N, K] and x [B, K]");
-  const int64_t N = wd[0], K = wd[1], B = xd[0];
-  const int64_t ldx = (B + kLanes - 1) / kLanes * kLanes;
-  std::vector<float> xt(K * ldx, 0.0f);  // x transposed, columns padded to a whole vector
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t k = 0; k < K; ++k) xt[k * ldx + b] = x.typed_data()[b * K + k];
-
-  const int64_t chunk_rows = 16 * kRows;
+  const auto wd = w.dimensions(), xd = xt.dimensions(), od = out->dimensions();
+  if (wd.size() != 2 || xd.size() != 2 || od.size() != 2 || wd[1] != xd[0] || od[0] != wd[0] ||
+      xd[1] % kLanes != 0 || od[1] > xd[1])
+    return ffi::Error::InvalidArgument(
+        "weight_major_matmul: expected w [N, K], xt [K, L] with L a multiple of 8, out [N, B <= L]");
+  const int64_t N = wd[0], K = wd[1], ldx = xd[1], B = od[1];
+  // Chunks of at most 16 tiles, and at least 4 per thread where the weight has that many tiles, so
+  // that a thread that starts late or runs slow leaves little for the others to wait on.
+  const int64_t tiles = (N + kRows - 1) / kRows;
+  const int64_t threads = std::max<int64_t>(pool.num_threads(), 1);
+  const int64_t chunk_rows = kRows * std::clamp<int64_t>(tiles / (4 * threads), 1, 16);
   auto work = std::make_shared<Work>();
   work->chunks = (N + chunk_rows - 1) / chunk_rows;
   const float* wp = w.typed_data();
-  const float* xp = xt.data();
+  const float* xp = xt.typed_data();
   float* op = out->typed_data();
   auto drain = [=]() {
     std::vector<float> pad;

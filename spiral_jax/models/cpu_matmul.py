@@ -83,7 +83,10 @@ def available() -> bool:
 def weight_major_matmul(w: jax.Array, x: jax.Array) -> jax.Array:
     """w [N, K] times x [B, K] -> [N, B], all float32, on CPU (check `available()` first)."""
     out = jax.ShapeDtypeStruct((w.shape[0], x.shape[0]), jnp.float32)
-    return jax.ffi.ffi_call(_TARGET, out, vmap_method="sequential")(w, x)
+    # The kernel reads x transposed, its columns padded to whole 8-float vectors: XLA fuses that copy
+    # into whatever computes x, where the kernel would make it on one thread before the others start.
+    xt = jnp.pad(x.T, ((0, 0), (0, -x.shape[0] % 8)))
+    return jax.ffi.ffi_call(_TARGET, out, vmap_method="sequential")(w, xt)
 
 
 def _forward(w, x):
