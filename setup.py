@@ -9,8 +9,9 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["spiral_jax", "spiral_jax.*"]),
-    # cpu_matmul.cc is compiled on first use, on the machine that runs it (spiral_jax/models/cpu_matmul.py).
-    package_data={"spiral_jax": ["assets/**/*", "models/*.cc"]},
+    # The CPU kernels' C++ sources are compiled on first use, on the machine that runs them
+    # (spiral_jax/models/cpu_kernels.py).
+    package_data={"spiral_jax": ["assets/**/*", "models/kernels/*"]},
     install_requires=[
         "jax>=0.5",
         "numpy",

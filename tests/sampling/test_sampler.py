@@ -38,13 +38,30 @@ def test_greedy_matches_transformers_generate(hf_model, layouts):
 
 
 def test_layouts_fixture_switches_code_paths(qwen3, layouts, monkeypatch):
-    """Only the CPU layouts decode with the CPU attention: the `layouts` fixture reaches the model."""
+    """Only the CPU layouts decode with the CPU attention (the kernel, or XLA's form of it where the
+    kernel is not built): the `layouts` fixture reaches the model."""
     cfg, params = qwen3
     calls = []
-    cpu_attention = transformer._decode_attention
-    monkeypatch.setattr(transformer, "_decode_attention", lambda *a: calls.append(1) or cpu_attention(*a))
+    for module, name in ((transformer, "_decode_attention"), (transformer.cpu_kernels, "decode_attention")):
+        original = getattr(module, name)
+        spy = functools.partial(lambda f, *a, **kw: calls.append(1) or f(*a, **kw), original)
+        monkeypatch.setattr(module, name, spy)
     Sampler(cfg).generate(params, PROMPTS[:1], SamplingParams(max_new_tokens=3, greedy=True))
     assert bool(calls) == (layouts == "cpu")
+
+
+def test_cpu_kernels_off_gives_the_same_output(qwen3, monkeypatch):
+    """XLA's own decode step (where the kernels cannot be built) samples the same tokens with the same
+    log-probs, to float rounding, as the one with the CPU kernels."""
+    cfg, params = qwen3
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(16)]  # 16 rows: the matmul kernel's batch too
+    sp = SamplingParams(max_new_tokens=12)
+    on = Sampler(cfg).generate(params, prompts, sp, seed=5)
+    monkeypatch.setattr(transformer.cpu_kernels, "available", lambda: False)
+    off = Sampler(cfg).generate(params, prompts, sp, seed=5)
+    for a, b, la, lb in zip(on.tokens, off.tokens, on.logprobs, off.logprobs):
+        assert a == b
+        np.testing.assert_allclose(la, lb, atol=1e-5)
 
 
 @functools.partial(jax.jit, static_argnums=1)

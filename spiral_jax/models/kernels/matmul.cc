@@ -6,25 +6,16 @@
 // Each thread takes chunks of weight rows; a tile of 6 rows is multiplied against 16 batch columns
 // held in registers, the weight is read in place (no packing copy), and the rows a few tiles ahead
 // are prefetched so that the cores do not wait on memory.
-// Built by cpu_matmul.py with the host's compiler for the host's CPU (-march=native); GCC's
-// vector extension keeps it portable (AVX2 on x86, NEON on ARM).
+// Built by cpu_kernels.py with the host's compiler for the host's CPU (-march=native).
 
-#include <algorithm>
-#include <atomic>
-#include <cstdint>
 #include <cstring>
-#include <memory>
-#include <thread>
 #include <vector>
 
-#include "xla/ffi/api/ffi.h"
+#include "common.h"
 
-namespace ffi = xla::ffi;
-
+namespace spiral {
 namespace {
 
-typedef float Vec __attribute__((vector_size(32), aligned(4)));  // 8 floats, unaligned loads allowed
-constexpr int kLanes = 8;
 constexpr int kRows = 6;  // weight rows per tile: 6 x 2 vector accumulators, of AVX2's 16 registers
 constexpr int kPrefetchTiles = 4;  // how many tiles ahead the weight rows are prefetched (into L2)
 constexpr int kFloatsPerLine = 16;
@@ -41,7 +32,7 @@ void Tile(const float* w, int64_t ldw, int64_t kc, const float* xt, int64_t ldx,
   for (int64_t k = 0; k < kc; ++k) {
     Vec x[NV];
 #pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) x[j] = *reinterpret_cast<const Vec*>(xt + k * ldx + j * kLanes);
+    for (int j = 0; j < NV; ++j) x[j] = Load(xt + k * ldx + j * kLanes);
     if (prefetch != nullptr && k % kFloatsPerLine == 0) {
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) __builtin_prefetch(prefetch + r * ldw + k, 0, 2);
@@ -74,7 +65,8 @@ void Tile(const float* w, int64_t ldw, int64_t kc, const float* xt, int64_t ldx,
 // in the first-level cache while every tile of kRows weight rows meets it, for each column group (16
 // columns, and a last 8) while the tile is in cache too.
 void RowRange(const float* w, int64_t N, int64_t K, const float* xt, int64_t ldx, int64_t B, float* out,
-              int64_t n0, int64_t n1, std::vector<float>& pad) {
+              int64_t n0, int64_t n1) {
+  std::vector<float> pad;
   for (int64_t k = 0; k < K; k += kBlockK) {
     const int64_t kc = std::min<int64_t>(kBlockK, K - k);
     for (int64_t n = n0; n < n1; n += kRows) {
@@ -98,15 +90,6 @@ void RowRange(const float* w, int64_t N, int64_t K, const float* xt, int64_t ldx
   }
 }
 
-// Work shared by the calling thread and the pool's: chunks of rows, claimed one at a time. The caller
-// waits only for chunks already claimed, so a pool task that starts late (or never) cannot stall it,
-// and a task that starts after the call returned finds no chunk left and touches nothing else.
-struct Work {
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> finished{0};
-  int64_t chunks = 0;
-};
-
 ffi::Error WeightMajorMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> xt,
                              ffi::ResultBuffer<ffi::F32> out) {
   const auto wd = w.dimensions(), xd = xt.dimensions(), od = out->dimensions();
@@ -120,28 +103,18 @@ ffi::Error WeightMajorMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> w, ffi:
   const int64_t tiles = (N + kRows - 1) / kRows;
   const int64_t threads = std::max<int64_t>(pool.num_threads(), 1);
   const int64_t chunk_rows = kRows * std::clamp<int64_t>(tiles / (4 * threads), 1, 16);
-  auto work = std::make_shared<Work>();
-  work->chunks = (N + chunk_rows - 1) / chunk_rows;
   const float* wp = w.typed_data();
   const float* xp = xt.typed_data();
   float* op = out->typed_data();
-  auto drain = [=]() {
-    std::vector<float> pad;
-    for (int64_t c; (c = work->next.fetch_add(1)) < work->chunks;) {
-      RowRange(wp, N, K, xp, ldx, B, op, c * chunk_rows, std::min(N, (c + 1) * chunk_rows), pad);
-      work->finished.fetch_add(1, std::memory_order_release);
-    }
-  };
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), work->chunks) - 1;
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule(decltype(drain)(drain));
-  drain();
-  while (work->finished.load(std::memory_order_acquire) < work->chunks) std::this_thread::yield();
+  ParallelFor(pool, N, chunk_rows,
+              [=](int64_t n0, int64_t n1) { RowRange(wp, N, K, xp, ldx, B, op, n0, n1); });
   return ffi::Error::Success();
 }
 
 }  // namespace
+}  // namespace spiral
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SpiralWeightMajorMatmul, WeightMajorMatmul,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpiralWeightMajorMatmul, spiral::WeightMajorMatmul,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
