@@ -161,7 +161,8 @@ def attention(q, k, v, q_slots, kv_mask):
 
 
 def _decode_attention(q, k, v, allowed):
-    """Attention of one query per row over the cache, reading the cache in place: [B,1,H,hd].
+    """Attention of one query per row over the cache, reading the cache in place: [B,1,H,hd]. XLA's form,
+    for CPUs where `cpu_kernels`' decode attention is not built (or the cache is not f32).
 
     The scores are one matmul per row of every cached key (all KV heads) against every query head,
     [S*KV, hd] x [hd, H], of which each query group's own KV head is kept by a strided slice. That
