@@ -296,6 +296,19 @@ def test_staged_decode_equals_one_stage(qwen3, monkeypatch):
     np.testing.assert_allclose(staged.raw_logprobs[0], expected, atol=1e-5)
 
 
+def test_stacked_layers_sample_like_a_layer_list(qwen3):
+    """Stacked (scanned) layers: the layer index inside the decode step is traced (the CPU attention
+    kernel reads it at run time); the same tokens and log-probs as the per-layer list."""
+    cfg, params = qwen3
+    stacked_params = dict(params, layers=jax.tree.map(lambda *layer: jnp.stack(layer), *params["layers"]))
+    sp = SamplingParams(max_new_tokens=12)
+    listed = Sampler(cfg).generate(params, PROMPTS, sp, seed=2)
+    stacked = Sampler(cfg.replace(scan_layers=True)).generate(stacked_params, PROMPTS, sp, seed=2)
+    assert stacked.tokens == listed.tokens
+    for a, b in zip(stacked.logprobs, listed.logprobs):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
 def test_stop_tokens_and_finish_reason(qwen3):
     cfg, params = qwen3
     sampler = Sampler(cfg)

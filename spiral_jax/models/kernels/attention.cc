@@ -37,12 +37,12 @@ inline float Sum(Vec v) {
 
 inline Vec Max(Vec a, Vec b) { return a > b ? a : b; }
 
-// exp(x), to about 2 ulp: 2^n exp(r) with n = round(x / ln 2), |r| <= ln(2) / 2, exp(r) by a degree-7
-// polynomial (Cephes' expf coefficients). Where float exp underflows (x < -87.3, and -inf), 0; the
-// inputs here are never above 0.
+// exp(x) for x <= 0 (the inputs here), within 1.02 ulp over [-87, 0] (measured against double exp):
+// 2^n exp(r) with n = round(x / ln 2), |r| <= ln(2) / 2, exp(r) by a degree-7 polynomial (Cephes'
+// expf coefficients). Where float exp underflows (x < -87.3, and -inf), 0; a NaN stays NaN.
 inline Vec Exp(Vec x) {
   const VecI under = x < -87.3f;
-  x = under ? Vec{} - 87.3f : x;  // a NaN stays NaN
+  x = under ? Vec{} - 87.3f : x;
   const Vec n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
   Vec r = x - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
@@ -79,20 +79,29 @@ void WeightedSum(const float* p, const float* v, int64_t stride, int64_t n, floa
   for (int j = 0; j < C; ++j) Store(out + j * kLanes, (even[j] + odd[j]) / norm);
 }
 
-// Row b, KV head h: out[b, h * group + g] for every g of the group. scratch: ScratchFloats(window, group).
+// Per-thread working memory for AttendOne, per slot of the window rounded up to whole vectors: keep the
+// score (all bits set) or replace it with `fill` (masked, or -inf past the window, where it then adds
+// nothing to the softmax); the scores of a query group.
+struct Scratch {
+  explicit Scratch(const Shape& d)
+      : padded((d.window + kLanes - 1) / kLanes * kLanes), keep(padded), fill(padded), scores(d.group * padded) {}
+  int64_t padded;
+  std::vector<int32_t> keep;
+  std::vector<float> fill, scores;
+};
+
+// Row b, KV head h: out[b, h * group + g] for every g of the group.
 void AttendOne(const Shape& d, const float* q, const float* k, const float* v, const bool* allowed,
-               float scale, float masked, int64_t b, int64_t h, float* scratch, float* out) {
+               float scale, float masked, int64_t b, int64_t h, Scratch& scratch, float* out) {
   const int64_t hd = d.head_dim, nv = hd / kLanes, stride = d.kv_heads * hd;
-  const int64_t padded = (d.window + kLanes - 1) / kLanes * kLanes;
+  const int64_t padded = scratch.padded;
   const float* kb = k + (b * d.slots * d.kv_heads + h) * hd;  // slot s at kb + s * stride
   const float* vb = v + (b * d.slots * d.kv_heads + h) * hd;
   const float* qb = q + (b * d.kv_heads * d.group + h * d.group) * hd;
   const bool* ab = allowed + b * d.window;
-  // Per slot: keep the score (all bits set) or replace it with `fill`: masked, or -inf past the window
-  // (whose lanes then add nothing to the softmax).
-  int32_t* keep = reinterpret_cast<int32_t*>(scratch);
-  float* fill = scratch + padded;
-  float* scores = scratch + 2 * padded;
+  int32_t* keep = scratch.keep.data();
+  float* fill = scratch.fill.data();
+  float* scores = scratch.scores.data();
   for (int64_t s = 0; s < padded; ++s) {
     keep[s] = s < d.window && ab[s] ? -1 : 0;
     fill[s] = s < d.window ? masked : -std::numeric_limits<float>::infinity();
@@ -131,10 +140,6 @@ void AttendOne(const Shape& d, const float* q, const float* k, const float* v, c
   }
 }
 
-int64_t ScratchFloats(int64_t window, int64_t group) {
-  return (2 + group) * ((window + kLanes - 1) / kLanes * kLanes);
-}
-
 // q [B, H, hd]; k, v [layers, B, slots, KV, hd]; layer []; allowed [B, window] -> out [B, H, hd]. The
 // first `window` slots of the layer are attended; masked ones score `masked`, as in the model's attention.
 ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
@@ -142,11 +147,11 @@ ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::B
                            ffi::ResultBuffer<ffi::F32> out, float scale, float masked) {
   const auto qd = q.dimensions(), kd = k.dimensions(), ad = allowed.dimensions();
   if (qd.size() != 3 || kd.size() != 5 || ad.size() != 2 || !(v.dimensions() == kd) || kd[1] != qd[0] ||
-      kd[4] != qd[2] || qd[2] % kLanes != 0 || qd[1] % kd[3] != 0 || ad[0] != qd[0] || ad[1] > kd[2] ||
+      kd[4] != qd[2] || qd[2] % kLanes != 0 || qd[1] % kd[3] != 0 || ad[0] != qd[0] || ad[1] < 1 || ad[1] > kd[2] ||
       !(out->dimensions() == qd))
     return ffi::Error::InvalidArgument(
-        "decode_attention: expected q [B, H, hd], k and v [layers, B, slots, KV, hd], allowed [B, window "
-        "<= slots], H a multiple of KV and hd of 8");
+        "decode_attention: expected q [B, H, hd], k and v [layers, B, slots, KV, hd], allowed [B, window] "
+        "with 1 <= window <= slots, H a multiple of KV and hd of 8");
   const int32_t l = *layer.typed_data();
   if (l < 0 || l >= kd[0]) return ffi::Error::InvalidArgument("decode_attention: layer out of range");
   const Shape d{qd[0], kd[2], ad[1], kd[3], qd[1] / kd[3], qd[2]};
@@ -157,9 +162,9 @@ ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::B
   const bool* ap = allowed.typed_data();
   float* op = out->typed_data();
   ParallelFor(pool, d.rows * d.kv_heads, 4, [=](int64_t i0, int64_t i1) {
-    std::vector<float> scratch(ScratchFloats(d.window, d.group));
+    Scratch scratch(d);
     for (int64_t i = i0; i < i1; ++i)
-      AttendOne(d, qp, kp, vp, ap, scale, masked, i / d.kv_heads, i % d.kv_heads, scratch.data(), op);
+      AttendOne(d, qp, kp, vp, ap, scale, masked, i / d.kv_heads, i % d.kv_heads, scratch, op);
   });
   return ffi::Error::Success();
 }
