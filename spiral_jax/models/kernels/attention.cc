@@ -16,17 +16,29 @@
 namespace spiral {
 namespace {
 
+// The lanes of a and b numbered I (b's from 8 up): GCC and clang spell it differently (GCC only has
+// __builtin_shufflevector from version 12).
+template <int... I>
+inline Vec Pick(Vec a, Vec b) {
+#if defined(__clang__)
+  return __builtin_shufflevector(a, b, I...);
+#else
+  return __builtin_shuffle(a, b, VecI{I...});
+#endif
+}
+
 // (sum(a[0]), ..., sum(a[7])): eight horizontal sums at once, by adding halves of pairs three times.
 inline Vec SumEach(const Vec (&a)[kLanes]) {
   Vec b[4], c[2];
-  for (int i = 0; i < 4; ++i)
-    b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 8, 2, 10, 4, 12, 6, 14) +
-           __builtin_shufflevector(a[2 * i], a[2 * i + 1], 1, 9, 3, 11, 5, 13, 7, 15);
-  for (int i = 0; i < 2; ++i)
-    c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
-           __builtin_shufflevector(b[2 * i], b[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
-  return __builtin_shufflevector(c[0], c[1], 0, 1, 2, 3, 8, 9, 10, 11) +
-         __builtin_shufflevector(c[0], c[1], 4, 5, 6, 7, 12, 13, 14, 15);
+  for (int i = 0; i < 4; ++i) {
+    const Vec x = a[2 * i], y = a[2 * i + 1];
+    b[i] = Pick<0, 8, 2, 10, 4, 12, 6, 14>(x, y) + Pick<1, 9, 3, 11, 5, 13, 7, 15>(x, y);
+  }
+  for (int i = 0; i < 2; ++i) {
+    const Vec x = b[2 * i], y = b[2 * i + 1];
+    c[i] = Pick<0, 1, 8, 9, 4, 5, 12, 13>(x, y) + Pick<2, 3, 10, 11, 6, 7, 14, 15>(x, y);
+  }
+  return Pick<0, 1, 2, 3, 8, 9, 10, 11>(c[0], c[1]) + Pick<4, 5, 6, 7, 12, 13, 14, 15>(c[0], c[1]);
 }
 
 inline float Sum(Vec v) {
