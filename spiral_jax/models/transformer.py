@@ -139,6 +139,12 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return (weight.astype(jnp.float32) * xf.astype(x.dtype).astype(jnp.float32)).astype(x.dtype)
 
 
+def _allowed(kv_mask, q_slots):
+    """Which key slots each query may attend: real tokens (kv_mask [B, S]) at or before the query's own
+    slot (q_slots [T]) -> [B, T, S]."""
+    return kv_mask[:, None, :] & (jnp.arange(kv_mask.shape[1])[None, None, :] <= q_slots[None, :, None])
+
+
 def attention(q, k, v, q_slots, kv_mask):
     """GQA attention. q [B,T,H,hd]; k, v [B,S,KV,hd]; q_slots [T]; kv_mask [B,S] -> [B,T,H,hd].
 
@@ -148,13 +154,12 @@ def attention(q, k, v, q_slots, kv_mask):
     b, t, h, hd = q.shape
     kv, g = k.shape[2], h // k.shape[2]
     if t == 1 and cpu_layouts():
-        return _decode_attention(q, k, v, kv_mask & (jnp.arange(k.shape[1]) <= q_slots[0])[None])
+        return _decode_attention(q, k, v, _allowed(kv_mask, q_slots)[:, 0])
     qh = q.reshape(b, t, kv, g, hd).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, hd)
     kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, KV, S, hd]
     scores = jnp.matmul(qh, kh.swapaxes(-1, -2), preferred_element_type=jnp.float32)
     scores = scores.reshape(b, kv, g, t, -1) * (hd ** -0.5)
-    allowed = kv_mask[:, None, :] & (jnp.arange(k.shape[1])[None, None, :] <= q_slots[None, :, None])
-    scores = jnp.where(allowed[:, None, None], scores, _MASKED)
+    scores = jnp.where(_allowed(kv_mask, q_slots)[:, None, None], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kv, g * t, -1)
     out = jnp.matmul(probs, vh).reshape(b, kv, g, t, hd)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd)
@@ -226,8 +231,8 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
         if last_only:
             q, x, q_slots = q[:, -1:], x[:, -1:], q_slots[-1:]
         if _kernel_attention(q, cache, rules):
-            allowed = kv_mask[:, :seen] & (jnp.arange(seen) <= q_slots[0])[None]
-            out = cpu_kernels.decode_attention(q[:, 0], cache.k, cache.v, layer, allowed,
+            out = cpu_kernels.decode_attention(q[:, 0], cache.k, cache.v, layer,
+                                               _allowed(kv_mask[:, :seen], q_slots)[:, 0],
                                                scale=q.shape[-1] ** -0.5, masked=_MASKED)[:, None]
         else:
             out = attention(q, cache.k[layer, :, :seen].astype(dt), cache.v[layer, :, :seen].astype(dt),

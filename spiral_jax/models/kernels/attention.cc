@@ -7,7 +7,6 @@
 // that head's query group, a softmax, and the weighted sum of the values.
 // Built by cpu_kernels.py with the host's compiler for the host's CPU (-march=native).
 
-#include <cmath>
 #include <limits>
 #include <vector>
 
