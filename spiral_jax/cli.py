@@ -144,7 +144,7 @@ def _run(command: str, c) -> int:
     from spiral_jax.rl.trainer import Trainer
 
     if command == "train":
-        Trainer(c, resume=FLAGS.resume).run()
+        Trainer(c, resume=FLAGS.resume, config_file=config_flags.get_config_filename(FLAGS["config"])).run()
         return 0
     if command == "export" and not FLAGS.out:
         raise ValueError("--out is required (the folder to write the Hugging Face checkpoint to)")

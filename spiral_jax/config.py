@@ -44,7 +44,8 @@ def base_config() -> ConfigDict:
         mode="self_play", opponent="random", pool_size=4, pool_every=10, pool_self_weight=0.5,
         games_per_batch=32, samples_per_step=128, selection="exact", max_new_tokens=4096,
         temperature=1.0, top_p=1.0, top_k=0, max_prompt_len=2048))
-    c.rae = ConfigDict(dict(enabled=True, decay=0.95, drop_zero=True))
+    # games_per_shard > 0: baselines per shard of that many games a step (the reference: 2; rl/rae.py)
+    c.rae = ConfigDict(dict(enabled=True, decay=0.95, drop_zero=True, games_per_shard=0))
     # Fields of spiral_jax.rl.TrainConfig (optimiser, loss, micro-batching).
     c.optim = ConfigDict(dict(
         learning_rate=1e-6, schedule="constant", warmup_steps=0, decay_steps=0, final_lr_fraction=0.0,
@@ -56,9 +57,10 @@ def base_config() -> ConfigDict:
     c.eval = ConfigDict(dict(opponents=("random", "scripted"), games=64, final_games=200, temperature=0.6,
                              top_p=0.95, max_new_tokens=4096, invalid_rewards=(-1.0, 1.0),
                              kuhn_samples=-1))  # Kuhn exploitability: -1 off, 0 exact scoring, k samples
-    # Imitation of scripted games before RL: for random tiny models only (real checkpoints skip it).
-    c.bootstrap = ConfigDict(dict(enabled=False, steps=200, batch_size=64, learning_rate=1e-3,
-                                  warmup_steps=50, explore=0.5))
+    # Imitation before RL, for random tiny models only (real checkpoints skip it). teacher: "random"
+    # (legal moves in the answer format, no strategy) or "scripted" (imitates the game's script).
+    c.bootstrap = ConfigDict(dict(enabled=False, teacher="random", steps=200, batch_size=64,
+                                  learning_rate=1e-3, warmup_steps=50, explore=0.5))
     return c
 
 

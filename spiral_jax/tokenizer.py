@@ -32,6 +32,16 @@ class Tokenizer:
     def prompt_ids(self, observation: str) -> list[int]:
         return self.encode(self.template.render(observation, self.hf))
 
+    @property
+    def end_of_turn_id(self) -> int:
+        """The token a turn ends with: the tokenizer's EOS (`<|im_end|>` in Qwen chat tokenizers),
+        else the first end-of-turn token it knows. Imitation targets end with it, and exact scoring
+        of answers appends it."""
+        if self.hf.eos_token_id is not None:
+            return int(self.hf.eos_token_id)
+        vocab = self.hf.get_vocab()
+        return next((vocab[t] for t in _END_OF_TURN if t in vocab), min(self.stop_ids))
+
 
 def stop_ids_for(hf_tokenizer, path: Path | None = None) -> frozenset[int]:
     """EOS from the tokenizer, its end-of-turn tokens, and generation_config.json's eos ids."""

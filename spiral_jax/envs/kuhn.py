@@ -12,6 +12,10 @@ flags whose defaults reproduce it:
 * `outcome="last_round"`: the winner of the final round wins the game (+1/-1) whatever the chip
   totals.  `outcome="chips"` makes the chip leader win (equal chips: draw).
 
+`outcome="chip_reward"` pays each player its net chips instead of +-1: with one round
+(KuhnPokerChips-v0) a turn's reward is exactly the quantity exploitability is measured in, and a
+hand won after a bet and a call is worth twice one won on the antes.
+
 Also as in the reference: the round-ending action does not count as a turn and does not clear the
 error count; the next round is dealt at once (the reference deals it lazily, but tells the players
 the same things in the same order).
@@ -26,7 +30,7 @@ CARDS = "JQK"
 _MOVE = re.compile(r"\[(check|bet|call|fold)\]", re.IGNORECASE)
 # Moves allowed after a betting history (c = check, b = bet), in the reference's order.
 _NODE_MOVES = {"": ("check", "bet"), "c": ("check", "bet"), "b": ("fold", "call"), "cb": ("fold", "call")}
-_OUTCOMES = ("last_round", "chips")
+_OUTCOMES = ("last_round", "chips", "chip_reward")
 
 
 class KuhnPoker(Env):
@@ -36,7 +40,8 @@ class KuhnPoker(Env):
         rounds: rounds per game.
         ante: chips each player puts in at the start of a round (bets and calls are 1 chip).
         fixed_pot: reference quirk, see the module docstring.
-        outcome: "last_round" (reference quirk) or "chips".
+        outcome: "last_round" (reference quirk), "chips" (the chip leader wins) or "chip_reward"
+            (each player's reward is its net chips).
         first_opener: who opens round 1 (the reference: player 1).
 
     Chance kind "deal": (card of player 0, card of player 1), cards 0=J, 1=Q, 2=K; one per round.
@@ -123,6 +128,10 @@ class KuhnPoker(Env):
             self._start_round()
         elif self.outcome == "last_round":
             self._win(winner, f"Player {winner} won the final round.")
+        elif self.outcome == "chip_reward":
+            self._tell("chips", tuple(self._chips), f"Game over: Player 0 has {self._chips[0]:+d} chips, "
+                       f"Player 1 has {self._chips[1]:+d}.")
+            self._finish({0: self._chips[0], 1: self._chips[1]}, f"Net chips {self._chips[0]:+d} / {self._chips[1]:+d}.")
         elif self._chips[0] == self._chips[1]:
             self._draw(f"Both players have {self._chips[0]} chips after {self.rounds} rounds.")
         else:
@@ -132,6 +141,8 @@ class KuhnPoker(Env):
     def _rules(self, player: int) -> str:
         # Like the reference, the text states the chip rule even under its `last_round` quirk.
         tie = " Equal chips make a draw." if self.outcome == "chips" else ""
+        goal = ("Your reward is the number of chips you win or lose." if self.outcome == "chip_reward"
+                else f"The player with more chips after the last round wins.{tie}")
         return (
             f"Kuhn poker, {self.rounds} round(s). You are Player {player}.\n"
             "The deck has three cards: J < Q < K. Every round each player puts in an ante of "
@@ -139,7 +150,7 @@ class KuhnPoker(Env):
             "Moves: [check] passes when nobody has bet; [bet] puts 1 more chip in when nobody has "
             "bet; [call] matches a bet; [fold] gives up the round.\n"
             "After check-check or a call, the higher card takes the pot; a fold hands the pot to "
-            f"the other player.\nThe player with more chips after the last round wins.{tie}"
+            f"the other player.\n{goal}"
         )
 
     def _state(self) -> dict:

@@ -272,6 +272,7 @@ _SCRIPTED = {
     "TicTacToe-v0": TicTacToeMinimax,
     "KuhnPoker-v1": lambda seed: KuhnNashOpponent(seed=seed),
     "KuhnPoker-v2": lambda seed: KuhnNashOpponent(seed=seed),
+    "KuhnPokerChips-v0": lambda seed: KuhnNashOpponent(seed=seed),
     "SimpleNegotiation-v1": lambda seed: NegotiationHeuristic(),
     "PigDice-v1": lambda seed: PigHoldAt(),
     "LiarsDice-v1": lambda seed: LiarsDiceHeuristic(),

@@ -22,6 +22,9 @@ _REGISTRY: dict[str, tuple[type[Env], dict[str, Any]]] = {
     "TicTacToe-v0": (TicTacToe, {}),
     "KuhnPoker-v1": (KuhnPoker, {}),
     "KuhnPoker-v2": (KuhnPoker, {"fixed_pot": False, "outcome": "chips", "first_opener": 0}),
+    # one textbook hand, rewarded in chips: what Kuhn exploitability measures (tiny_kuhn trains on it)
+    "KuhnPokerChips-v0": (KuhnPoker, {"rounds": 1, "fixed_pot": False, "outcome": "chip_reward",
+                                      "first_opener": 0}),
     "SimpleNegotiation-v1": (SimpleNegotiation, {}),
     # evaluation (out-of-distribution) games
     "PigDice-v1": (PigDice, {}),

@@ -64,6 +64,11 @@ class GameStats:
                     f"{prefix}/truncated_responses": self.truncated_responses})
         return out
 
+    def summary(self) -> dict:
+        """Machine-readable rates, with the win rate's 95% interval (summary.json)."""
+        return {"games": self.games, **{w: round(self.rate(w), 4) for w in OUTCOMES},
+                "win_ci": [round(x, 4) for x in self.interval("win")]}
+
     def row(self, name: str) -> str:
         cells = []
         for w in OUTCOMES:

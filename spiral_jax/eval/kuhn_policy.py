@@ -15,15 +15,13 @@ goes to the exact `kuhn_exploitability`.  Two ways to ask:
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Callable, Mapping, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from spiral_jax.envs import INFO_SETS, KuhnExploitability, extract_action, kuhn_exploitability, make
 from spiral_jax.eval.games import wilson_interval
+from spiral_jax.sampling.scoring import sequence_logprobs
 
 ENV_ID = "KuhnPoker-v2"
 _CARDS = "JQK"
@@ -40,14 +38,17 @@ class InfoSetPrompt:
     aggressive: str
 
 
-def info_set_prompts() -> list[InfoSetPrompt]:
-    """The observation shown at each of the 12 information sets of one-round KuhnPoker-v2."""
+def info_set_prompts(env_id: str = ENV_ID) -> list[InfoSetPrompt]:
+    """The observation shown at each of the 12 information sets of one-round Kuhn poker.
+
+    env_id: a Kuhn game whose first hand player 0 opens (KuhnPoker-v2, KuhnPokerChips-v0), so the
+    prompts are the ones a model trained on that game sees."""
     out = []
     for info in INFO_SETS:
         card, history = _CARDS.index(info[0]), info[1:]
-        player = len(history) % 2  # player 0 opens in v2
+        player = len(history) % 2  # player 0 opens
         other = (card + 1) % 3
-        env = make(ENV_ID, rounds=1)
+        env = make(env_id, rounds=1)
         env.reset(seed=0, chance={"deal": [(card, other) if player == 0 else (other, card)]})
         for move in _HISTORY_MOVES[history]:
             env.step(move)
@@ -93,9 +94,9 @@ SampleFn = Callable[[Sequence[str], int], Sequence[Sequence[str]]]
 ProbFn = Callable[[Sequence[InfoSetPrompt]], Sequence[Mapping[str, float]]]
 
 
-def estimate_by_sampling(sample: SampleFn, k: int) -> KuhnPolicyEstimate:
+def estimate_by_sampling(sample: SampleFn, k: int, env_id: str = ENV_ID) -> KuhnPolicyEstimate:
     """K responses per information set, counted with the trainer's strict action rules."""
-    prompts = info_set_prompts()
+    prompts = info_set_prompts(env_id)
     responses = sample([p.observation for p in prompts], k)
     aggression, interval, samples, invalid = {}, {}, {}, {}
     for p, resp in zip(prompts, responses):
@@ -109,14 +110,23 @@ def estimate_by_sampling(sample: SampleFn, k: int) -> KuhnPolicyEstimate:
     return KuhnPolicyEstimate(aggression, interval, samples, invalid, kuhn_exploitability(aggression))
 
 
-def estimate_exact(probs: ProbFn) -> KuhnPolicyEstimate:
-    """Exact probabilities per set (renormalised over the legal moves; the rest is `invalid_rate`)."""
-    prompts = info_set_prompts()
+def estimate_exact(probs: ProbFn, env_id: str = ENV_ID, min_coverage: float = 0.0) -> KuhnPolicyEstimate:
+    """Exact probabilities per set (renormalised over the legal moves; the rest is `invalid_rate`).
+
+    min_coverage: raise if the two answers hold less of the model's probability than this on
+    average: the scored answers are then not what the model writes (another answer format or
+    end-of-turn token) and the renormalised numbers would mean nothing."""
+    prompts = info_set_prompts(env_id)
     aggression, invalid = {}, {}
     for p, dist in zip(prompts, probs(prompts)):
         mass = sum(float(dist.get(a, 0.0)) for a in p.legal_actions)
         aggression[p.info_set] = float(dist.get(p.aggressive, 0.0)) / mass if mass > 0 else 0.5
         invalid[p.info_set] = max(0.0, 1.0 - mass)
+    coverage = 1.0 - float(np.mean(list(invalid.values())))
+    if coverage < min_coverage:
+        raise ValueError(f"exact Kuhn scoring: the scored answers hold only {coverage:.3g} of the model's "
+                         f"probability (need {min_coverage}); the model answers in another format or ends "
+                         "its turns with another token. Use sampled scoring (eval.kuhn_samples > 0)")
     exact = {i: (a, a) for i, a in aggression.items()}
     return KuhnPolicyEstimate(aggression, exact, {i: 0 for i in INFO_SETS}, invalid,
                               kuhn_exploitability(aggression))
@@ -125,33 +135,6 @@ def estimate_exact(probs: ProbFn) -> KuhnPolicyEstimate:
 def answer_text(action: str, template: str = "\\boxed{{{move}}}") -> str:
     """The response that plays `action` ("[bet]") without reasoning, e.g. "\\boxed{bet}"."""
     return template.format(move=action.strip("[]"))
-
-
-def sequence_logprobs(params, cfg, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
-                      bucket: int = 64) -> np.ndarray:
-    """log p(continuation | prompt) for each (prompt ids, continuation ids) pair, in one forward
-    pass (left padded to a multiple of `bucket`, so repeated calls reuse the compiled program)."""
-    rows = [list(p) + list(c) for p, c in pairs]
-    width = -(-max(len(r) for r in rows) // bucket) * bucket
-    ids = np.zeros((len(rows), width), np.int32)
-    mask = np.zeros((len(rows), width), bool)
-    targets = np.zeros((len(rows), width - 1), np.int32)
-    weights = np.zeros((len(rows), width - 1), np.float32)
-    for i, (r, (_, c)) in enumerate(zip(rows, pairs)):  # left padding, as the sampler does
-        ids[i, width - len(r):], mask[i, width - len(r):] = r, True
-        if c:  # token at position t is predicted at t - 1
-            targets[i, width - 1 - len(c):] = c
-            weights[i, width - 1 - len(c):] = 1.0
-    return np.asarray(_scored(params, cfg, ids, mask, targets, weights))
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def _scored(params, cfg, ids, mask, targets, weights):
-    from spiral_jax.models import forward
-
-    logp = jax.nn.log_softmax(forward(params, cfg, ids, mask)[:, :-1].astype(jnp.float32), axis=-1)
-    picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    return (picked * weights).sum(-1)
 
 
 def model_prob_fn(params, cfg, tokenizer, template: str = "\\boxed{{{move}}}",

@@ -83,21 +83,24 @@ def run_transfer(ctx: EvalContext, out_dir, n_games: int, opponents: Sequence[st
                                        ctx.settings(n_games=n_games))
 
 
-def run_kuhn(ctx: EvalContext, out_dir, k: int = 0, answer_template: str = "\\boxed{{{move}}}"):
-    """Exploitability of the model's one-round KuhnPoker-v2 policy: sampled (k > 0, under the
-    context's sampling settings) or exact scoring of the answers (k = 0; for templates without
-    reasoning).  Writes kuhn.md."""
+def run_kuhn(ctx: EvalContext, out_dir, k: int = 0, answer_template: str = "\\boxed{{{move}}}",
+             env_id: str = kuhn_policy.ENV_ID):
+    """Exploitability of the model's one-round Kuhn policy, asked with `env_id`'s prompts: sampled
+    (k > 0, under the context's sampling settings) or exact scoring of the answers (k = 0; for
+    templates without reasoning; fails when the answers hold under half the probability).
+    Writes kuhn.md."""
     if k > 0:
         sample = kuhn_policy.model_sample_fn(ctx.sampler, ctx.tokenizer, ctx.params, ctx.sampling, ctx.seed)
-        est, how = kuhn_policy.estimate_by_sampling(sample, k), f"{k} samples per information set"
+        est, how = kuhn_policy.estimate_by_sampling(sample, k, env_id), f"{k} samples per information set"
     else:
-        end = sorted(ctx.tokenizer.stop_ids)[:1]
+        end = [ctx.tokenizer.end_of_turn_id]
         probs = kuhn_policy.model_prob_fn(ctx.params, ctx.cfg, ctx.tokenizer, answer_template, end)
         example = kuhn_policy.answer_text("[bet]", answer_template)
-        est, how = kuhn_policy.estimate_exact(probs), f"exact scoring of answers like {example!r}"
+        est = kuhn_policy.estimate_exact(probs, env_id, min_coverage=0.5)
+        how = f"exact scoring of answers like {example!r}"
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "kuhn.md").write_text(f"## Kuhn poker exploitability (one round, KuhnPoker-v2; {how})\n\n"
+    (out / "kuhn.md").write_text(f"## Kuhn poker exploitability (one round, {env_id}; {how})\n\n"
                                  + est.markdown())
     return est
 

@@ -6,12 +6,17 @@ follow a teacher (with probability `explore` a random legal move instead, to vis
 and trains on the teacher's moves written as `\\boxed{move}` + end of turn: plain maximum likelihood,
 i.e. the policy-gradient step with advantage 1. Real checkpoints skip it.
 
-The teacher is the game's scripted player, made deterministic where it would choose at random among
-equally good moves: for TicTacToe, minimax with ties going to the centre, then corners, then edges.
-A tiny model imitates a function far faster than a spread over equivalent moves (measured on the tiny
-default: 85% legal moves after 1500 steps imitating random tie-breaks, 99% after 1800 with this one).
+Teachers:
+
+* "random": a uniformly random legal move. It carries no strategy, so whatever the model plays
+  better than chance afterwards was learned by RL. This is the format-only start of the tiny configs.
+* "scripted": the game's scripted player, made deterministic where it would choose at random among
+  equally good moves (for TicTacToe, minimax with ties going to the centre, then corners, then
+  edges). This is imitation of a strategic teacher: results after it are not self-play RL's.
 """
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 
@@ -35,27 +40,85 @@ def imitation_teacher(env_id: str, seed: int):
     return scripted_opponent(env_id, seed)
 
 
-def imitation_samples(env_ids, weights, tokenizer, n: int, seed: int, explore: float) -> list[TurnSample]:
-    """`n` turn samples of scripted moves (advantage 1) from freshly played games."""
-    rng = np.random.default_rng(seed)
-    eos = tokenizer.hf.eos_token_id
-    samples: list[TurnSample] = []
-    while len(samples) < n:
-        env_id = env_ids[rng.choice(len(env_ids), p=np.asarray(weights) / np.sum(weights))]
+TEACHERS = ("random", "hashed", "legal", "scripted")
+
+
+class HashedRandomPlayer:
+    """A random legal move from a distribution fixed per observation: half uniform, half Dirichlet(1)
+    weights over the legal moves seeded by a hash of (seed, observation text).
+
+    Over observations its preferences are as strategy-free as uniform play (they are pseudo-random
+    functions of the text, not of the game's value), but unlike uniform play they depend on the whole
+    observation, so a model imitating it has to read the state (the card, the board) and not only the
+    list of legal moves. The uniform half keeps every legal move likely enough for RL to explore.
+    """
+
+    def __init__(self, seed: int, play_seed: int | None = None):
+        self._seed = seed
+        self._rng = np.random.default_rng(play_seed)
+
+    def distribution(self, env) -> np.ndarray:
+        text = f"{self._seed}\n{env.observation(env.current_player())}".encode()
+        key = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+        n = len(env.legal_actions())
+        return 0.5 / n + 0.5 * np.random.default_rng(key).dirichlet(np.ones(n))
+
+    def act(self, env) -> str:
+        legal = env.legal_actions()
+        return legal[int(self._rng.choice(len(legal), p=self.distribution(env)))]
+
+
+def _teacher_turns(env_ids, weights, rng: np.random.Generator, explore: float, teacher: str, hash_seed: int):
+    """Endless (env id, env, turn, action): each teacher move of freshly played games, yielded
+    before it is played (the env shows the state the move is chosen in)."""
+    p = np.asarray(weights, float) / np.sum(weights)
+    while True:
+        env_id = env_ids[rng.choice(len(env_ids), p=p)]
         env = make(env_id)
         env.reset(int(rng.integers(1 << 31)))
-        teacher = imitation_teacher(env_id, int(rng.integers(1 << 31)))
-        explorer = RandomOpponent(int(rng.integers(1 << 31)))
+        teacher_seed, explorer = int(rng.integers(1 << 31)), RandomOpponent(int(rng.integers(1 << 31)))
+        demonstrator = (imitation_teacher(env_id, teacher_seed) if teacher == "scripted" else
+                        HashedRandomPlayer(hash_seed, teacher_seed) if teacher == "hashed" else explorer)
         turn = 0
-        while not env.done and len(samples) < n:
+        while not env.done:
             if rng.random() < explore:
                 env.step(explorer.act(env))
             else:
-                player, action = env.current_player(), teacher.act(env)
-                response = tokenizer.encode(boxed(action)) + [eos]
-                samples.append(TurnSample(tokenizer.prompt_ids(env.observation(player)), response,
-                                          np.zeros(len(response), np.float32), env_id, player, turn,
-                                          advantage=1.0))
+                action = demonstrator.act(env)
+                yield env_id, env, turn, action
                 env.step(action)
             turn += 1
+
+
+def imitation_samples(env_ids, weights, tokenizer, n: int, seed: int, explore: float,
+                      teacher: str = "random", score=None, hash_seed: int = 0) -> list[TurnSample]:
+    """Imitation samples (advantage = target weight) from `n` teacher turns of freshly played games.
+
+    "random" and "scripted" give one sample per turn, the teacher's move, with weight 1. "legal"
+    gives one sample per legal answer, weighted by the model's own probability of that answer
+    among the legal ones (`score(pairs)` -> log p(answer | prompt) per (prompt, answer) pair): the
+    gradient of log P(some legal answer), which teaches the format and legality while leaving the
+    model's preferences among legal moves, and what it reads from the prompt, to RL.
+    """
+    if teacher not in TEACHERS:
+        raise ValueError(f"bootstrap.teacher={teacher!r}; use one of {', '.join(TEACHERS)}")
+    if teacher == "legal" and score is None:
+        raise ValueError("the 'legal' teacher weighs answers by the model's probabilities: pass score")
+    rng = np.random.default_rng(seed)
+    eos = tokenizer.end_of_turn_id
+    samples: list[TurnSample] = []
+    for _, (env_id, env, turn, action) in zip(range(n), _teacher_turns(env_ids, weights, rng, explore, teacher,
+                                                                   hash_seed)):
+        player = env.current_player()
+        prompt = tokenizer.prompt_ids(env.observation(player))
+        moves = env.legal_actions() if teacher == "legal" else [action]
+        answers = [tokenizer.encode(boxed(m)) + [eos] for m in moves]
+        if teacher == "legal":
+            logp = np.asarray(score([(prompt, r) for r in answers]), np.float64)
+            targets = np.exp(logp - logp.max())
+            targets /= targets.sum()
+        else:
+            targets = np.ones(1)
+        samples += [TurnSample(prompt, r, np.zeros(len(r), np.float32), env_id, player, turn, advantage=float(w))
+                    for r, w in zip(answers, targets)]
     return samples

@@ -7,6 +7,12 @@ For each finished game and role the baseline b is *read first*, then updated wit
 (b <- decay * b + (1 - decay) * R), and every turn of that role gets the advantage R - b (the value
 read before the update). Switching RAE off (the paper's ablation) uses baseline 0: advantage = R.
 
+Memory: the reference runs 8 actors, each with its own baselines and about 2 games a step, so each
+moving average spans roughly 10 steps of games. One set of baselines updated by every game of a
+64-game round would forget within one step, and its memory would change with the batch size.
+`games_per_shard` reproduces the reference: the games of a step are dealt, in order, to shards of
+that many games, each shard with its own baselines (shard k of every step shares them).
+
 The state is a plain nested dict of floats, {"baselines": {game_id: {role: b}}} (roles as strings),
 which orbax checkpoints as it is. Pure Python: no JAX needed.
 """
@@ -23,6 +29,11 @@ class RAEConfig:
     decay: float = 0.95
     enabled: bool = True  # False: baseline 0 (the paper's "no RAE" ablation)
     drop_zero: bool = True  # drop samples whose advantage is exactly 0 (they carry no gradient)
+    games_per_shard: int = 0  # >0: game i of a step uses the baselines of shard i // games_per_shard
+
+    def key(self, game_id: str, index: int) -> str:
+        """Where the baselines of the step's `index`-th game live."""
+        return f"{game_id}@{index // self.games_per_shard}" if self.games_per_shard > 0 else game_id
 
 
 def init_rae_state() -> dict:
@@ -37,6 +48,7 @@ def assign_advantages(state: dict, game_id: str, rewards_by_role: Mapping, cfg: 
                       ) -> tuple[dict, dict]:
     """Advantages {role: R - b} for one finished game, and the state with each role's baseline updated.
 
+    game_id: the key of the baselines (a game id, or `RAEConfig.key` of one for sharded baselines).
     The input state is not modified. Games that finish in the same step must be passed one by one in
     a fixed order: each sees the baselines left by the previous one.
     """
@@ -52,17 +64,18 @@ def assign_advantages(state: dict, game_id: str, rewards_by_role: Mapping, cfg: 
 
 
 def label_game(state: dict, game_id: str, samples: Sequence[TurnSample], rewards_by_role: Mapping,
-               cfg: RAEConfig = RAEConfig()) -> tuple[list[TurnSample], dict]:
+               cfg: RAEConfig = RAEConfig(), index: int = 0) -> tuple[list[TurnSample], dict]:
     """Give every turn of one finished game its role's advantage (dropping zeros if configured).
 
     rewards_by_role: the final reward of every role whose baseline this game updates (normally both
-    seats in self-play; only the trained seat against a fixed opponent).
+    seats in self-play; only the trained seat against a fixed opponent). index: the game's place
+    among the step's games (picks its baseline shard).
     """
     for s in samples:
         if s.game_id != game_id or s.role not in rewards_by_role:
             raise ValueError(f"turn {s.turn} (game {s.game_id!r}, role {s.role!r}) does not belong to "
                              f"game {game_id!r} with rewarded roles {list(rewards_by_role)}")
-    advantages, state = assign_advantages(state, game_id, rewards_by_role, cfg)
+    advantages, state = assign_advantages(state, cfg.key(game_id, index), rewards_by_role, cfg)
     labelled = [dataclasses.replace(s, advantage=advantages[s.role]) for s in samples]
     if cfg.drop_zero:
         labelled = [s for s in labelled if s.advantage != 0.0]
@@ -70,6 +83,10 @@ def label_game(state: dict, game_id: str, samples: Sequence[TurnSample], rewards
 
 
 def baseline_metrics(state: dict) -> dict[str, float]:
-    """Flat {"rae/baseline/<game>/<role>": b} for logging."""
-    return {f"rae/baseline/{game}/{role}": float(b)
-            for game, roles in sorted(state["baselines"].items()) for role, b in sorted(roles.items())}
+    """Flat {"rae/baseline/<game>/<role>": b} for logging (sharded baselines: the mean over shards)."""
+    values: dict[str, list[float]] = {}
+    for key, roles in state["baselines"].items():
+        game = key.rsplit("@", 1)[0]
+        for role, b in roles.items():
+            values.setdefault(f"rae/baseline/{game}/{role}", []).append(float(b))
+    return {name: sum(v) / len(v) for name, v in sorted(values.items())}

@@ -123,17 +123,19 @@ class Rollout:
             turns[r.game].append(ModelTurn(r.player, policy, p, ids, lp, reason))
 
 
-def label_games(games: Sequence[PlayedGame], rae_state: dict, rae: RAEConfig, trained: str = "model"
-                ) -> tuple[list[TurnSample], dict]:
-    """Turn samples (with RAE advantages) from the `trained` policy's turns, games in order."""
+def label_games(games: Sequence[PlayedGame], rae_state: dict, rae: RAEConfig, trained: str = "model",
+                first: int = 0) -> tuple[list[TurnSample], dict]:
+    """Turn samples (with RAE advantages) from the `trained` policy's turns, games in order.
+
+    first: the index of `games[0]` among this step's games (picks RAE baseline shards)."""
     samples: list[TurnSample] = []
-    for game in games:
+    for index, game in enumerate(games, first):
         rec = game.record
         roles = {p: rec.rewards[p] for p in (0, 1) if game.seats[p] == trained}
         if not roles:
             continue
         mine = [TurnSample(t.prompt_ids, t.response_ids, t.logprobs, rec.env_id, t.player, i)
                 for i, t in enumerate(game.model_turns) if t.policy == trained and t.response_ids]
-        labelled, rae_state = label_game(rae_state, rec.env_id, mine, roles, rae)
+        labelled, rae_state = label_game(rae_state, rec.env_id, mine, roles, rae, index)
         samples += labelled
     return samples, rae_state

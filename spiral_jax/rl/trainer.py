@@ -12,6 +12,8 @@ Only process 0 prints, writes TensorBoard events and transcripts.
 """
 from __future__ import annotations
 
+import functools
+import json
 import signal
 import time
 from pathlib import Path
@@ -27,6 +29,7 @@ from spiral_jax.config import build_model, build_tokenizer
 from spiral_jax.distributed import host_local_mesh, initialize, is_leader, to_host_local
 from spiral_jax.envs import make
 from spiral_jax.eval.games import TABLE_HEADER, evaluate, summarize
+from spiral_jax.eval.kuhn_policy import ENV_ID as KUHN_ENV_ID
 from spiral_jax.eval.suite import EvalContext, load_policy_weights, run_kuhn
 from spiral_jax.eval.transcripts import write_transcripts
 from spiral_jax.metrics import MetricsWriter
@@ -37,6 +40,7 @@ from spiral_jax.rl.rollout import PlayedGame, Rollout, label_games
 from spiral_jax.rl.samples import pack, shard_batch
 from spiral_jax.rl.train_step import TrainConfig, init_train_state, make_update
 from spiral_jax.sampling import Sampler, SamplingParams, bucket_length, cache_slots
+from spiral_jax.sampling.scoring import sequence_logprobs
 from spiral_jax.sharding import make_mesh
 
 MODES = ("self_play", "fixed_opponent", "pool")
@@ -58,8 +62,19 @@ def transcript(game: PlayedGame) -> str:
     return "\n\n".join(lines)
 
 
+def role_rewards(games, policy: str = "model") -> dict[str, float]:
+    """Mean final reward of each role the policy played, per game: {"rollout/<game>/role<p>/reward": r}."""
+    rewards: dict[str, list[float]] = {}
+    for g in games:
+        for p in (0, 1):
+            if g.seats[p] == policy:
+                rewards.setdefault(f"rollout/{g.record.env_id}/role{p}/reward", []).append(g.record.rewards[p])
+    return {k: float(np.mean(v)) for k, v in sorted(rewards.items())}
+
+
 class Trainer:
-    def __init__(self, c: ConfigDict, resume: bool = False, log=print, bootstrap: bool = True):
+    def __init__(self, c: ConfigDict, resume: bool = False, log=print, bootstrap: bool = True,
+                 config_file: str = ""):
         if c.rollout.mode not in MODES:
             raise ValueError(f"rollout.mode={c.rollout.mode!r}; use one of {', '.join(MODES)}")
         if len(c.games.weights) != len(c.games.env_ids):
@@ -69,6 +84,7 @@ class Trainer:
             make(env_id)  # unknown ids fail here, before anything is compiled
         initialize(c.distributed)
         self.c, self.log = c, (log if is_leader() else (lambda *a, **k: None))
+        self.config_file = config_file
         self.out = Path(c.out_dir)
         self.mesh = make_mesh(**c.mesh)
         self.sample_mesh = host_local_mesh(self.mesh)
@@ -91,7 +107,7 @@ class Trainer:
                                     SamplingParams(e.max_new_tokens, e.temperature, 0, e.top_p),
                                     invalid_rewards=e.invalid_rewards, max_turns=c.games.max_turns,
                                     max_in_flight=r.games_per_batch)
-        self.rae = RAEConfig(c.rae.decay, c.rae.enabled, c.rae.drop_zero)
+        self.rae = RAEConfig(c.rae.decay, c.rae.enabled, c.rae.drop_zero, c.rae.games_per_shard)
         self.update = make_update(self.cfg, self.tc, self.mesh)
         self.to_sample_layout = make_reshard(self.cfg, self.mesh)
         self.state = init_train_state(params, self.cfg, self.tc, self.mesh)
@@ -137,19 +153,28 @@ class Trainer:
     # ------------------------------------------------------------------------------- bootstrap
 
     def _bootstrap(self):
-        """Imitation of scripted games (see rl/bootstrap.py), then a fresh optimiser for RL."""
+        """Imitation of the configured teacher (see rl/bootstrap.py), then a fresh optimiser for RL."""
         b, c = self.c.bootstrap, self.c
         tc = train_config(c.optim, learning_rate=b.learning_rate, normaliser="token_mean", epochs=1,
                           warmup_steps=b.warmup_steps, micro_batch_size=0)
         update = make_update(self.cfg, tc, self.mesh)
         state = init_train_state(self.state.params, self.cfg, tc, self.mesh)
-        self.log(f"[bootstrap] {b.steps} imitation steps of the scripted players "
-                 f"(teaches the \\boxed{{}} answer format; real checkpoints skip this stage)")
+        what = {"random": "uniformly random legal moves (the answer format, no strategy)",
+                "hashed": "a random move distribution fixed per observation (no strategy)",
+                "legal": "any legal move, the model's own choice (the answer format, no strategy)",
+                "scripted": "the scripted players (imitation of a strategic teacher)"}
+        if b.teacher not in what:
+            raise ValueError(f"bootstrap.teacher={b.teacher!r}; use one of {', '.join(what)}")
+        self.log(f"[bootstrap] {b.steps} imitation steps of {what[b.teacher]}; real checkpoints skip this stage")
         bar = tqdm(range(b.steps), desc="bootstrap", unit="step", dynamic_ncols=True, disable=not is_leader())
         for i in bar:
+            score = functools.partial(sequence_logprobs, state.params, self.cfg)
             samples = imitation_samples(c.games.env_ids, c.games.weights, self.tokenizer, b.batch_size,
-                                        seed=c.seed * 1_000_003 + i, explore=b.explore)
-            batch = shard_batch(pack(samples, row_multiple=self._row_multiple(tc)), self.mesh)
+                                        seed=c.seed * 1_000_003 + i, explore=b.explore,
+                                        teacher=b.teacher, score=score, hash_seed=c.seed)
+            multiple = self._row_multiple(tc)
+            rows = -(-bucket_length(len(samples), 1) // multiple) * multiple  # few shapes, few compiles
+            batch = shard_batch(pack(samples, rows=rows, row_multiple=multiple), self.mesh)
             state, metrics = update(state, batch)
             if i % 10 == 0 or i == b.steps - 1:
                 loss = float(metrics[-1]["loss"])
@@ -178,24 +203,29 @@ class Trainer:
         return seats
 
     def collect(self, params):
-        """Games and exactly `samples_per_step` (or all) RAE-labelled turn samples for this step."""
+        """Games and exactly `samples_per_step` (or all) RAE-labelled turn samples for this step.
+
+        Also counts, in `self.sample_counts`, the model turns played, those dropped for a zero
+        advantage, and the labelled samples before the exact selection."""
         r, c = self.c.rollout, self.c
         rng = np.random.default_rng([c.seed, self.step])
         policies = {"model": params, **self.frozen, **{f"pool/{s}": to_host_local(p, self.sample_mesh)
                                         for s, p in zip(self.pool_steps, self.pool)}}
         weights = np.asarray(c.games.weights, float) / np.sum(c.games.weights)
-        samples, games = [], []
+        samples, games, turns = [], [], 0
         for round_ in range(1000):
             env_ids = [c.games.env_ids[i] for i in rng.choice(len(weights), r.games_per_batch, p=weights)]
             played = self.rollout.play(env_ids, self._seats(rng, r.games_per_batch), policies,
                                        seed=int(rng.integers(1 << 31)))
-            new, self.rae_state = label_games(played, self.rae_state, self.rae)
+            new, self.rae_state = label_games(played, self.rae_state, self.rae, first=len(games))
+            turns += sum(1 for g in played for t in g.model_turns if t.policy == "model" and t.response_ids)
             samples += new
             games += played
             if r.selection == "all" or len(samples) >= r.samples_per_step:
                 break
         else:
             raise RuntimeError(f"1000 rounds of games gave only {len(samples)} trainable samples")
+        self.sample_counts = {"turns": turns, "zero_dropped": turns - len(samples), "candidates": len(samples)}
         if r.selection == "exact":
             keep = np.sort(rng.choice(len(samples), r.samples_per_step, replace=False))
             samples = [samples[i] for i in keep]
@@ -243,17 +273,21 @@ class Trainer:
             "rollout/truncation_rate": float(np.mean([t.finish_reason != "stop" for t in model_turns]))
             if model_turns else 0.0,
             "rollout/games": len(games), "rollout/samples": len(samples),
+            "rollout/samples_before_selection": self.sample_counts["candidates"],
+            "rollout/zero_advantage_dropped": self.sample_counts["zero_dropped"] / max(self.sample_counts["turns"], 1),
             "time/step": time.perf_counter() - t0, "time/sampling": t_sample,
             "time/env": t_rollout - t_sample, "time/update": t_update, "time/handover": t_handover,
             "throughput/sampled_tokens_per_s": generated / max(t_sample, 1e-9),
             # Nonzero after the first steps means a shape is not bucketed and a program recompiles.
             "compile/new_executables": compile_count() - executables0,
         })
+        metrics.update(role_rewards(games))
         metrics.update(baseline_metrics(self.rae_state))
         return metrics
 
-    def evaluate(self, n_games: int, transcripts: int = 0) -> dict:
-        """The current model against every configured opponent on every training game."""
+    def evaluate(self, n_games: int, transcripts: int = 0) -> tuple[dict, object]:
+        """The current model against every configured opponent on every training game, and the Kuhn
+        exploitability where configured: ({(env id, opponent): GameStats}, KuhnPolicyEstimate | None)."""
         params = self.to_sampler(self.state.params)
         e = self.c.eval
         settings = {"temperature": e.temperature, "top_p": e.top_p, "max_new_tokens": e.max_new_tokens}
@@ -269,24 +303,69 @@ class Trainer:
                                       games, extra={"step": self.step, "settings": settings})
                 for i, g in enumerate(games[:transcripts]):
                     self.writer.text(self.step, f"transcripts/{env_id}/{opponent}/{i}", transcript(g))
+        kuhn = None
         if e.kuhn_samples >= 0:  # exploitability of the policy on one-round Kuhn poker
-            est = run_kuhn(EvalContext.from_trainer(self), self.out / "eval" / f"step{self.step}",
-                           e.kuhn_samples)
-            scalars.update(est.scalars("eval/kuhn"))
+            try:
+                kuhn = run_kuhn(EvalContext.from_trainer(self), self.out / "eval" / f"step{self.step}",
+                                e.kuhn_samples, env_id=self.kuhn_env_id)
+                scalars.update(kuhn.scalars("eval/kuhn"))
+            except ValueError as err:  # exact scoring of a model that does not answer that way yet
+                self.log(f"[eval] step {self.step}: no Kuhn exploitability: {err}")
         self.writer.scalars(self.step, scalars)
-        return results
+        return results, kuhn
+
+    @property
+    def kuhn_env_id(self) -> str:
+        """The one-round Kuhn game whose prompts the exploitability is read with: the trained one."""
+        return next((g for g in self.c.games.env_ids if g == "KuhnPokerChips-v0"), KUHN_ENV_ID)
+
+    # ------------------------------------------------------------------------------- summary
+
+    def _record(self, point: str, results: dict, kuhn, wall_s: float = 0.0) -> None:
+        """Write `point` ("step0" or "final") into out_dir/summary.json (see docs/results.md)."""
+        summary = self.summary()
+        summary["eval"][point] = {f"{env_id}/{opp}": stats.summary() for (env_id, opp), stats in results.items()}
+        if kuhn is not None:
+            summary.setdefault("kuhn", {})[point] = {"exploitability": kuhn.exploitability.exploitability,
+                                                     "policy": dict(kuhn.aggression)}
+        summary["steps"] = self.step
+        summary["wall_time_s"] = round(summary.get("wall_time_s", 0.0) + wall_s, 1)
+        if "step0" in summary["eval"] and "final" in summary["eval"]:
+            summary["rl_gain"] = {k: round(v["win"] - summary["eval"]["step0"][k]["win"], 4)
+                                  for k, v in summary["eval"]["final"].items() if k in summary["eval"]["step0"]}
+        if is_leader():
+            self.out.mkdir(parents=True, exist_ok=True)
+            tmp = self.out / "summary.json.tmp"
+            tmp.write_text(json.dumps(summary, indent=1) + "\n")
+            tmp.replace(self.out / "summary.json")
+
+    def summary(self) -> dict:
+        """out_dir/summary.json as written so far (a fresh skeleton before the step-0 evaluation)."""
+        path = self.out / "summary.json"
+        if path.exists():
+            return json.loads(path.read_text())
+        return {"config": self.config_file, "seed": self.c.seed, "steps": 0, "wall_time_s": 0.0,
+                "bootstrap": {"teacher": self.c.bootstrap.teacher if self.c.bootstrap.enabled else None,
+                              "steps": self.c.bootstrap.steps if self.c.bootstrap.enabled else 0},
+                "rae": {"enabled": self.c.rae.enabled, "games_per_shard": self.c.rae.games_per_shard},
+                "eval": {}}
 
     def request_stop(self, signum=None, frame=None):
         self._stop = True
         self.log(f"\nreceived signal {signum}: saving a checkpoint after this step, then exiting")
 
     def run(self) -> dict:
-        """Train to `train.steps`, then print and return the final evaluation table."""
+        """Evaluate at step 0 (fresh runs), train to `train.steps`, then print and return the final
+        evaluation table; both evaluations go to out_dir/summary.json."""
         c = self.c
         handlers = {s: signal.signal(s, self.request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
-        bar = tqdm(total=c.train.steps, initial=self.step, desc="self-play", unit="step", dynamic_ncols=True,
-                   disable=not is_leader())
+        t_start = time.perf_counter()
         try:
+            if self.step == 0 and "step0" not in self.summary()["eval"]:
+                self.log(f"[eval] step 0, before any RL update: {c.eval.final_games} games per opponent")
+                self._record("step0", *self.evaluate(c.eval.final_games, c.train.transcripts))
+            bar = tqdm(total=c.train.steps, initial=self.step, desc="self-play", unit="step",
+                       dynamic_ncols=True, disable=not is_leader())
             while self.step < c.train.steps and not self._stop:
                 metrics = self.train_step()
                 self.writer.scalars(self.step, metrics)
@@ -295,7 +374,7 @@ class Trainer:
                                  "invalid": f"{metrics['rollout/all/invalid_rate']:.2f}",
                                  "tokens": f"{metrics['rollout/all/response_tokens']:.0f}",
                                  "s/step": f"{metrics['time/step']:.1f}"})
-                if self.step % c.train.eval_every == 0:
+                if self.step % c.train.eval_every == 0 and self.step < c.train.steps:  # the last: final
                     self.evaluate(c.eval.games, c.train.transcripts)
                 if self.step % c.train.checkpoint_every == 0 or self._stop:
                     self.save()
@@ -307,8 +386,9 @@ class Trainer:
                 return {}
             if self.step % c.train.checkpoint_every:
                 self.save()
-            results = self.evaluate(c.eval.final_games, c.train.transcripts)
-            self.log(self.table(results))
+            results, kuhn = self.evaluate(c.eval.final_games, c.train.transcripts)
+            self._record("final", results, kuhn, wall_s=time.perf_counter() - t_start)
+            self.log(self.table(results, kuhn))
             return results
         finally:
             for s, h in handlers.items():
@@ -318,9 +398,24 @@ class Trainer:
             finally:
                 self.writer.close()
 
-    def table(self, results) -> str:
+    def table(self, results, kuhn=None) -> str:
+        """The final evaluation, each row next to its step-0 row (the RL gain), and where to look."""
+        start = self.summary()["eval"].get("step0", {})
         lines = [f"\nfinal evaluation after {self.step} steps (temperature {self.c.eval.temperature}, "
                  f"top-p {self.c.eval.top_p}, both seats; invalid = lost by an invalid move)",
                  TABLE_HEADER]
-        lines += [stats.row(f"{env_id} vs {opp}") for (env_id, opp), stats in results.items()]
+        for (env_id, opp), stats in results.items():
+            before = start.get(f"{env_id}/{opp}")
+            if before:
+                lo, hi = before["win_ci"]
+                lines.append(f"| {env_id} vs {opp}, step 0 | {before['games']} | {100 * before['win']:5.1f}% "
+                             f"[{100 * lo:4.1f}, {100 * hi:5.1f}] | {100 * before['draw']:5.1f}% | "
+                             f"{100 * before['loss']:5.1f}% | {100 * before['invalid']:5.1f}% |")
+            lines.append(stats.row(f"{env_id} vs {opp}, step {self.step}"))
+        kuhn0 = self.summary().get("kuhn", {}).get("step0")
+        if kuhn is not None:
+            was = f"{kuhn0['exploitability']:.3f} at step 0 -> " if kuhn0 else ""
+            lines.append(f"\nKuhn exploitability (one round, chips/hand): {was}"
+                         f"{kuhn.exploitability.exploitability:.3f} at step {self.step}")
+        lines.append(f"\nsummary: {self.out / 'summary.json'}; curves: tensorboard --logdir {self.out / 'tensorboard'}")
         return "\n".join(lines)

@@ -97,3 +97,21 @@ def test_state_checkpoints_with_orbax(tmp_path):
     assert restored == state
     assert _play(GAMES[3:], state=restored)[0] == _play(GAMES[3:], state=state)[0]
     assert dataclasses.replace(RAEConfig(), decay=0.9).decay == 0.9
+
+
+def test_sharded_baselines_follow_the_reference_schedule():
+    """games_per_shard=2: a step's games 0-1 share shard 0's baselines, games 2-3 shard 1's; the
+    next step's games 0-1 read shard 0 again. Worked by hand with decay 0.5."""
+    cfg = RAEConfig(decay=0.5, games_per_shard=2)
+    state = init_rae_state()
+    got = []
+    for step in ([1.0, 1.0, -1.0, 0.0], [1.0, -1.0]):  # role 0's reward in each game of the step
+        for index, reward in enumerate(step):
+            labelled, state = label_game(state, "kuhn", _turns("kuhn", [0]), {0: reward}, cfg, index)
+            got.append(labelled[0].advantage if labelled else 0.0)
+    # shard 0: b 0 -> 0.5 -> 0.75 -> 0.875;  shard 1: b 0 -> -0.5 -> -0.25
+    assert got == pytest.approx([1.0, 0.5, -1.0, 0.5, 0.25, -1.875])
+    assert state["baselines"]["kuhn@0"]["0"] == pytest.approx(-0.0625)
+    assert state["baselines"]["kuhn@1"]["0"] == pytest.approx(-0.25)
+    assert baseline_metrics(state) == {"rae/baseline/kuhn/0": pytest.approx((-0.0625 - 0.25) / 2)}
+    assert RAEConfig().key("kuhn", 7) == "kuhn"  # unsharded: one set of baselines per game

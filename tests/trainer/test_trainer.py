@@ -61,8 +61,8 @@ def test_three_steps_in_every_mode(tmp_path, changes):
     assert any(t.startswith("rae/baseline/") for t in scalars)
     assert any(t.startswith("eval/") for t in scalars)
     assert list((tmp_path / "run" / "eval" / "step3").glob("*.jsonl"))  # eval transcripts
-    if "eval.kuhn_samples" in changes:
-        assert 0 <= scalars["eval/kuhn/exploitability"][-1][1] <= 1.5
+    if "eval.kuhn_samples" in changes:  # exact scoring refuses a model that never writes the answers
+        assert "eval/kuhn/exploitability" not in scalars
 
 
 def test_fixed_opponent_can_be_a_frozen_model_folder(tmp_path):

@@ -1,0 +1,93 @@
+"""A run from a format-only start: step-0 evaluation, summary.json, per-role metrics, and exact Kuhn
+scoring with the token the model ends its turns with."""
+import json
+
+import numpy as np
+import pytest
+
+from spiral_jax.envs import INFO_SETS
+from spiral_jax.eval.suite import EvalContext, run_kuhn
+from spiral_jax.metrics import read_scalars
+from spiral_jax.rl.trainer import Trainer
+from tests.trainer.test_trainer import tiny_config
+
+
+@pytest.fixture(scope="module")
+def kuhn_run(tmp_path_factory):
+    """150 bootstrap steps imitating random legal moves on one-round Kuhn (enough for the format),
+    then 2 self-play steps; Kuhn exploitability by exact scoring at step 0 and at the end."""
+    tmp = tmp_path_factory.mktemp("kuhn")
+    c = tiny_config(tmp, **{"games.env_ids": ("KuhnPokerChips-v0",), "train.steps": 2, "train.eval_every": 1,
+                            "eval.kuhn_samples": 0, "eval.final_games": 8, "eval.opponents": ("random",),
+                            "bootstrap.enabled": True, "bootstrap.teacher": "random", "bootstrap.steps": 150,
+                            "bootstrap.batch_size": 16, "bootstrap.learning_rate": 3e-3,
+                            "rae.games_per_shard": 2})
+    lines = []
+    trainer = Trainer(c, log=lines.append, config_file="configs/tiny_kuhn.py")
+    results = trainer.run()
+    return trainer, results, lines, tmp / "run"
+
+
+def test_summary_json_has_step0_and_final(kuhn_run):
+    trainer, results, lines, out = kuhn_run
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"] == "configs/tiny_kuhn.py" and summary["steps"] == 2
+    assert summary["wall_time_s"] > 0 and summary["bootstrap"] == {"teacher": "random", "steps": 150}
+    for point in ("step0", "final"):
+        row = summary["eval"][point]["KuhnPokerChips-v0/random"]
+        assert row["games"] == 8
+        assert row["win"] + row["draw"] + row["loss"] + row["invalid"] == pytest.approx(1.0, abs=1e-3)
+        assert row["win_ci"][0] <= row["win"] <= row["win_ci"][1]
+        kuhn = summary["kuhn"][point]
+        assert set(kuhn["policy"]) == set(INFO_SETS) and kuhn["exploitability"] > 0
+    final = results["KuhnPokerChips-v0", "random"]
+    assert summary["eval"]["final"]["KuhnPokerChips-v0/random"]["win"] == pytest.approx(final.rate("win"), abs=1e-4)
+    assert summary["rl_gain"]["KuhnPokerChips-v0/random"] == pytest.approx(
+        summary["eval"]["final"]["KuhnPokerChips-v0/random"]["win"]
+        - summary["eval"]["step0"]["KuhnPokerChips-v0/random"]["win"], abs=1e-4)
+    table = lines[-1]
+    assert "vs random, step 0" in table and "vs random, step 2" in table and "at step 0 ->" in table
+
+
+def test_step0_evaluation_is_logged_before_any_update(kuhn_run):
+    _, _, _, out = kuhn_run
+    scalars = read_scalars(out / "tensorboard")
+    wins = scalars["eval/KuhnPokerChips-v0/random/win_rate"]
+    # step 0, the periodic one at step 1, the final one at step 2 (no second eval at the last step)
+    assert [step for step, _ in wins] == [0, 1, 2]
+    assert [step for step, _ in scalars["eval/kuhn/exploitability"]] == [0, 1, 2]
+    assert [step for step, _ in scalars["train/loss"]] == [1, 2]
+
+
+def test_per_role_rewards_and_zero_advantage_share_are_logged(kuhn_run):
+    trainer, _, _, out = kuhn_run
+    scalars = read_scalars(out / "tensorboard")
+    r0 = scalars["rollout/KuhnPokerChips-v0/role0/reward"]
+    r1 = scalars["rollout/KuhnPokerChips-v0/role1/reward"]
+    assert len(r0) == len(r1) == 2
+    games = scalars["rollout/games"]
+    for (_, a), (_, b) in zip(r0, r1):  # zero-sum, except invalid moves (-1.5 / +0.5)
+        assert -1.5 <= a + b <= 1.5 and a != 0.0
+    dropped = [v for _, v in scalars["rollout/zero_advantage_dropped"]]
+    assert all(0.0 <= v < 1.0 for v in dropped) and len(games) == 2
+    assert all(v >= 16 for _, v in scalars["rollout/samples_before_selection"])
+    assert any(k.endswith("@0") for k in trainer.rae_state["baselines"])  # sharded baselines
+    assert "rae/baseline/KuhnPokerChips-v0/0" in scalars
+
+
+def test_exact_kuhn_scoring_uses_the_end_of_turn_token(kuhn_run):
+    """The bootstrap ends answers with <|im_end|>; scored with it the answers hold most of the
+    probability. Scored with <|endoftext|> they hold almost none, and that is an error, not 100%
+    invalid information sets."""
+    trainer, _, _, out = kuhn_run
+    tok = trainer.tokenizer
+    assert tok.end_of_turn_id == tok.hf.convert_tokens_to_ids("<|im_end|>")
+    ctx = EvalContext.from_trainer(trainer)
+    est = run_kuhn(ctx, out / "kuhn_check", env_id="KuhnPokerChips-v0")
+    coverage = 1 - np.mean(list(est.invalid_rate.values()))
+    assert coverage > 0.9
+    other = tok.hf.convert_tokens_to_ids("<|endoftext|>")
+    from spiral_jax.eval import kuhn_policy
+    probs = kuhn_policy.model_prob_fn(ctx.params, ctx.cfg, tok, end_ids=[other])
+    with pytest.raises(ValueError, match="exact Kuhn scoring"):
+        kuhn_policy.estimate_exact(probs, "KuhnPokerChips-v0", min_coverage=0.5)
