@@ -4,7 +4,9 @@ Numbers from the SPIRAL paper and its reference code (spiral-rl/spiral on Oat): 
 step, ~400 steps, lr 1e-6 constant (no warm-up), Adam(0.9, 0.95, eps 1e-8), no weight decay, global
 norm clip 1.0, up to 4096 new tokens at temperature 1.0 (top-p 1, no top-k), PPO with 2 epochs and
 clip 0.2 (the first epoch is exactly REINFORCE), per-sequence loss sum divided by 4096 then averaged,
-invalid move -1.5 / +0.5, 50-turn limit, RAE decay 0.95, bf16 compute, gradient checkpointing.
+invalid move -1.5 / +0.5, 50-turn limit, RAE decay 0.95 with baselines per shard of 2 games a step
+(the memory of the reference's 8 actors with their own baselines, whatever games_per_batch a hardware
+preset picks), bf16 compute, gradient checkpointing.
 Evaluation every 16 steps at temperature 0.6, top-p 0.95.
 
     spiral-jax train --config configs/spiral_kuhn_qwen3_4b.py --config.model.path=/ckpt/Qwen3-4B-Base
@@ -25,6 +27,7 @@ def get_config():
                      max_new_tokens=4096, temperature=1.0, top_p=1.0, top_k=0, max_prompt_len=2048)
     c.optim.update(learning_rate=1e-6, epochs=2, clip=0.2, normaliser="constant",
                    normaliser_constant=4096.0, micro_batch_size=8)
+    c.rae.update(enabled=True, decay=0.95, games_per_shard=2)
     c.train.update(steps=400, eval_every=16, checkpoint_every=16)
     c.eval.update(games=128, final_games=512, temperature=0.6, top_p=0.95, max_new_tokens=4096,
                   opponents=("random", "scripted"))

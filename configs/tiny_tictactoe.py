@@ -1,10 +1,16 @@
-"""The embedded default: a tiny Qwen3-architecture model learns TicTacToe on a laptop CPU.
+"""The embedded default: a tiny Qwen3-architecture model learns TicTacToe by self-play on a laptop CPU.
 
 Nothing is downloaded: the model is randomly initialised and the tokenizer is the small BPE the
-project ships (scripts/build_tiny_tokenizer.py). A short, clearly labelled bootstrap stage first
-teaches the answer format by imitating the scripted minimax player; then self-play RL with RAE
-(the SPIRAL recipe, REINFORCE form) takes over, evaluated against the random and minimax opponents.
-Sizes are chosen to finish within 15 minutes on 2 CPU cores, install included (measured: see README).
+project ships (scripts/build_tiny_tokenizer.py). A short bootstrap first teaches the answer format
+by imitating the `hashed` teacher: legal moves drawn from a random distribution per board, which
+carries no strategy but makes the model read the board (docs/learning.md says why uniform random
+targets do not). Then self-play RL with RAE (the SPIRAL recipe, REINFORCE form; one policy, both
+seats) does the rest. The random and minimax opponents are for evaluation only: at step 0, every
+`eval_every` steps and at the end (out_dir/summary.json holds step 0 and final side by side).
+Sizes are chosen to finish within 15 minutes on 2 CPU cores, install included (docs/learning.md).
+
+`--config.bootstrap.teacher=scripted` imitates the minimax player instead: that is imitation, not
+self-play RL, and its numbers must be reported as such.
 """
 from spiral_jax.config import base_config
 
@@ -19,9 +25,11 @@ def get_config():
     c.tokenizer.path = "embedded"
     c.games.env_ids = ("TicTacToe-v0",)
     c.games.weights = (1.0,)
-    c.rollout.update(games_per_batch=64, samples_per_step=128, max_new_tokens=12, max_prompt_len=256)
-    c.optim.update(learning_rate=1e-4, normaliser="token_mean", micro_batch_size=64)
-    c.train.update(steps=30, eval_every=10, checkpoint_every=10)
-    c.eval.update(games=64, final_games=200, max_new_tokens=12, opponents=("random", "scripted"))
-    c.bootstrap.update(enabled=True, steps=6000, batch_size=16, learning_rate=3e-3, warmup_steps=50)
+    c.rollout.update(mode="self_play", games_per_batch=64, samples_per_step=128, max_new_tokens=8,
+                     max_prompt_len=256)
+    c.optim.update(learning_rate=3e-4, normaliser="token_mean", micro_batch_size=64)
+    c.train.update(steps=200, eval_every=50, checkpoint_every=50)
+    c.eval.update(games=64, final_games=200, max_new_tokens=8, opponents=("random", "scripted"))
+    c.bootstrap.update(enabled=True, teacher="hashed", hash_uniform=0.5, steps=1500, batch_size=64,
+                       learning_rate=3e-3, warmup_steps=50, explore=0.5)
     return c

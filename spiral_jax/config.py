@@ -57,10 +57,12 @@ def base_config() -> ConfigDict:
     c.eval = ConfigDict(dict(opponents=("random", "scripted"), games=64, final_games=200, temperature=0.6,
                              top_p=0.95, max_new_tokens=4096, invalid_rewards=(-1.0, 1.0),
                              kuhn_samples=-1))  # Kuhn exploitability: -1 off, 0 exact scoring, k samples
-    # Imitation before RL, for random tiny models only (real checkpoints skip it). teacher: "random"
-    # (legal moves in the answer format, no strategy) or "scripted" (imitates the game's script).
-    c.bootstrap = ConfigDict(dict(enabled=False, teacher="random", steps=200, batch_size=64,
-                                  learning_rate=1e-3, warmup_steps=50, explore=0.5))
+    # Imitation before RL, for random tiny models only (real checkpoints skip it). teacher: random,
+    # hashed (random move distributions per observation, hash_uniform of them uniform), legal (any
+    # legal move, the model's own choice): the answer format, no strategy; or scripted (imitation of
+    # the game's script). See spiral_jax/rl/bootstrap.py.
+    c.bootstrap = ConfigDict(dict(enabled=False, teacher="random", hash_uniform=0.2, steps=200,
+                                  batch_size=64, learning_rate=1e-3, warmup_steps=50, explore=0.5))
     return c
 
 

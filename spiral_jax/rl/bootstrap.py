@@ -44,31 +44,33 @@ TEACHERS = ("random", "hashed", "legal", "scripted")
 
 
 class HashedRandomPlayer:
-    """A random legal move from a distribution fixed per observation: half uniform, half Dirichlet(1)
-    weights over the legal moves seeded by a hash of (seed, observation text).
+    """A random legal move from a distribution fixed per observation: Dirichlet(1) weights over the
+    legal moves, seeded by a hash of (seed, observation text), mixed with `uniform` of uniform play.
 
     Over observations its preferences are as strategy-free as uniform play (they are pseudo-random
     functions of the text, not of the game's value), but unlike uniform play they depend on the whole
     observation, so a model imitating it has to read the state (the card, the board) and not only the
-    list of legal moves. The uniform half keeps every legal move likely enough for RL to explore.
+    list of legal moves. The uniform share keeps every legal move likely enough for RL to explore;
+    too much of it and the per-observation differences are too small to make the model read the state.
     """
 
-    def __init__(self, seed: int, play_seed: int | None = None):
-        self._seed = seed
+    def __init__(self, seed: int, play_seed: int | None = None, uniform: float = 0.2):
+        self._seed, self._uniform = seed, uniform
         self._rng = np.random.default_rng(play_seed)
 
     def distribution(self, env) -> np.ndarray:
         text = f"{self._seed}\n{env.observation(env.current_player())}".encode()
         key = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
         n = len(env.legal_actions())
-        return 0.5 / n + 0.5 * np.random.default_rng(key).dirichlet(np.ones(n))
+        return self._uniform / n + (1 - self._uniform) * np.random.default_rng(key).dirichlet(np.ones(n))
 
     def act(self, env) -> str:
         legal = env.legal_actions()
         return legal[int(self._rng.choice(len(legal), p=self.distribution(env)))]
 
 
-def _teacher_turns(env_ids, weights, rng: np.random.Generator, explore: float, teacher: str, hash_seed: int):
+def _teacher_turns(env_ids, weights, rng: np.random.Generator, explore: float, teacher: str, hash_seed: int,
+                   hash_uniform: float):
     """Endless (env id, env, turn, action): each teacher move of freshly played games, yielded
     before it is played (the env shows the state the move is chosen in)."""
     p = np.asarray(weights, float) / np.sum(weights)
@@ -78,7 +80,7 @@ def _teacher_turns(env_ids, weights, rng: np.random.Generator, explore: float, t
         env.reset(int(rng.integers(1 << 31)))
         teacher_seed, explorer = int(rng.integers(1 << 31)), RandomOpponent(int(rng.integers(1 << 31)))
         demonstrator = (imitation_teacher(env_id, teacher_seed) if teacher == "scripted" else
-                        HashedRandomPlayer(hash_seed, teacher_seed) if teacher == "hashed" else explorer)
+                        HashedRandomPlayer(hash_seed, teacher_seed, hash_uniform) if teacher == "hashed" else explorer)
         turn = 0
         while not env.done:
             if rng.random() < explore:
@@ -91,7 +93,8 @@ def _teacher_turns(env_ids, weights, rng: np.random.Generator, explore: float, t
 
 
 def imitation_samples(env_ids, weights, tokenizer, n: int, seed: int, explore: float,
-                      teacher: str = "random", score=None, hash_seed: int = 0) -> list[TurnSample]:
+                      teacher: str = "random", score=None, hash_seed: int = 0,
+                      hash_uniform: float = 0.2) -> list[TurnSample]:
     """Imitation samples (advantage = target weight) from `n` teacher turns of freshly played games.
 
     "random" and "scripted" give one sample per turn, the teacher's move, with weight 1. "legal"
@@ -108,7 +111,7 @@ def imitation_samples(env_ids, weights, tokenizer, n: int, seed: int, explore: f
     eos = tokenizer.end_of_turn_id
     samples: list[TurnSample] = []
     for _, (env_id, env, turn, action) in zip(range(n), _teacher_turns(env_ids, weights, rng, explore, teacher,
-                                                                   hash_seed)):
+                                                                   hash_seed, hash_uniform)):
         player = env.current_player()
         prompt = tokenizer.prompt_ids(env.observation(player))
         moves = env.legal_actions() if teacher == "legal" else [action]

@@ -4,7 +4,8 @@ Each game slot has two seats, each played by a policy: a name in `params` ("mode
 weights, "pool/3" for a frozen snapshot, ...) is sampled by the LLM; anything else is a scripted
 opponent ("random", or "scripted" for the game's strongest script). Per loop the runner's pending
 requests are grouped by policy, each LLM group is one `Sampler.generate` call, responses go through
-the trainer-side action rules (an unusable response is an invalid move, never an exception), and
+the trainer-side action rules (an unusable response, or one cut at the token limit, is an invalid
+move, never an exception), and
 finished games come back with every LLM turn's token ids and log-probs. On several hosts each plays its
 share of the games on its own chips and the finished games are exchanged (spiral_jax/distributed.py).
 """
@@ -119,7 +120,9 @@ class Rollout:
         self.sample_seconds += time.perf_counter() - start
         self.generated_tokens += sum(len(t) for t in out.tokens)
         for (r, p), ids, lp, reason in zip(live, out.tokens, out.raw_logprobs, out.finish_reasons):
-            responses[r.game] = self.tokenizer.decode(ids)
+            # A response cut at the token limit is an invalid move even if a box came before the cut:
+            # a turn must end, and a policy that never stops would otherwise go unpunished.
+            responses[r.game] = self.tokenizer.decode(ids) if reason == "stop" else ""
             turns[r.game].append(ModelTurn(r.player, policy, p, ids, lp, reason))
 
 

@@ -58,7 +58,7 @@ def _kuhn_state(card: int):
 def test_hashed_teacher_fixes_a_distribution_per_observation():
     player = HashedRandomPlayer(seed=0, play_seed=0)
     dists = [player.distribution(_kuhn_state(card)) for card in range(3)]
-    assert all(d.sum() == pytest.approx(1.0) and d.min() >= 0.25 for d in dists)  # half uniform
+    assert all(d.sum() == pytest.approx(1.0) and d.min() >= 0.1 for d in dists)  # a fifth uniform
     np.testing.assert_array_equal(dists[0], HashedRandomPlayer(0, 99).distribution(_kuhn_state(0)))
     assert len({round(d[0], 6) for d in dists}) == 3  # the card changes the target
     assert not np.allclose(dists[0], HashedRandomPlayer(1).distribution(_kuhn_state(0)))  # so does the seed

@@ -19,3 +19,26 @@ def test_chunked_play_equals_all_at_once():
     whole = _games(None)
     assert len(whole) == 12 and len({g[1] for g in whole}) == 12  # distinct seeds per game
     assert _games(5) == whole == _games(1)
+
+
+def _first_model_turn(finish_reason):
+    """One TicTacToe game whose model seat always answers '\\boxed{4}', stopping or cut at the limit."""
+    import numpy as np
+
+    tokenizer = SimpleNamespace(stop_ids=frozenset({0}), prompt_ids=lambda obs: [1, 2, 3],
+                                decode=lambda ids: "\\boxed{4}")
+    sampler = SimpleNamespace(max_prompt_len=64, generate=lambda params, prompts, sampling, seed, row_ids:
+                              SimpleNamespace(tokens=[[5, 6]] * len(prompts),
+                                              raw_logprobs=[np.zeros(2)] * len(prompts),
+                                              finish_reasons=[finish_reason] * len(prompts)))
+    game, = Rollout(sampler, tokenizer, SamplingParams(8)).play(["TicTacToe-v0"], [("model", "random")],
+                                                                 {"model": None}, seed=0)
+    return game
+
+
+def test_a_response_cut_at_the_token_limit_is_an_invalid_move():
+    stopped, cut = _first_model_turn("stop"), _first_model_turn("length")
+    assert stopped.record.turns[0].valid and stopped.record.turns[0].action == "[4]"
+    assert not cut.record.turns[0].valid and len(cut.record.turns) == 1  # the game ends there
+    assert cut.record.rewards == {0: -1.5, 1: 0.5}
+    assert cut.model_turns[0].finish_reason == "length" and cut.model_turns[0].response_ids == [5, 6]
