@@ -28,7 +28,7 @@ def get_config():
     c.rollout.update(mode="self_play", games_per_batch=64, samples_per_step=128, max_new_tokens=8,
                      max_prompt_len=256)
     c.optim.update(learning_rate=3e-4, normaliser="token_mean", micro_batch_size=64)
-    c.train.update(steps=200, eval_every=50, checkpoint_every=50)
+    c.train.update(steps=100, eval_every=25, checkpoint_every=25)
     c.eval.update(games=64, final_games=200, max_new_tokens=8, opponents=("random", "scripted"))
     c.bootstrap.update(enabled=True, teacher="hashed", hash_uniform=0.5, steps=1500, batch_size=64,
                        learning_rate=3e-3, warmup_steps=50, explore=0.5)
