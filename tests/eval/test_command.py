@@ -24,7 +24,9 @@ def test_suites(ctx, tmp_path):
     c.out_dir = str(tmp_path)
     md = run_eval(ctx, c, args(env_ids=["Nim-v0"], opponents=["random"]))
     assert "| Nim-v0 | random | both | 2 |" in md and (tmp_path / "eval" / "games" / "games.json").exists()
-    assert "Exploitability" in run_eval(ctx, c, args(suite="kuhn"))
+    assert "Exploitability" in run_eval(ctx, c, args(suite="kuhn", kuhn_samples=2))
+    with pytest.raises(ValueError, match="exact Kuhn scoring"):
+        run_eval(ctx, c, args(suite="kuhn"))
     md = run_eval(ctx, c, args(suite="crossplay", opponents=["random"]))
     assert "| random |" in md
     items = tmp_path / "toy.jsonl"
