@@ -83,6 +83,7 @@ class Trainer:
         for env_id in c.games.env_ids:
             make(env_id)  # unknown ids fail here, before anything is compiled
         initialize(c.distributed)
+        self.started = time.perf_counter()  # summary.json's wall time counts setup and bootstrap too
         self.c, self.log = c, (log if is_leader() else (lambda *a, **k: None))
         self.config_file = config_file
         self.out = Path(c.out_dir)
@@ -323,7 +324,7 @@ class Trainer:
     # ------------------------------------------------------------------------------- summary
 
     def _record(self, point: str, results: dict, kuhn, wall_s: float = 0.0) -> None:
-        """Write `point` ("step0" or "final") into out_dir/summary.json (see docs/results.md)."""
+        """Write `point` ("step0" or "final") into out_dir/summary.json (its fields: docs/learning.md)."""
         summary = self.summary()
         summary["eval"][point] = {f"{env_id}/{opp}": stats.summary() for (env_id, opp), stats in results.items()}
         if kuhn is not None:
@@ -360,7 +361,6 @@ class Trainer:
         evaluation table; both evaluations go to out_dir/summary.json."""
         c = self.c
         handlers = {s: signal.signal(s, self.request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
-        t_start = time.perf_counter()
         try:
             if self.step == 0 and "step0" not in self.summary()["eval"]:
                 self.log(f"[eval] step 0, before any RL update: {c.eval.final_games} games per opponent")
@@ -388,7 +388,7 @@ class Trainer:
             if self.step % c.train.checkpoint_every:
                 self.save()
             results, kuhn = self.evaluate(c.eval.final_games, c.train.transcripts)
-            self._record("final", results, kuhn, wall_s=time.perf_counter() - t_start)
+            self._record("final", results, kuhn, wall_s=time.perf_counter() - self.started)
             self.log(self.table(results, kuhn))
             return results
         finally:
