@@ -5,7 +5,7 @@ import pytest
 from spiral_jax.envs import GAME, Env, RandomOpponent, make, registered_ids
 
 REQUIRED_IDS = {"TicTacToe-v0", "KuhnPoker-v1", "KuhnPoker-v2", "SimpleNegotiation-v1", "PigDice-v1",
-                "LiarsDice-v1", "Snake-v0", "ConnectFour-v0", "Nim-v0", "SimpleTak-v0"}
+                "LiarsDice-v1", "Snake-v0", "ConnectFour-v0", "Nim-v0", "SimpleTak-v0", "KuhnPokerChips-v0"}
 DEFAULT_STYLES = {"TicTacToe-v0": "first_last", "KuhnPoker-v1": "full_history",
                   "SimpleNegotiation-v1": "full_history", "PigDice-v1": "full_history"}
 

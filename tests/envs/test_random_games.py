@@ -43,7 +43,9 @@ def _play(env_id: str, rng: np.random.Generator, game: int) -> tuple[int, int]:
     rewards = env.rewards
     assert set(rewards) == {0, 1}
     forfeit = sorted(rewards.values()) == [-1, 0]
-    assert forfeit or (rewards[0] + rewards[1] == 0 and rewards[0] in (-1, 0, 1)), rewards
+    # zero-sum; +-1 / 0 except where the reward is chips (one hand of Kuhn: up to 2 either way)
+    outcomes = (-2, -1, 1, 2) if env_id == "KuhnPokerChips-v0" else (-1, 0, 1)
+    assert forfeit or (rewards[0] + rewards[1] == 0 and rewards[0] in outcomes), rewards
     for player in (0, 1):
         assert env.observation(player)
     return steps, refused
