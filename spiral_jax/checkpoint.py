@@ -19,7 +19,12 @@ from pathlib import Path
 import jax
 import orbax.checkpoint as ocp
 
+from spiral_jax.models.config import CheckpointError
 from spiral_jax.models.params import PARAM_LAYOUT
+
+
+class LayoutError(ValueError):
+    """A checkpoint written by a version that stored the weights in another layout."""
 
 
 class DiskFullError(OSError):
@@ -59,6 +64,9 @@ class Checkpointer:
         # An async save fails in the background; its error comes up at the next call.
         with self._full_disk_reported(self._pending):
             self._manager.check_for_errors()
+        if step in self._manager.all_steps():  # step 0 again: the bootstrap's part-way state, now whole
+            self.wait()
+            self._manager.delete(step)
         with self._full_disk_reported(step if self._pending is None else f"{self._pending} or {step}"):
             self._manager.save(step, args=ocp.args.Composite(**items), force=True)
         self._pending = step if self._async else None
@@ -84,14 +92,49 @@ class Checkpointer:
                 f"lower train.keep (checkpoints kept) or move out_dir to a bigger disk, then run again with "
                 f"--resume ({newest})")
 
-    def restore(self, step: int | None, like_state, like_params) -> tuple[object, list, dict]:
-        """(state, pool, meta) of `step` (default: the latest), shaped and sharded like the arguments."""
-        step = self.latest_step() if step is None else step
-        if step is None:
+    def restore(self, step: int | None, like_state, like_params, log=print) -> tuple[object, list, dict]:
+        """(state, pool, meta) of `step`, shaped and sharded like the arguments. Without a step, the
+        newest checkpoint that restores: an unreadable one (a truncated file, a half-copied folder) is
+        reported, renamed to `<step>.unreadable` so the resumed run can write that step again, and
+        the next older one is tried."""
+        if step is not None:
+            return self._restore(step, like_state, like_params)
+        steps = sorted(self._manager.all_steps(), reverse=True)
+        if not steps:
             raise FileNotFoundError(f"no checkpoint to resume from in {self.directory}")
+        failures = []
+        for step in steps:
+            try:
+                restored = self._restore(step, like_state, like_params)
+            except LayoutError:
+                raise
+            except Exception as e:  # orbax and tensorstore raise many types for damaged files
+                if is_disk_full(e):
+                    raise
+                reason = " ".join(str(e).split())[:300] or type(e).__name__
+                failures.append(f"step {step}: {reason}")
+                log(f"checkpoint step {step} in {self.directory} cannot be read ({reason}); "
+                    f"trying an older one")
+                self._set_aside(step)
+                continue
+            if failures:
+                log(f"resuming from step {step}, the newest checkpoint that restores")
+            return restored
+        raise CheckpointError(f"no checkpoint in {self.directory} can be read: " + "; ".join(failures)
+                              + ". Start a new out_dir, or copy intact checkpoints back")
+
+    def _set_aside(self, step: int) -> None:
+        """Rename an unreadable step folder out of orbax's way (kept for inspection, not deleted)."""
+        if isinstance(self.directory, Path) and jax.process_index() == 0:
+            src = self.directory / str(step)
+            if src.is_dir():
+                src.rename(self.directory / f"{step}.unreadable")
+        self._manager.reload()
+
+    def _restore(self, step: int, like_state, like_params) -> tuple[object, list, dict]:
         meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         if meta.get("param_layout") != PARAM_LAYOUT:
-            raise ValueError(
+            raise LayoutError(
                 f"checkpoint step {step} in {self.directory} stores weights in an older layout ([in, out]; "
                 f"this version stores them [out, in] like Hugging Face). It cannot be resumed by this "
                 f"version: resume it with the spiral_jax version that wrote it, or start a new out_dir")

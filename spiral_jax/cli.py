@@ -1,12 +1,15 @@
 """The `spiral-jax` command: train, eval, export and plan, each configured by a config file + overrides.
 
-    spiral-jax train  --config configs/tiny_tictactoe.py [--config.train.steps=10] [--resume]
+    spiral-jax train  --config configs/tiny_tictactoe.py [--config.train.steps=10] [--resume | --overwrite]
     spiral-jax eval   --config configs/tiny_tictactoe.py [--games 200]
                       [--suite games|transfer|kuhn|crossplay|bench] [--eval_out DIR] ...
-    spiral-jax export --config configs/tiny_tictactoe.py --out exported/   # HF folder
+    spiral-jax export --config configs/tiny_tictactoe.py --out exported/ [--overwrite]   # HF folder
     spiral-jax plan   --config configs/X.py [--hardware v5p-8 | --devices 8 --device_memory_gib 16]
                       # memory per device, before a run; exit status 1 when it would not fit
     spiral-jax launch tpu|gpu --config configs/X.py ...   # start on a TPU slice / GPU hosts (launch -h)
+
+A run stopped by SIGTERM or SIGINT saves a checkpoint and exits with status 75 (requeue it with
+--resume); bad input exits with 2, a failed run with 1.
 """
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).",
                                 lock_config=True)
 flags.DEFINE_bool("resume", False, "train: continue from the newest checkpoint in out_dir.")
+flags.DEFINE_bool("overwrite", False, "train: delete the run already in out_dir and start over; export: "
+                  "replace what is in --out.")
 flags.DEFINE_integer("games", 0, "eval: games per (game, opponent); default eval.final_games.")
 flags.DEFINE_string("out", "", "export: the folder to write the Hugging Face checkpoint to.")
 flags.DEFINE_enum("suite", "games", ["games", "transfer", "kuhn", "crossplay", "bench"],
@@ -75,6 +80,15 @@ def main(argv: list[str] | None = None) -> int:
         print(_usage(), file=sys.stderr)
         return 2
     command = argv.pop(1)
+    from spiral_jax.config import ConfigFileError, config_from_file
+
+    path = _config_path(argv)
+    if path:
+        try:
+            config_from_file(path)  # names the file, line and problem, which config_flags does not
+        except ConfigFileError as e:
+            print(f"spiral-jax {command}: cannot load the config file: {e}", file=sys.stderr)
+            return 2
     try:
         _parse(argv)
     except flags.Error as e:
@@ -94,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         return _unreadable_config(command, vars(FLAGS.config).get("_error"))
     try:
         return _run(command, FLAGS.config)
+    except FloatingPointError as e:  # a diverged training (rl.trainer.TrainingDiverged), NaN logits
+        print(f"spiral-jax {command}: {e}", file=sys.stderr)
+        return 1
     except (CheckpointError, MeshError, ValueError, OSError) as e:
         from spiral_jax.checkpoint import DiskFullError, is_disk_full
 
@@ -108,6 +125,16 @@ def main(argv: list[str] | None = None) -> int:
             reason = f"{type(e).__name__}: {e}"
         print(f"spiral-jax {command}: {reason}", file=sys.stderr)
         return 1
+
+
+def _config_path(argv: list[str]) -> str | None:
+    """The value of --config in `argv` (either --config=X or --config X)."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+        if arg == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
 
 
 def _unreadable_config(command: str, error: Exception | None) -> int:
@@ -141,15 +168,25 @@ def _run(command: str, c) -> int:
     if command == "plan":
         return _plan(c)
     from spiral_jax.checkpoint import Checkpointer
-    from spiral_jax.rl.trainer import Trainer
+    from spiral_jax.rl.trainer import PREEMPTED_EXIT_CODE, Trainer
 
     if command == "train":
-        Trainer(c, resume=FLAGS.resume, config_file=config_flags.get_config_filename(FLAGS["config"])).run()
-        return 0
+        from spiral_jax.distributed import initialize, is_leader
+        from spiral_jax.run_dir import RunDir
+
+        initialize(c.distributed)
+        with RunDir(c.out_dir, resume=FLAGS.resume, overwrite=FLAGS.overwrite, leader=is_leader()):
+            trainer = Trainer(c, resume=FLAGS.resume,
+                              config_file=config_flags.get_config_filename(FLAGS["config"]))
+            trainer.run()
+        return PREEMPTED_EXIT_CODE if trainer.stopped else 0
     if command == "export" and not FLAGS.out:
         raise ValueError("--out is required (the folder to write the Hugging Face checkpoint to)")
     if command == "export" and Path(FLAGS.out).exists() and not Path(FLAGS.out).is_dir():
         raise ValueError(f"--out {FLAGS.out} is a file; export writes a folder (config, safetensors, tokenizer)")
+    if command == "export" and Path(FLAGS.out).is_dir() and any(Path(FLAGS.out).iterdir()) and not FLAGS.overwrite:
+        raise ValueError(f"--out {FLAGS.out} is not empty; pass an empty or new folder, or --overwrite to "
+                         f"replace everything in it")
     # eval / export: the newest checkpoint in out_dir, else the weights at model.path as they are.
     has_checkpoint = Checkpointer(f"{c.out_dir}/checkpoints").latest_step() is not None
     if not has_checkpoint and not c.model.path:
@@ -161,9 +198,15 @@ def _run(command: str, c) -> int:
         from spiral_jax.eval.suite import EvalContext
         print(run_eval(EvalContext.from_trainer(trainer), c, FLAGS))
         return 0
+    import shutil
+
     from spiral_jax.models import save_pretrained
+    if Path(FLAGS.out).is_dir():  # --overwrite: nothing of the old export may survive next to the new
+        shutil.rmtree(FLAGS.out)
     save_pretrained(trainer.cfg, trainer.state.params, FLAGS.out)
     trainer.tokenizer.hf.save_pretrained(FLAGS.out)
+    for written in Path(FLAGS.out).iterdir():
+        written.chmod(0o644)
     print(f"wrote a Hugging Face checkpoint (safetensors + config + tokenizer) to {FLAGS.out}")
     return 0
 

@@ -1,7 +1,8 @@
 """The default experiment config, and building the model + tokenizer it names.
 
-Config files in configs/ start from `base_config()` and change what their experiment needs; the
-result is locked, so a misspelt key (in a file or a --config.a.b=v override) is an error.
+Config files in configs/ start from `base_config()` and change what their experiment needs. The
+config comes back locked: its keys are fixed, so a misspelt key, in a file or in a --config.a.b=v
+override, is an error naming the key (values can still change).
 """
 from __future__ import annotations
 
@@ -52,8 +53,9 @@ def base_config() -> ConfigDict:
         b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, max_grad_norm=1.0, epochs=1, clip=0.2,
         normaliser="constant", normaliser_constant=4096.0, tis_cap=0.0, kl_coef=0.0,
         micro_batch_size=0, logprob_chunk=512))
-    c.train = ConfigDict(dict(steps=400, log_every=1, eval_every=16, checkpoint_every=16, keep=3,
-                              async_checkpointing=True, transcripts=2))
+    # max_skipped_in_a_row: updates skipped for a non-finite loss/gradients that stop the run (0: never).
+    c.train = ConfigDict(dict(steps=400, eval_every=16, checkpoint_every=16, keep=3,
+                              async_checkpointing=True, transcripts=2, max_skipped_in_a_row=5))
     c.eval = ConfigDict(dict(opponents=("random", "scripted"), games=64, final_games=200, temperature=0.6,
                              top_p=0.95, max_new_tokens=4096, invalid_rewards=(-1.0, 1.0),
                              kuhn_samples=-1))  # Kuhn exploitability: -1 off, 0 exact scoring, k samples
@@ -63,10 +65,6 @@ def base_config() -> ConfigDict:
     # the game's script). See spiral_jax/rl/bootstrap.py.
     c.bootstrap = ConfigDict(dict(enabled=False, teacher="random", hash_uniform=0.2, steps=200,
                                   batch_size=64, learning_rate=1e-3, warmup_steps=50, explore=0.5))
-    return c
-
-
-def lock(c: ConfigDict) -> ConfigDict:
     c.lock()
     return c
 
@@ -90,13 +88,40 @@ def build_tokenizer(c: ConfigDict, cfg: ModelConfig) -> Tokenizer:
     return load_tokenizer(path, cfg, template)
 
 
+class ConfigFileError(ValueError):
+    """A config file that cannot be loaded; the message names the file, the line and the problem."""
+
+
 def config_from_file(name: str, relative_to: str | None = None) -> ConfigDict:
-    """`get_config()` of another config file (by path, or a name next to `relative_to`), so one
-    experiment can start from another's settings."""
+    """`get_config()` of a config file (by path, or a name next to `relative_to`, so one experiment
+    can start from another's settings). Raises ConfigFileError naming the file, line and problem."""
     import importlib.util
+    import traceback
 
     path = Path(relative_to).with_name(name) if relative_to else Path(name)
+    if not path.is_file():
+        raise ConfigFileError(f"config file {path} does not exist; pass a Python file with a get_config() "
+                              f"function (the presets are in configs/)")
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    try:
+        spec.loader.exec_module(module)
+        get_config = getattr(module, "get_config", None)
+        if not callable(get_config):
+            raise ConfigFileError(f"config file {path} defines no get_config() function; it must define "
+                                  f"one that returns the config (start from spiral_jax.config.base_config())")
+        config = get_config()
+    except ConfigFileError:
+        raise
+    except SyntaxError as e:
+        raise ConfigFileError(f"config file {e.filename}, line {e.lineno}: {e.msg}") from None
+    except Exception as e:
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename) == path.absolute()
+                  or Path(f.filename) == path]
+        where = f", line {frames[-1].lineno} ({frames[-1].line})" if frames else ""
+        message = str(e).strip("'\"").replace("\\n", " ").replace("\n", " ")
+        raise ConfigFileError(f"config file {path}{where}: {type(e).__name__}: {message}") from None
+    if not isinstance(config, ConfigDict):
+        raise ConfigFileError(f"config file {path}: get_config() returned {type(config).__name__}, not an "
+                              f"ml_collections ConfigDict (start from spiral_jax.config.base_config())")
+    return config

@@ -76,4 +76,28 @@ def load_tokenizer(path, cfg: ModelConfig, template: Template | None = None) -> 
             f"the tokenizer at {path} has {len(hf)} tokens but the model's embedding has only "
             f"{cfg.vocab_size} rows; this tokenizer does not belong to this model (point "
             f"tokenizer.path at the model's own tokenizer)")
-    return Tokenizer(hf, template or Template(), stop_ids_for(hf, path))
+    if len(hf) < cfg.vocab_size // 2:  # checkpoints pad their embedding by a little, never by half
+        raise CheckpointError(
+            f"the tokenizer at {path} has {len(hf)} tokens but the model's embedding has "
+            f"{cfg.vocab_size} rows; this tokenizer does not belong to this model (point "
+            f"tokenizer.path at the model's own tokenizer)")
+    template = template or Template()
+    check_template_tokens(hf, template, path)
+    return Tokenizer(hf, template, stop_ids_for(hf, path))
+
+
+def check_template_tokens(hf_tokenizer, template: Template, path) -> None:
+    """The prompt template's special tokens must be single tokens of this tokenizer; otherwise every
+    prompt is spelt out in pieces the model never saw, and every move comes out invalid."""
+    if template.name == "chat" and not getattr(hf_tokenizer, "chat_template", None):
+        raise CheckpointError(f"template 'chat' needs a tokenizer with a chat_template, and the one at "
+                              f"{path} has none; use tokenizer.template='qwen_raw' or 'plain'")
+    if template.name != "qwen_raw":
+        return
+    vocab = hf_tokenizer.get_vocab()
+    missing = [t for t in ("<|im_start|>", "<|im_end|>") if t not in vocab]
+    if missing:
+        raise CheckpointError(
+            f"template 'qwen_raw' writes {' and '.join(missing)}, which the tokenizer at {path} does not "
+            f"have as tokens (not a Qwen tokenizer?); use tokenizer.template='chat' (the tokenizer's own "
+            f"chat template) or 'plain', or point tokenizer.path at the model's own tokenizer")

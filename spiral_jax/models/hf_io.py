@@ -152,7 +152,12 @@ def save_pretrained(cfg: ModelConfig, params, path, extra_config: dict | None = 
     tmp = path / "model.safetensors.tmp"
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     tmp.replace(path / "model.safetensors")
+    # Shards of an earlier, sharded save would win over the new file in loaders that read the index.
+    for stale in [*path.glob("model-*-of-*.safetensors"), path / "model.safetensors.index.json"]:
+        stale.unlink(missing_ok=True)
     hf = cfg.to_hf_dict()
     hf.update(extra_config or {})
     (path / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    for written in ("model.safetensors", "config.json"):
+        (path / written).chmod(0o644)  # readable by the serving user, like any model download
     return path

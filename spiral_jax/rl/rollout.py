@@ -16,10 +16,11 @@ import time
 from collections import defaultdict
 from typing import Mapping, Sequence
 
+import jax
 import numpy as np
 
-from spiral_jax.distributed import allgather_objects, process_slice
-from spiral_jax.envs import BatchRunner, GameRecord, RandomOpponent, make, scripted_opponent
+from spiral_jax.distributed import allgather_json, process_slice
+from spiral_jax.envs import BatchRunner, GameRecord, RandomOpponent, Turn, make, scripted_opponent
 from spiral_jax.rl.rae import RAEConfig, label_game
 from spiral_jax.rl.samples import TurnSample
 from spiral_jax.sampling import Sampler, SamplingParams
@@ -42,6 +43,23 @@ class PlayedGame:
     record: GameRecord
     seats: tuple[str, str]
     model_turns: list[ModelTurn]
+
+    def to_plain(self) -> dict:
+        """Lists, dicts, strings and numbers only: what hosts exchange (no pickled objects)."""
+        plain = dataclasses.asdict(self)
+        plain["record"]["rewards"] = None if self.record.rewards is None else \
+            [[int(k), float(v)] for k, v in self.record.rewards.items()]
+        for turn, model_turn in zip(plain["model_turns"], self.model_turns):
+            turn["logprobs"] = np.asarray(model_turn.logprobs, np.float32).tolist()  # exact as float64
+        return plain
+
+    @classmethod
+    def from_plain(cls, d: dict) -> "PlayedGame":
+        record = dict(d["record"], turns=[Turn(**t) for t in d["record"]["turns"]],
+                      rewards=None if d["record"]["rewards"] is None else
+                      {int(k): v for k, v in d["record"]["rewards"]})
+        turns = [ModelTurn(**dict(t, logprobs=np.asarray(t["logprobs"], np.float32))) for t in d["model_turns"]]
+        return cls(GameRecord(**record), tuple(d["seats"]), turns)
 
 
 def make_opponent(name: str, env_id: str, seed: int):
@@ -78,7 +96,10 @@ class Rollout:
         games = [g for start in range(lo, hi, chunk)
                  for g in self._play(list(env_ids[start:min(start + chunk, hi)]),
                                      list(seats[start:min(start + chunk, hi)]), params, seed, start)]
-        return [g for part in allgather_objects(games) for g in part]
+        if jax.process_count() == 1:
+            return games
+        parts = allgather_json([g.to_plain() for g in games])
+        return [PlayedGame.from_plain(g) for part in parts for g in part]
 
     def _play(self, env_ids, seats, params, seed, first):
         runner = BatchRunner([make(e) for e in env_ids], seed=seed, invalid_rewards=self.invalid_rewards,

@@ -44,6 +44,12 @@ from spiral_jax.sampling.scoring import sequence_logprobs
 from spiral_jax.sharding import make_mesh
 
 MODES = ("self_play", "fixed_opponent", "pool")
+# The exit status of a run stopped by SIGTERM/SIGINT after saving (EX_TEMPFAIL): requeue it with --resume.
+PREEMPTED_EXIT_CODE = 75
+
+
+class TrainingDiverged(FloatingPointError):
+    """Too many updates in a row were skipped for a non-finite loss or gradients."""
 
 
 def train_config(optim: ConfigDict, **changes) -> TrainConfig:
@@ -82,6 +88,10 @@ class Trainer:
                              f"{len(c.games.env_ids)} games.env_ids")
         for env_id in c.games.env_ids:
             make(env_id)  # unknown ids fail here, before anything is compiled
+        weights = np.asarray(c.games.weights, float)
+        if not (np.all(np.isfinite(weights)) and np.all(weights >= 0) and weights.sum() > 0):
+            raise ValueError(f"games.weights={tuple(c.games.weights)}: the mixture weights must be "
+                             f"non-negative with a positive sum, one per games.env_ids entry")
         initialize(c.distributed)
         self.started = time.perf_counter()  # summary.json's wall time counts setup and bootstrap too
         self.c, self.log = c, (log if is_leader() else (lambda *a, **k: None))
@@ -116,12 +126,14 @@ class Trainer:
         self.writer = MetricsWriter(self.out / "tensorboard")
         self.ckpt = Checkpointer(f"{c.out_dir.rstrip('/')}/checkpoints", c.train.keep,  # gs:// kept as is
                                  c.train.async_checkpointing)
-        self._stop = False
+        self._stop, self.stopped, self.skipped_in_a_row, self.saved_step = False, False, 0, None
         self.frozen = self._frozen_opponent()
+        # The bootstrap runs in run(), under the signal handlers; None: no bootstrap (left) to do.
+        self.bootstrap_state, self.bootstrap_done = None, 0
         if resume:
             self._restore()
         elif c.bootstrap.enabled and bootstrap:
-            self._bootstrap()
+            self.bootstrap_state = self.state
 
     def _frozen_opponent(self) -> dict:
         """{"frozen": params} when the fixed opponent is a model folder (loaded once, never trained)."""
@@ -137,15 +149,35 @@ class Trainer:
     # ----------------------------------------------------------------------------- checkpoints
 
     def _restore(self):
-        state, pool, meta = self.ckpt.restore(None, self.state, self.to_sample_layout(self.state.params))
+        state, pool, meta = self.ckpt.restore(None, self.state, self.to_sample_layout(self.state.params),
+                                              log=self.log)
         self.state, self.pool = state, pool
         self.rae_state, self.pool_steps, self.step = meta["rae"], meta["pool_steps"], meta["step"]
-        self.log(f"resumed from {self.ckpt.directory} at step {self.step}")
+        self.saved_step = self.step
+        if meta.get("phase") == "bootstrap":  # stopped during the bootstrap: `state` is its state
+            self.bootstrap_state, self.bootstrap_done = state, meta["bootstrap_step"]
+            self.log(f"resumed from {self.ckpt.directory} in the bootstrap, after {self.bootstrap_done} "
+                     f"of {self.c.bootstrap.steps} steps")
+        else:
+            self.log(f"resumed from {self.ckpt.directory} at step {self.step}")
 
-    def save(self):
+    def save(self, bootstrap_step: int | None = None):
+        """Checkpoint the RL state, or (with `bootstrap_step`) the bootstrap's state part-way."""
         meta = dict(step=self.step, seed=self.c.seed, rae=self.rae_state, pool_steps=self.pool_steps,
-                    config=self.c.to_json())
-        self.ckpt.save(self.step, self.state, self.pool, meta)
+                    config=self.c.to_json(), phase="rl" if bootstrap_step is None else "bootstrap",
+                    bootstrap_step=bootstrap_step or 0)
+        state = self.state if bootstrap_step is None else self.bootstrap_state
+        self.ckpt.save(self.step, state, self.pool, meta)
+        self.saved_step = self.step
+
+    def _agree_to_stop(self) -> bool:
+        """Whether any host was asked to stop: every host stops at the same step, so the checkpoint
+        they write together is whole."""
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+            flags = multihost_utils.process_allgather(np.array([self._stop], np.int32))
+            self._stop = bool(np.any(flags))
+        return self._stop
 
     def to_sampler(self, params):
         """Train-layout params -> what this host's sampler reads (SAMPLE layout, host-local)."""
@@ -153,13 +185,18 @@ class Trainer:
 
     # ------------------------------------------------------------------------------- bootstrap
 
-    def _bootstrap(self):
-        """Imitation of the configured teacher (see rl/bootstrap.py), then a fresh optimiser for RL."""
+    def _bootstrap(self) -> None:
+        """Imitation of the configured teacher (see rl/bootstrap.py), then a fresh optimiser for RL.
+
+        A stop request saves the bootstrap's state part-way (the checkpoint's phase "bootstrap"),
+        and the end of the bootstrap is checkpointed as step 0, so a resumed run never redoes it."""
         b, c = self.c.bootstrap, self.c
         tc = train_config(c.optim, learning_rate=b.learning_rate, normaliser="token_mean", epochs=1,
                           warmup_steps=b.warmup_steps, micro_batch_size=0)
         update = make_update(self.cfg, tc, self.mesh)
-        state = init_train_state(self.state.params, self.cfg, tc, self.mesh)
+        if self.bootstrap_done == 0:  # the optimiser's tree is the RL one's, so both share a checkpoint slot
+            self.bootstrap_state = init_train_state(self.bootstrap_state.params, self.cfg, tc, self.mesh)
+        state = self.bootstrap_state
         what = {"random": "uniformly random legal moves (the answer format, no strategy)",
                 "hashed": "a random move distribution fixed per observation (no strategy)",
                 "legal": "any legal move, the model's own choice (the answer format, no strategy)",
@@ -167,8 +204,13 @@ class Trainer:
         if b.teacher not in what:
             raise ValueError(f"bootstrap.teacher={b.teacher!r}; use one of {', '.join(what)}")
         self.log(f"[bootstrap] {b.steps} imitation steps of {what[b.teacher]}; real checkpoints skip this stage")
-        bar = tqdm(range(b.steps), desc="bootstrap", unit="step", dynamic_ncols=True, disable=not is_leader())
+        bar = tqdm(range(self.bootstrap_done, b.steps), desc="bootstrap", unit="step", dynamic_ncols=True,
+                   disable=not is_leader(), initial=self.bootstrap_done, total=b.steps)
         for i in bar:
+            if self._agree_to_stop():
+                self.bootstrap_state, self.bootstrap_done = state, i
+                self.save(bootstrap_step=i)
+                return
             score = functools.partial(sequence_logprobs, state.params, self.cfg)
             samples = imitation_samples(c.games.env_ids, c.games.weights, self.tokenizer, b.batch_size,
                                         seed=c.seed * 1_000_003 + i, explore=b.explore,
@@ -182,7 +224,10 @@ class Trainer:
                 loss = float(metrics[-1]["loss"])
                 bar.set_postfix(loss=f"{loss:.3f}")
                 self.writer.scalars(i, {"bootstrap/loss": loss})
+        bar.close()
         self.state = init_train_state(state.params, self.cfg, self.tc, self.mesh)
+        self.bootstrap_state = None
+        self.save()
 
     # -------------------------------------------------------------------------------- rollout
 
@@ -220,6 +265,8 @@ class Trainer:
             played = self.rollout.play(env_ids, self._seats(rng, r.games_per_batch), policies,
                                        seed=int(rng.integers(1 << 31)))
             new, self.rae_state = label_games(played, self.rae_state, self.rae, first=len(games))
+            if round_ == 0:
+                self._check_prompt_lengths(played)
             turns += sum(1 for g in played for t in g.model_turns if t.policy == "model" and t.response_ids)
             samples += new
             games += played
@@ -232,6 +279,17 @@ class Trainer:
             keep = np.sort(rng.choice(len(samples), r.samples_per_step, replace=False))
             samples = [samples[i] for i in keep]
         return samples, games
+
+    def _check_prompt_lengths(self, games: list[PlayedGame]) -> None:
+        """Fail at once when no prompt of a round fits `rollout.max_prompt_len`: every such turn is an
+        invalid move, so no round would ever yield a trainable sample."""
+        turns = [t for g in games for t in g.model_turns]
+        if turns and all(t.finish_reason == "prompt_too_long" for t in turns):
+            shortest = min(len(t.prompt_ids) for t in turns)
+            raise ValueError(
+                f"every prompt of the first round of games is longer than rollout.max_prompt_len="
+                f"{self.c.rollout.max_prompt_len} tokens (the shortest has {shortest}); raise "
+                f"rollout.max_prompt_len (e.g. --config.rollout.max_prompt_len={bucket_length(shortest)})")
 
     # ---------------------------------------------------------------------------------- steps
 
@@ -354,7 +412,26 @@ class Trainer:
 
     def request_stop(self, signum=None, frame=None):
         self._stop = True
-        self.log(f"\nreceived signal {signum}: saving a checkpoint after this step, then exiting")
+        self.log(f"\nreceived signal {signum}: saving a checkpoint at the next safe point (after this "
+                 f"step, bootstrap step or evaluation), then exiting")
+
+    def _check_skipped(self, metrics: dict) -> None:
+        """Say so when an update was skipped for a non-finite loss or gradients; stop the run when
+        `train.max_skipped_in_a_row` are skipped in a row (the parameters stay the last good ones)."""
+        if not metrics.get("train/skipped"):
+            self.skipped_in_a_row = 0
+            return
+        self.skipped_in_a_row += 1
+        limit = self.c.train.max_skipped_in_a_row
+        self.log(f"\nstep {self.step}: update skipped, the loss or gradients were not finite "
+                 f"({self.skipped_in_a_row} in a row, {int(metrics['train/skipped_total'])} in all)")
+        if limit and self.skipped_in_a_row >= limit:
+            newest = self.ckpt.latest_step()
+            raise TrainingDiverged(
+                f"{self.skipped_in_a_row} updates in a row were skipped for a non-finite loss or gradients "
+                f"(step {self.step}); the training has diverged. Lower optim.learning_rate or check the "
+                f"data, then resume from the last good checkpoint with --resume "
+                f"({'step ' + str(newest) if newest is not None else 'none saved yet: start over'})")
 
     def run(self) -> dict:
         """Evaluate at step 0 (fresh runs), train to `train.steps`, then print and return the final
@@ -362,14 +439,19 @@ class Trainer:
         c = self.c
         handlers = {s: signal.signal(s, self.request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
+            if self.bootstrap_state is not None:
+                self._bootstrap()
+                if self._stop:
+                    return self._stopped()
             if self.step == 0 and "step0" not in self.summary()["eval"]:
                 self.log(f"[eval] step 0, before any RL update: {c.eval.final_games} games per opponent")
                 self._record("step0", *self.evaluate(c.eval.final_games, c.train.transcripts))
             bar = tqdm(total=c.train.steps, initial=self.step, desc="self-play", unit="step",
                        dynamic_ncols=True, disable=not is_leader())
-            while self.step < c.train.steps and not self._stop:
+            while self.step < c.train.steps and not self._agree_to_stop():
                 metrics = self.train_step()
                 self.writer.scalars(self.step, metrics)
+                self._check_skipped(metrics)
                 bar.update(1)
                 bar.set_postfix({"loss": f"{metrics['train/loss']:.4f}",
                                  "invalid": f"{metrics['rollout/all/invalid_rate']:.2f}",
@@ -377,14 +459,12 @@ class Trainer:
                                  "s/step": f"{metrics['time/step']:.1f}"})
                 if self.step % c.train.eval_every == 0 and self.step < c.train.steps:  # the last: final
                     self.evaluate(c.eval.games, c.train.transcripts)
-                if self.step % c.train.checkpoint_every == 0 or self._stop:
+                if self.step % c.train.checkpoint_every == 0:
                     self.save()
                 self.writer.flush()
             bar.close()
             if self._stop:
-                self.ckpt.wait()
-                self.log(f"stopped at step {self.step}; resume with --resume")
-                return {}
+                return self._stopped()
             if self.step % c.train.checkpoint_every:
                 self.save()
             results, kuhn = self.evaluate(c.eval.final_games, c.train.transcripts)
@@ -398,6 +478,18 @@ class Trainer:
                 self.ckpt.close()  # waits for an async save, which may fail (a full disk) only now
             finally:
                 self.writer.close()
+
+    def _stopped(self) -> dict:
+        """After a stop request: make sure the state is checkpointed, wait for the save, return {}."""
+        if self.bootstrap_state is None and self.saved_step != self.step:
+            self.save()
+        self.ckpt.wait()
+        self.stopped = True
+        where = f"step {self.step}" if self.bootstrap_state is None else \
+            f"bootstrap step {self.bootstrap_done}"
+        self.log(f"stopped at {where}; checkpoint saved in {self.ckpt.directory}; resume with --resume "
+                 f"(exit status {PREEMPTED_EXIT_CODE})")
+        return {}
 
     def table(self, results, kuhn=None) -> str:
         """The final evaluation, each row next to its step-0 row (the RL gain), and where to look."""

@@ -1,0 +1,257 @@
+"""Runs never mix or lose work: the out_dir claim, damaged checkpoints, preemption in the bootstrap,
+safe export, clear errors for config files, prompts, tokenizers and diverging updates."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from spiral_jax.cli import main as cli_main
+from spiral_jax.models import CheckpointError
+from spiral_jax.rl.rollout import ModelTurn, PlayedGame
+from spiral_jax.rl.trainer import PREEMPTED_EXIT_CODE, Trainer, TrainingDiverged
+from spiral_jax.envs import GameRecord, Turn
+from tests.trainer.test_trainer import REPO, _config_file, tiny_config
+
+
+def _train(config, *extra):
+    return cli_main(["spiral-jax", "train", f"--config={config}", *extra])
+
+
+def _params(trainer):
+    return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(trainer.state.params))]
+
+
+# ------------------------------------------------------------------------------- the out_dir claim
+
+def test_fresh_run_refuses_an_out_dir_with_another_run(tmp_path, capsys):
+    config = _config_file(tmp_path, **{"train.steps": 1})
+    assert _train(config) == 0
+    checkpoints = sorted(os.listdir(tmp_path / "run" / "checkpoints"))
+    capsys.readouterr()
+    assert _train(config) == 1
+    err = capsys.readouterr().err
+    assert "already holds a run (checkpoints up to step 1" in err and "--resume" in err and "--overwrite" in err
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == checkpoints  # nothing touched
+    assert not (tmp_path / "run" / "run.lock").exists()  # the refusing run released its lock
+    assert _train(config, "--resume", "--overwrite") == 1
+    assert "pass one" in capsys.readouterr().err
+    (tmp_path / "run" / "tensorboard" / "old_marker").write_text("old run")
+    assert _train(config, "--overwrite") == 0
+    assert "deleted the previous run" in capsys.readouterr().out
+    assert not (tmp_path / "run" / "tensorboard" / "old_marker").exists()
+
+
+def test_a_second_run_on_a_locked_out_dir_refuses_and_a_stale_lock_is_taken_over(tmp_path, capsys):
+    config = _config_file(tmp_path, **{"train.steps": 1})
+    (tmp_path / "run").mkdir()
+    lock = tmp_path / "run" / "run.lock"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock.write_text(json.dumps({"pid": holder.pid, "host": os.uname().nodename, "started": "earlier"}))
+        assert _train(config) == 1
+        err = capsys.readouterr().err
+        assert f"in use by process {holder.pid} on this host (started earlier)" in err
+    finally:
+        holder.kill()
+        holder.wait()
+    assert _train(config) == 0  # the holder is gone: its lock is stale
+    assert f"stale lock of process {holder.pid}" in capsys.readouterr().out
+    assert not lock.exists()
+    lock.write_text(json.dumps({"pid": 1, "host": "another-host", "started": "earlier"}))
+    assert _train(config, "--resume") == 1
+    assert "in use by process 1 on host another-host" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- damaged checkpoints
+
+def test_resume_falls_back_past_a_truncated_checkpoint(tmp_path):
+    Trainer(tiny_config(tmp_path, **{"train.steps": 2, "train.checkpoint_every": 1}), log=lambda *_: None).run()
+    step2 = tmp_path / "run" / "checkpoints" / "2"
+    data = max((p for p in (step2 / "state").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    with open(data, "r+b") as f:
+        f.truncate(data.stat().st_size // 2)
+    lines = []
+    resumed = Trainer(tiny_config(tmp_path, **{"train.steps": 3, "train.checkpoint_every": 1}), resume=True,
+                      log=lines.append)
+    assert resumed.step == 1
+    assert any("checkpoint step 2" in line and "cannot be read" in line for line in lines)
+    assert any("resuming from step 1" in line for line in lines)
+    assert (tmp_path / "run" / "checkpoints" / "2.unreadable").is_dir()
+    resumed.run()  # writes step 2 again, then 3
+    assert resumed.ckpt.latest_step() == 3
+
+
+def test_no_readable_checkpoint_is_a_clear_error(tmp_path):
+    Trainer(tiny_config(tmp_path, **{"train.steps": 1}), log=lambda *_: None).run()
+    for p in (tmp_path / "run" / "checkpoints" / "1" / "state").rglob("*"):
+        if p.is_file() and p.stat().st_size > 100:
+            p.write_bytes(b"")
+    with pytest.raises(CheckpointError, match="no checkpoint in .* can be read: step 1"):
+        Trainer(tiny_config(tmp_path), resume=True, log=lambda *_: None)
+
+
+# ------------------------------------------------------------------------------------ preemption
+
+def _bootstrap_config(tmp_path, **changes):
+    return tiny_config(tmp_path, **{"bootstrap.enabled": True, "bootstrap.steps": 6, "bootstrap.batch_size": 8,
+                                    "train.steps": 1, "eval.opponents": ("random",), **changes})
+
+
+def test_a_stop_in_the_bootstrap_saves_it_and_the_resumed_run_is_exact(tmp_path):
+    full = Trainer(_bootstrap_config(tmp_path / "a"), log=lambda *_: None)
+    full.run()
+    stopped = Trainer(_bootstrap_config(tmp_path / "b"), log=lambda *_: None)
+    update_calls = []
+    from spiral_jax.rl import trainer as trainer_module
+    imitation = trainer_module.imitation_samples
+
+    def samples_then_signal(*args, **kwargs):
+        update_calls.append(1)
+        if len(update_calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return imitation(*args, **kwargs)
+
+    trainer_module.imitation_samples = samples_then_signal
+    try:
+        assert stopped.run() == {} and stopped.stopped
+    finally:
+        trainer_module.imitation_samples = imitation
+    assert stopped.bootstrap_done == 3 and stopped.ckpt.latest_step() == 0
+    resumed = Trainer(_bootstrap_config(tmp_path / "b"), resume=True, log=lambda *_: None)
+    assert resumed.bootstrap_done == 3
+    resumed.run()
+    for a, b in zip(_params(full), _params(resumed)):
+        np.testing.assert_array_equal(a, b)
+    again = Trainer(_bootstrap_config(tmp_path / "b", **{"train.steps": 2}), resume=True, log=lambda *_: None)
+    assert again.bootstrap_state is None and again.step == 1  # the finished bootstrap is not redone
+
+
+def test_sigterm_during_the_bootstrap_exits_75_with_a_checkpoint(tmp_path):
+    config = tmp_path / "cfg.py"
+    config.write_text(
+        "from tests.trainer.test_trainer import tiny_config\nfrom pathlib import Path\n"
+        "def get_config():\n"
+        f"    return tiny_config(Path({str(tmp_path)!r}), **{{'bootstrap.enabled': True, "
+        "'bootstrap.steps': 100000, 'bootstrap.batch_size': 8})\n")
+    env = dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    cli = "import sys; from spiral_jax.cli import main; sys.exit(main())"
+    proc = subprocess.Popen([sys.executable, "-c", cli, "train", f"--config={config}"], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = ""
+    for line in iter(proc.stdout.readline, ""):
+        seen += line
+        if "[bootstrap]" in line:
+            break
+    import time
+    time.sleep(8)  # into the imitation steps
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    seen += out
+    assert proc.returncode == PREEMPTED_EXIT_CODE, seen[-2000:]
+    assert "stopped at bootstrap step" in seen and "resume with --resume" in seen
+    meta = json.loads(next((tmp_path / "run" / "checkpoints" / "0").rglob("meta/metadata")).read_text())
+    assert meta["phase"] == "bootstrap" and 0 < meta["bootstrap_step"] < 100000
+
+
+def test_updates_skipped_in_a_row_stop_the_run(tmp_path):
+    lines = []
+    trainer = Trainer(tiny_config(tmp_path, **{"train.steps": 10, "train.max_skipped_in_a_row": 2}),
+                      log=lines.append)
+    step = trainer.train_step
+
+    def skipped_step():
+        metrics = step()
+        return {**metrics, "train/skipped": 1.0, "train/skipped_total": float(trainer.step)}
+
+    trainer.train_step = skipped_step
+    with pytest.raises(TrainingDiverged, match="2 updates in a row were skipped.*--resume"):
+        trainer.run()
+    assert sum("update skipped" in line for line in lines) == 2
+
+
+# ------------------------------------------------------------------------------------------- export
+
+def test_export_refuses_a_non_empty_folder_and_overwrites_cleanly(tmp_path, capsys):
+    config = _config_file(tmp_path, **{"train.steps": 1})
+    assert _train(config) == 0
+    out = tmp_path / "exported"
+    out.mkdir()
+    (out / "config.json").write_text('{"mine": true}')
+    (out / "model.safetensors.index.json").write_text("{}")
+    assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={out}"]) == 1
+    assert "is not empty" in capsys.readouterr().err and (out / "config.json").read_text() == '{"mine": true}'
+    assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={out}", "--overwrite"]) == 0
+    assert not (out / "model.safetensors.index.json").exists()
+    assert json.loads((out / "config.json").read_text())["model_type"] == "qwen3"
+    assert {oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {"0o644"}
+
+
+# ------------------------------------------------------------------------------------ clear errors
+
+@pytest.mark.parametrize("body, expected", [
+    ("from spiral_jax.config import base_config\ndef get_config()\n    return base_config()\n",
+     r"cfg\.py, line 2: expected ':'"),
+    ("from spiral_jax.config import base_config\ndef make():\n    return base_config()\n",
+     r"defines no get_config\(\) function"),
+    ("from spiral_jax.config import base_config\ndef get_config():\n    c = base_config()\n"
+     "    c.train.stepz = 3\n    return c\n",
+     r"cfg\.py, line 4 \(c\.train\.stepz = 3\).*Did you mean \"steps\" instead of \"stepz\""),
+])
+def test_config_file_errors_name_the_file_line_and_problem(tmp_path, capsys, body, expected):
+    config = tmp_path / "cfg.py"
+    config.write_text(body)
+    assert _train(config, "--config.train.steps=3") == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    import re
+    assert re.search(expected, err), err
+
+
+def test_prompts_longer_than_max_prompt_len_fail_in_the_first_round(tmp_path):
+    trainer = Trainer(tiny_config(tmp_path, **{"rollout.max_prompt_len": 32}), log=lambda *_: None)
+    with pytest.raises(ValueError, match=r"longer than rollout.max_prompt_len=32 tokens \(the shortest has \d+\)"):
+        trainer.collect(trainer.to_sampler(trainer.state.params))
+
+
+def test_all_zero_game_weights_are_an_error(tmp_path):
+    with pytest.raises(ValueError, match="games.weights=.*positive sum"):
+        Trainer(tiny_config(tmp_path, **{"games.weights": (0.0,)}))
+
+
+def test_a_tokenizer_far_smaller_than_the_model_or_without_the_template_tokens(tmp_path):
+    from spiral_jax.templates import Template
+    from spiral_jax.tokenizer import check_template_tokens
+
+    c = tiny_config(tmp_path)
+    c.model.random.vocab_size = 8192
+    with pytest.raises(CheckpointError, match="2048 tokens but the model's embedding has 8192 rows"):
+        Trainer(c)
+
+    class NoChatTokens:
+        chat_template = None
+
+        def get_vocab(self):
+            return {"a": 0, "<|endoftext|>": 1}
+
+    with pytest.raises(CheckpointError, match="<\\|im_start\\|> and <\\|im_end\\|>.*tokenizer.template='chat'"):
+        check_template_tokens(NoChatTokens(), Template("qwen_raw"), "here")
+    with pytest.raises(CheckpointError, match="needs a tokenizer with a chat_template"):
+        check_template_tokens(NoChatTokens(), Template("chat"), "here")
+    check_template_tokens(NoChatTokens(), Template("plain"), "here")
+
+
+def test_games_cross_hosts_as_plain_json_exactly():
+    logprobs = np.asarray([-0.1234567, -3.3e-8, -17.25], np.float32)
+    game = PlayedGame(GameRecord(3, "TicTacToe-v0", 11, [Turn(0, "obs", "\\boxed{4}", "4", True)],
+                                 {0: 1.0, 1: -1.0}, "win", False),
+                      ("model", "pool/3"), [ModelTurn(0, "model", [1, 2], [5, 6, 2], logprobs, "stop")])
+    back = PlayedGame.from_plain(json.loads(json.dumps(game.to_plain())))
+    assert back.record == game.record and back.seats == game.seats
+    np.testing.assert_array_equal(back.model_turns[0].logprobs, logprobs)
+    assert back.model_turns[0].logprobs.dtype == np.float32
+    assert back.model_turns[0].response_ids == [5, 6, 2]
