@@ -6,13 +6,16 @@
     spiral-jax export --config configs/tiny_tictactoe.py --out exported/ [--overwrite]   # HF folder
     spiral-jax plan   --config configs/X.py [--hardware v5p-8 | --devices 8 --device_memory_gib 16]
                       # memory per device, before a run; exit status 1 when it would not fit
+    spiral-jax config --config configs/X.py [--config.a.b=v]   # print the resolved config
     spiral-jax launch tpu|gpu --config configs/X.py ...   # start on a TPU slice / GPU hosts (launch -h)
 
-A run stopped by SIGTERM or SIGINT saves a checkpoint and exits with status 75 (requeue it with
---resume); bad input exits with 2, a failed run with 1.
+`spiral-jax COMMAND --help` lists a command's flags. A run stopped by SIGTERM or SIGINT saves a
+checkpoint and exits with status 75 (requeue it with --resume); a bad command line or config file
+exits with 2, any other error with 1.
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,7 +25,8 @@ from ml_collections import ConfigDict, config_flags
 from spiral_jax.models.config import CheckpointError
 from spiral_jax.sharding import MeshError
 
-COMMANDS = ("train", "eval", "export", "plan")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # "PyTorch was not found": not needed here
+
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).",
                                 lock_config=True)
@@ -55,8 +59,40 @@ flags.DEFINE_float("device_memory_gib", 0.0, "plan: memory per device in GiB, wi
                    "for the local devices).")
 
 
+# What each command does, and the flags it takes (any other flag is an error).
+COMMANDS = {
+    "train": ("Train: bootstrap (random tiny models), then self-play RL, with evaluations and checkpoints.",
+              ("config", "resume", "overwrite")),
+    "eval": ("Evaluate the newest checkpoint in out_dir (or model.path): games, transfer, kuhn, crossplay "
+             "or bench.", ("config", "games", "suite", "eval_out", "opponents", "env_ids", "players",
+                           "crossplay_env", "kuhn_samples", "bench", "samples", "shots_file", "shots", "limit")),
+    "export": ("Write the newest checkpoint as a Hugging Face folder (safetensors, config, tokenizer).",
+               ("config", "out", "overwrite")),
+    "plan": ("Memory per device of a config on some hardware, before a run; exit status 1 if it does not fit.",
+             ("config", "hardware", "devices", "device_memory_gib")),
+    "config": ("Print the resolved config: the file's values with the --config.a.b=v overrides applied.",
+               ("config",)),
+}
+OWN_FLAGS = {name for _, names in COMMANDS.values() for name in names}
+
+
 def _usage() -> str:
     return __doc__.strip()
+
+
+def _help(command: str) -> str:
+    """`spiral-jax COMMAND --help`: what it does and its flags, with their defaults."""
+    text, names = COMMANDS[command]
+    lines = [f"usage: spiral-jax {command} --config FILE [--config.a.b=value ...] [flags]", "", text, "",
+             "flags:"]
+    for name in names:
+        flag = FLAGS[name]
+        default = "" if name == "config" or flag.default in (None, "", [], False) else f" (default: {flag.default})"
+        kind = "" if isinstance(flag.default, bool) else f"={name.upper()}"
+        lines.append(f"  --{name}{kind}\n      {flag.help}{default}")
+    lines.append("  --config.a.b=value\n      override any field of the config (spiral-jax config --config FILE "
+                 "lists them)")
+    return "\n".join(lines)
 
 
 def _parse(argv: list[str]) -> None:
@@ -76,10 +112,16 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) > 1 and argv[1] == "launch":
         from spiral_jax import launch
         return launch.main(argv[2:])
+    if len(argv) > 1 and argv[1] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
     if len(argv) < 2 or argv[1] not in COMMANDS:
         print(_usage(), file=sys.stderr)
         return 2
     command = argv.pop(1)
+    if any(arg in ("-h", "--help", "--helpfull", "--helpshort") for arg in argv[1:]):
+        print(_help(command))
+        return 0
     from spiral_jax.config import ConfigFileError, config_from_file
 
     path = _config_path(argv)
@@ -99,6 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     except (AttributeError, KeyError) as e:  # ml_collections: a key the config does not have
         message = str(e).strip("'\"").replace("\\n", " ").replace("\n", " ")
         print(f"spiral-jax {command}: unknown config key in an override: {message}", file=sys.stderr)
+        return 2
+    foreign = sorted(name for name in OWN_FLAGS - set(COMMANDS[command][1]) if FLAGS[name].present)
+    if foreign:
+        owners = {name: [c for c, (_, names) in COMMANDS.items() if name in names] for name in foreign}
+        print(f"spiral-jax {command}: " + "; ".join(f"--{n} is not a {command} flag (it belongs to "
+                                                     f"{' and '.join(owners[n])})" for n in foreign)
+              + f"; see spiral-jax {command} --help", file=sys.stderr)
         return 2
     if FLAGS.config is None:
         print(f"spiral-jax {command}: --config is required (e.g. --config configs/tiny_tictactoe.py)",
@@ -167,6 +216,9 @@ def _plan(c) -> int:
 def _run(command: str, c) -> int:
     if command == "plan":
         return _plan(c)
+    if command == "config":
+        print(c.to_json(indent=2))
+        return 0
     from spiral_jax.checkpoint import Checkpointer
     from spiral_jax.rl.trainer import PREEMPTED_EXIT_CODE, Trainer
 

@@ -12,7 +12,7 @@ all workers at once in the background; each worker logs to `<remote-dir>/runs/la
 Slices with more than one host get `--config.distributed.enabled=True` (JAX finds the other workers
 by itself on TPU). `gpu` runs the command here for one local host, else over ssh on each host with
 JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID set for `jax.distributed`.
-`--dry-run` prints every command, one per line, shell-quoted, and runs nothing.
+`--dry_run` prints every command, one per line, shell-quoted, and runs nothing.
 """
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ class Step:
     argv: list[str]
     what: str                 # "create the TPU VM", "install on every worker", ...
     retry: str = ""           # how to retry when it fails
-    note: str = ""            # printed after the command in --dry-run, as a shell comment
+    note: str = ""            # printed after the command in --dry_run, as a shell comment
 
     def line(self) -> str:
         text = shlex.join(self.argv)
@@ -461,7 +461,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="target", required=True, metavar="{tpu,gpu}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", help="config file, relative to the project root (configs/X.py)")
-    common.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    common.add_argument("--dry_run", "--dry-run", action="store_true", help="print the commands, run nothing")
     common.add_argument("--stop", action="store_true",
                         help="stop the training started by a launch (SIGTERM: it checkpoints and exits)")
 
@@ -472,12 +472,12 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--accelerator", help="accelerator type: " + known_accelerators())
     t.add_argument("--project", help="Google Cloud project (default: gcloud's configured one)")
     t.add_argument("--spot", action="store_true", help="create a Spot TPU VM")
-    t.add_argument("--runtime-version", help="override the TPU software version picked for the generation")
+    t.add_argument("--runtime_version", "--runtime-version", help="override the TPU software version picked for the generation")
     t.add_argument("--repo", default=".", help="a local checkout to copy (default: .) or a git URL to clone")
     t.add_argument("--ref", help="branch, tag or commit to check out (with a git URL; default: its HEAD)")
-    t.add_argument("--remote-dir", default="spiral_jax", help="project folder on the workers, relative to "
+    t.add_argument("--remote_dir", "--remote-dir", default="spiral_jax", help="project folder on the workers, relative to "
                    "the home folder (default: spiral_jax)")
-    t.add_argument("--python-version", default="3.11", help="Python of the workers' venv (default: 3.11)")
+    t.add_argument("--python_version", "--python-version", default="3.11", help="Python of the workers' venv (default: 3.11)")
     t.add_argument("--setup", help="shell command run on every worker after the install, in the project "
                    "folder with the venv on PATH (e.g. a model download: 'hf download Qwen/Qwen3-4B-Base "
                    "--local-dir ckpt/Qwen3-4B-Base')")
@@ -489,7 +489,7 @@ def _parser() -> argparse.ArgumentParser:
                    "the coordinator (default: localhost, run here)")
     g.add_argument("--port", type=int, default=1234, help="coordinator port on the first host (default: 1234)")
     g.add_argument("--coordinator", help="coordinator host as the other hosts reach it (default: first host)")
-    g.add_argument("--remote-dir", help="project folder on the hosts (default: this folder's absolute path)")
+    g.add_argument("--remote_dir", "--remote-dir", help="project folder on the hosts (default: this folder's absolute path)")
     g.add_argument("--python", help="Python with the project installed, run in --remote-dir (default: "
                    "python3 on remote hosts, this Python locally; e.g. .venv/bin/python)")
     return p

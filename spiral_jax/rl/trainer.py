@@ -438,6 +438,7 @@ class Trainer:
         evaluation table; both evaluations go to out_dir/summary.json."""
         c = self.c
         handlers = {s: signal.signal(s, self.request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        self._start_banner()
         try:
             if self.bootstrap_state is not None:
                 self._bootstrap()
@@ -470,6 +471,8 @@ class Trainer:
             results, kuhn = self.evaluate(c.eval.final_games, c.train.transcripts)
             self._record("final", results, kuhn, wall_s=time.perf_counter() - self.started)
             self.log(self.table(results, kuhn))
+            self.log(f"done: outputs are in {self.out}: summary.json, checkpoints/ (step {self.step}), "
+                     f"tensorboard/, eval/ (transcripts of every evaluation game), config.json")
             return results
         finally:
             for s, h in handlers.items():
@@ -478,6 +481,22 @@ class Trainer:
                 self.ckpt.close()  # waits for an async save, which may fail (a full disk) only now
             finally:
                 self.writer.close()
+
+    def _start_banner(self) -> None:
+        """Say what runs where, and write the resolved config to out_dir/config.json."""
+        c, devices = self.c, jax.devices()
+        n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.state.params))
+        source = f"from {c.model.path}" if c.model.path else "random init"
+        mesh = " ".join(f"{k}={v}" for k, v in self.mesh.shape.items())
+        self.log(f"spiral-jax train {self.config_file or ''}\n"
+                 f"  devices: {len(devices)} x {devices[0].platform} on {jax.process_count()} host(s); mesh {mesh}\n"
+                 f"  model: {self.cfg.model_type}, {n_params / 1e6:.2f}M parameters ({source}), "
+                 f"compute {self.cfg.compute_dtype}\n"
+                 f"  games: {', '.join(c.games.env_ids)}; rollout {c.rollout.mode}, {c.train.steps} steps\n"
+                 f"  out_dir: {self.out} (watch: tensorboard --logdir {self.out / 'tensorboard'})")
+        if is_leader():
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "config.json").write_text(c.to_json(indent=1) + "\n")
 
     def _stopped(self) -> dict:
         """After a stop request: make sure the state is checkpointed, wait for the save, return {}."""

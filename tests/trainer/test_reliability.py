@@ -32,7 +32,10 @@ def test_fresh_run_refuses_an_out_dir_with_another_run(tmp_path, capsys):
     config = _config_file(tmp_path, **{"train.steps": 1})
     assert _train(config) == 0
     checkpoints = sorted(os.listdir(tmp_path / "run" / "checkpoints"))
-    capsys.readouterr()
+    out = capsys.readouterr().out
+    assert "devices: 8 x cpu" in out and "parameters (random init)" in out and "tensorboard --logdir" in out
+    assert f"done: outputs are in {tmp_path / 'run'}" in out
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["train"]["steps"] == 1
     assert _train(config) == 1
     err = capsys.readouterr().err
     assert "already holds a run (checkpoints up to step 1" in err and "--resume" in err and "--overwrite" in err
