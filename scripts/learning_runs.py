@@ -35,6 +35,10 @@ def train(config: str, rae: str, seed: int) -> None:
         return
     cmd = [sys.executable, "-m", "spiral_jax.cli", "train", "--config", config, f"--config.seed={seed}",
            f"--config.rae.enabled={rae == 'on'}", f"--config.out_dir={out}"]
+    if (out / "checkpoints").is_dir() and any((out / "checkpoints").iterdir()):
+        cmd.append("--resume")  # an interrupted run continues
+    elif out.exists():
+        cmd.append("--overwrite")  # a run that died before its first checkpoint starts over
     print(" ".join(cmd), flush=True)
     start = time.time()
     subprocess.run(cmd, cwd=ROOT, check=True)

@@ -247,8 +247,7 @@ def _run(command: str, c) -> int:
     trainer = Trainer(c, resume=has_checkpoint, bootstrap=False)
     if command == "eval":
         from spiral_jax.eval.command import run_eval
-        from spiral_jax.eval.suite import EvalContext
-        print(run_eval(EvalContext.from_trainer(trainer), c, FLAGS))
+        print(run_eval(trainer.eval_context(), c, FLAGS))
         return 0
     import shutil
 

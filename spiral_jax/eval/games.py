@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from spiral_jax.rl.rollout import PlayedGame, Rollout
+from spiral_jax.rollout import PlayedGame, Rollout
 
 OUTCOMES = ("win", "draw", "loss", "invalid")
 

@@ -1,8 +1,9 @@
 """The offline evaluation suite behind `spiral-jax eval`: one model, every kind of evaluation.
 
 An `EvalContext` holds what all of them share (model config, weights in the sampler layout,
-tokenizer, sampler, the eval rollout and the sampling settings, which every report records); build it
-from a `Trainer` (the newest checkpoint of a run, or an HF folder) or directly in tests.  Each
+tokenizer, sampler, the eval rollout and the sampling settings, which every report records); the
+trainer hands one over (`Trainer.eval_context`: the newest checkpoint of a run, or an HF folder),
+and tests build one directly.  Each
 `run_*` writes its files under `out_dir` and returns its results.
 """
 from __future__ import annotations
@@ -12,7 +13,8 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from spiral_jax.eval import benchmarks, crossplay, game_report, kuhn_policy
-from spiral_jax.rl.rollout import Rollout
+from spiral_jax.models import load_policy_weights
+from spiral_jax.rollout import Rollout
 from spiral_jax.sampling import SamplingParams
 
 
@@ -29,14 +31,6 @@ class EvalContext:
     mesh: object = None
     max_in_flight: int | None = None  # games at once per host (the training batch's games_per_batch)
 
-    @classmethod
-    def from_trainer(cls, trainer) -> "EvalContext":
-        e = trainer.c.eval
-        return cls(trainer.cfg, trainer.to_sampler(trainer.state.params), trainer.tokenizer,
-                   trainer.sampler, SamplingParams(e.max_new_tokens, e.temperature, 0, e.top_p),
-                   tuple(e.invalid_rewards), trainer.c.games.max_turns, trainer.c.seed, trainer.sample_mesh,
-                   trainer.c.rollout.games_per_batch)
-
     @property
     def rollout(self) -> Rollout:
         return Rollout(self.sampler, self.tokenizer, self.sampling, invalid_rewards=self.invalid_rewards,
@@ -52,20 +46,6 @@ class EvalContext:
     def load_weights(self, source: str):
         """Weights of another model with the same architecture: an HF folder (sampler layout)."""
         return load_policy_weights(source, self.cfg, self.mesh)
-
-
-def load_policy_weights(source: str, cfg, mesh):
-    """An HF folder's weights in the sampler layout on `mesh`, checked to have `cfg`'s architecture
-    (model opponents and cross-play players run through the same sampler program)."""
-    from spiral_jax.models import load_pretrained
-
-    other, params = load_pretrained(source, mesh=mesh, rules="sample", compute_dtype=cfg.compute_dtype,
-                                    scan_layers=cfg.scan_layers, remat=cfg.remat)
-    arch = lambda m: dataclasses.replace(m, bos_token_id=None, eos_token_id=None)  # noqa: E731
-    if arch(other) != arch(cfg):
-        raise ValueError(f"{source} has another architecture than the evaluated model; "
-                         "cross-play and model opponents need the same one")
-    return params
 
 
 def run_games(ctx: EvalContext, out_dir, env_ids: Sequence[str], opponents: Sequence[str], n_games: int,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from spiral_jax.eval.games import outcome
-from spiral_jax.rl.rollout import PlayedGame
+from spiral_jax.rollout import PlayedGame
 
 
 def game_record(game: PlayedGame, llm_policies: Sequence[str] = ("model",)) -> dict:

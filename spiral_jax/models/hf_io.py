@@ -5,6 +5,7 @@ safetensors slice (`jax.make_array_from_callback`), so every host of a pod reads
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -161,3 +162,15 @@ def save_pretrained(cfg: ModelConfig, params, path, extra_config: dict | None = 
     for written in ("model.safetensors", "config.json"):
         (path / written).chmod(0o644)  # readable by the serving user, like any model download
     return path
+
+
+def load_policy_weights(source: str, cfg, mesh):
+    """An HF folder's weights in the sampler layout on `mesh`, checked to have `cfg`'s architecture
+    (model opponents and cross-play players run through the same sampler program)."""
+    other, params = load_pretrained(source, mesh=mesh, rules="sample", compute_dtype=cfg.compute_dtype,
+                                    scan_layers=cfg.scan_layers, remat=cfg.remat)
+    arch = lambda m: dataclasses.replace(m, bos_token_id=None, eos_token_id=None)  # noqa: E731
+    if arch(other) != arch(cfg):
+        raise ValueError(f"{source} has another architecture than the evaluated model; "
+                         "cross-play and model opponents need the same one")
+    return params

@@ -22,6 +22,7 @@ import dataclasses
 from typing import Mapping, Sequence
 
 from spiral_jax.rl.samples import TurnSample
+from spiral_jax.rollout import PlayedGame
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,3 +91,21 @@ def baseline_metrics(state: dict) -> dict[str, float]:
         for role, b in roles.items():
             values.setdefault(f"rae/baseline/{game}/{role}", []).append(float(b))
     return {name: sum(v) / len(v) for name, v in sorted(values.items())}
+
+
+def label_games(games: Sequence[PlayedGame], rae_state: dict, rae: RAEConfig, trained: str = "model",
+                first: int = 0) -> tuple[list[TurnSample], dict]:
+    """Turn samples (with RAE advantages) from the `trained` policy's turns, games in order.
+
+    first: the index of `games[0]` among this step's games (picks RAE baseline shards)."""
+    samples: list[TurnSample] = []
+    for index, game in enumerate(games, first):
+        rec = game.record
+        roles = {p: rec.rewards[p] for p in (0, 1) if game.seats[p] == trained}
+        if not roles:
+            continue
+        mine = [TurnSample(t.prompt_ids, t.response_ids, t.logprobs, rec.env_id, t.player, i)
+                for i, t in enumerate(game.model_turns) if t.policy == trained and t.response_ids]
+        labelled, rae_state = label_game(rae_state, rec.env_id, mine, roles, rae, index)
+        samples += labelled
+    return samples, rae_state

@@ -30,13 +30,14 @@ from spiral_jax.distributed import host_local_mesh, initialize, is_leader, to_ho
 from spiral_jax.envs import make
 from spiral_jax.eval.games import TABLE_HEADER, evaluate, summarize
 from spiral_jax.eval.kuhn_policy import ENV_ID as KUHN_ENV_ID
-from spiral_jax.eval.suite import EvalContext, load_policy_weights, run_kuhn
+from spiral_jax.eval.suite import EvalContext, run_kuhn
+from spiral_jax.models import load_policy_weights
 from spiral_jax.eval.transcripts import write_transcripts
 from spiral_jax.metrics import MetricsWriter
 from spiral_jax.rl.bootstrap import imitation_samples
-from spiral_jax.rl.rae import RAEConfig, baseline_metrics, init_rae_state
+from spiral_jax.rl.rae import RAEConfig, baseline_metrics, init_rae_state, label_games
 from spiral_jax.rl.reshard import make_reshard
-from spiral_jax.rl.rollout import PlayedGame, Rollout, label_games
+from spiral_jax.rollout import PlayedGame, Rollout
 from spiral_jax.rl.samples import pack, shard_batch
 from spiral_jax.rl.train_step import TrainConfig, init_train_state, make_update
 from spiral_jax.sampling import Sampler, SamplingParams, bucket_length, cache_slots
@@ -366,13 +367,21 @@ class Trainer:
         kuhn = None
         if e.kuhn_samples >= 0:  # exploitability of the policy on one-round Kuhn poker
             try:
-                kuhn = run_kuhn(EvalContext.from_trainer(self), self.out / "eval" / f"step{self.step}",
+                kuhn = run_kuhn(self.eval_context(), self.out / "eval" / f"step{self.step}",
                                 e.kuhn_samples, env_id=self.kuhn_env_id)
                 scalars.update(kuhn.scalars("eval/kuhn"))
             except ValueError as err:  # exact scoring of a model that does not answer that way yet
                 self.log(f"[eval] step {self.step}: no Kuhn exploitability: {err}")
         self.writer.scalars(self.step, scalars)
         return results, kuhn
+
+    def eval_context(self) -> EvalContext:
+        """What the evaluation suite needs, as a value: the current weights in the sampler layout,
+        the tokenizer, the sampler and the eval settings."""
+        e = self.c.eval
+        return EvalContext(self.cfg, self.to_sampler(self.state.params), self.tokenizer, self.sampler,
+                           SamplingParams(e.max_new_tokens, e.temperature, 0, e.top_p), tuple(e.invalid_rewards),
+                           self.c.games.max_turns, self.c.seed, self.sample_mesh, self.c.rollout.games_per_batch)
 
     @property
     def kuhn_env_id(self) -> str:

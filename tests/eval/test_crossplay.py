@@ -63,7 +63,7 @@ def test_rollout_play_scripted_players():
     from types import SimpleNamespace
 
     from spiral_jax.eval.crossplay import rollout_play
-    from spiral_jax.rl.rollout import Rollout
+    from spiral_jax.rollout import Rollout
     from spiral_jax.sampling import SamplingParams
 
     rollout = Rollout(None, SimpleNamespace(stop_ids=frozenset({0})), SamplingParams(8))

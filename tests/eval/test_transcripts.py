@@ -4,7 +4,7 @@ import numpy as np
 from spiral_jax.envs import GameRecord, Turn
 from spiral_jax.eval.games import summarize
 from spiral_jax.eval.transcripts import read_transcripts, write_transcripts
-from spiral_jax.rl.rollout import ModelTurn, PlayedGame
+from spiral_jax.rollout import ModelTurn, PlayedGame
 
 
 def _game(i, seats, turns, rewards, model_turns):

@@ -1,7 +1,7 @@
 """Rollout: every game is seeded by its global index, so playing in chunks changes nothing."""
 from types import SimpleNamespace
 
-from spiral_jax.rl.rollout import Rollout
+from spiral_jax.rollout import Rollout
 from spiral_jax.sampling import SamplingParams
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from spiral_jax.cli import main as cli_main
 from spiral_jax.models import CheckpointError
-from spiral_jax.rl.rollout import ModelTurn, PlayedGame
+from spiral_jax.rollout import ModelTurn, PlayedGame
 from spiral_jax.rl.trainer import PREEMPTED_EXIT_CODE, Trainer, TrainingDiverged
 from spiral_jax.envs import GameRecord, Turn
 from tests.trainer.test_trainer import REPO, _config_file, tiny_config

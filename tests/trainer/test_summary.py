@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from spiral_jax.envs import INFO_SETS
-from spiral_jax.eval.suite import EvalContext, run_kuhn
+from spiral_jax.eval.suite import run_kuhn
 from spiral_jax.metrics import read_scalars
 from spiral_jax.rl.trainer import Trainer
 from tests.trainer.test_trainer import tiny_config
@@ -45,8 +45,9 @@ def test_summary_json_has_step0_and_final(kuhn_run):
     assert summary["rl_gain"]["KuhnPokerChips-v0/random"] == pytest.approx(
         summary["eval"]["final"]["KuhnPokerChips-v0/random"]["win"]
         - summary["eval"]["step0"]["KuhnPokerChips-v0/random"]["win"], abs=1e-4)
-    table = lines[-1]
+    table = lines[-2]  # then the closing line
     assert "vs random, step 0" in table and "vs random, step 2" in table and "at step 0 ->" in table
+    assert lines[-1].startswith("done: outputs are in")
 
 
 def test_step0_evaluation_is_logged_before_any_update(kuhn_run):
@@ -82,7 +83,7 @@ def test_exact_kuhn_scoring_uses_the_end_of_turn_token(kuhn_run):
     trainer, _, _, out = kuhn_run
     tok = trainer.tokenizer
     assert tok.end_of_turn_id == tok.hf.convert_tokens_to_ids("<|im_end|>")
-    ctx = EvalContext.from_trainer(trainer)
+    ctx = trainer.eval_context()
     est = run_kuhn(ctx, out / "kuhn_check", env_id="KuhnPokerChips-v0")
     coverage = 1 - np.mean(list(est.invalid_rate.values()))
     assert coverage > 0.9

@@ -21,8 +21,6 @@ import numpy as np
 
 from spiral_jax.distributed import allgather_json, process_slice
 from spiral_jax.envs import BatchRunner, GameRecord, RandomOpponent, Turn, make, scripted_opponent
-from spiral_jax.rl.rae import RAEConfig, label_game
-from spiral_jax.rl.samples import TurnSample
 from spiral_jax.sampling import Sampler, SamplingParams
 
 
@@ -145,21 +143,3 @@ class Rollout:
             # a turn must end, and a policy that never stops would otherwise go unpunished.
             responses[r.game] = self.tokenizer.decode(ids) if reason == "stop" else ""
             turns[r.game].append(ModelTurn(r.player, policy, p, ids, lp, reason))
-
-
-def label_games(games: Sequence[PlayedGame], rae_state: dict, rae: RAEConfig, trained: str = "model",
-                first: int = 0) -> tuple[list[TurnSample], dict]:
-    """Turn samples (with RAE advantages) from the `trained` policy's turns, games in order.
-
-    first: the index of `games[0]` among this step's games (picks RAE baseline shards)."""
-    samples: list[TurnSample] = []
-    for index, game in enumerate(games, first):
-        rec = game.record
-        roles = {p: rec.rewards[p] for p in (0, 1) if game.seats[p] == trained}
-        if not roles:
-            continue
-        mine = [TurnSample(t.prompt_ids, t.response_ids, t.logprobs, rec.env_id, t.player, i)
-                for i, t in enumerate(game.model_turns) if t.policy == trained and t.response_ids]
-        labelled, rae_state = label_game(rae_state, rec.env_id, mine, roles, rae, index)
-        samples += labelled
-    return samples, rae_state

@@ -1,0 +1,49 @@
+"""Imports flow one way: envs and models at the bottom, sampling and rollout above them, rl and eval
+above those, the trainer loop and the command line on top."""
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "spiral_jax"
+
+# Each module's layer; a module may import only from its own layer or below.
+LAYERS = {
+    "models": 0, "envs": 0, "sharding": 0, "templates": 0, "tokenizer": 0, "distributed": 0,
+    "compilation": 0, "metrics": 0,
+    "sampling": 1, "rollout": 1, "checkpoint": 1,
+    "rl": 2, "eval": 2,
+    "rl.trainer": 3, "config": 3, "run_dir": 3, "plan": 3,
+    "cli": 4, "launch": 4,
+}
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in LAYERS:
+            return LAYERS[".".join(parts[:n])]
+    raise AssertionError(f"spiral_jax.{module} has no layer in tests/test_imports.py")
+
+
+def _imports(path: Path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("spiral_jax."):
+            yield node.module[len("spiral_jax."):]
+        elif isinstance(node, ast.Import):
+            yield from (a.name[len("spiral_jax."):] for a in node.names if a.name.startswith("spiral_jax."))
+
+
+def test_no_module_imports_from_a_layer_above_it():
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+        if module in ("__init__",):
+            continue
+        for imported in _imports(path):
+            if _layer(imported) > _layer(module):
+                upward.append(f"spiral_jax.{module} imports spiral_jax.{imported}")
+    assert not upward, "\n".join(upward)
+
+
+def test_eval_never_imports_rl():
+    for path in sorted((PACKAGE / "eval").rglob("*.py")):
+        assert not [m for m in _imports(path) if m == "rl" or m.startswith("rl.")], path
