@@ -39,12 +39,21 @@ from spiral_jax.rl.rae import RAEConfig, baseline_metrics, init_rae_state, label
 from spiral_jax.rl.reshard import make_reshard
 from spiral_jax.rollout import PlayedGame, Rollout
 from spiral_jax.rl.samples import pack, shard_batch
+from spiral_jax.rl.step_metrics import step_metrics
 from spiral_jax.rl.train_step import TrainConfig, init_train_state, make_update
 from spiral_jax.sampling import Sampler, SamplingParams, bucket_length, cache_slots
 from spiral_jax.sampling.scoring import sequence_logprobs
 from spiral_jax.sharding import make_mesh
 
 MODES = ("self_play", "fixed_opponent", "pool")
+
+
+def peak_memory() -> dict[str, float]:
+    """Peak bytes in use on this host's first device, in GiB, where the backend reports it (GPU, TPU)."""
+    stats = jax.local_devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" not in stats:
+        return {}
+    return {"memory/peak_gib": stats["peak_bytes_in_use"] / 2**30}
 # The exit status of a run stopped by SIGTERM/SIGINT after saving (EX_TEMPFAIL): requeue it with --resume.
 PREEMPTED_EXIT_CODE = 75
 
@@ -67,16 +76,6 @@ def transcript(game: PlayedGame) -> str:
         lines.append(f"**player {t.player}** -> `{t.action}`{'' if t.valid else ' (invalid)'}\n\n"
                      f"    {t.response.strip()[:500]}")
     return "\n\n".join(lines)
-
-
-def role_rewards(games, policy: str = "model") -> dict[str, float]:
-    """Mean final reward of each role the policy played, per game: {"rollout/<game>/role<p>/reward": r}."""
-    rewards: dict[str, list[float]] = {}
-    for g in games:
-        for p in (0, 1):
-            if g.seats[p] == policy:
-                rewards.setdefault(f"rollout/{g.record.env_id}/role{p}/reward", []).append(g.record.rewards[p])
-    return {k: float(np.mean(v)) for k, v in sorted(rewards.items())}
 
 
 class Trainer:
@@ -124,6 +123,7 @@ class Trainer:
         self.to_sample_layout = make_reshard(self.cfg, self.mesh)
         self.state = init_train_state(params, self.cfg, self.tc, self.mesh)
         self.rae_state, self.pool, self.pool_steps, self.step = init_rae_state(), [], [], 0
+        self.totals = {"games": 0, "sampled_tokens": 0, "trained_tokens": 0}  # since step 0, resumes included
         self.writer = MetricsWriter(self.out / "tensorboard")
         self.ckpt = Checkpointer(f"{c.out_dir.rstrip('/')}/checkpoints", c.train.keep,  # gs:// kept as is
                                  c.train.async_checkpointing)
@@ -154,6 +154,7 @@ class Trainer:
                                               log=self.log)
         self.state, self.pool = state, pool
         self.rae_state, self.pool_steps, self.step = meta["rae"], meta["pool_steps"], meta["step"]
+        self.totals = meta.get("totals", self.totals)
         self.saved_step = self.step
         if meta.get("phase") == "bootstrap":  # stopped during the bootstrap: `state` is its state
             self.bootstrap_state, self.bootstrap_done = state, meta["bootstrap_step"]
@@ -165,10 +166,12 @@ class Trainer:
     def save(self, bootstrap_step: int | None = None):
         """Checkpoint the RL state, or (with `bootstrap_step`) the bootstrap's state part-way."""
         meta = dict(step=self.step, seed=self.c.seed, rae=self.rae_state, pool_steps=self.pool_steps,
-                    config=self.c.to_json(), phase="rl" if bootstrap_step is None else "bootstrap",
+                    config=self.c.to_json(), totals=self.totals, phase="rl" if bootstrap_step is None else "bootstrap",
                     bootstrap_step=bootstrap_step or 0)
         state = self.state if bootstrap_step is None else self.bootstrap_state
+        start = time.perf_counter()
         self.ckpt.save(self.step, state, self.pool, meta)
+        self.writer.scalars(self.step, {"time/checkpoint": time.perf_counter() - start})  # async: the blocking part
         self.saved_step = self.step
 
     def _agree_to_stop(self) -> bool:
@@ -342,28 +345,40 @@ class Trainer:
             # Nonzero after the first steps means a shape is not bucketed and a program recompiles.
             "compile/new_executables": compile_count() - executables0,
         })
-        metrics.update(role_rewards(games))
+        trained_tokens = sum(len(x.prompt_ids) + len(x.response_ids) for x in samples)
+        self.totals = {"games": self.totals["games"] + len(games),
+                       "sampled_tokens": self.totals["sampled_tokens"] + generated,
+                       "trained_tokens": self.totals["trained_tokens"] + trained_tokens}
+        metrics.update({"throughput/trained_tokens_per_s": trained_tokens / max(t_update, 1e-9),
+                        "throughput/games_per_s": len(games) / max(t_rollout, 1e-9),
+                        **{f"totals/{k}": float(v) for k, v in self.totals.items()}})
+        metrics.update(step_metrics(games, samples))
+        metrics.update(peak_memory())
         metrics.update(baseline_metrics(self.rae_state))
         return metrics
 
     def evaluate(self, n_games: int, transcripts: int = 0) -> tuple[dict, object]:
         """The current model against every configured opponent on every training game, and the Kuhn
         exploitability where configured: ({(env id, opponent): GameStats}, KuhnPolicyEstimate | None)."""
+        start = time.perf_counter()
         params = self.to_sampler(self.state.params)
         e = self.c.eval
         settings = {"temperature": e.temperature, "top_p": e.top_p, "max_new_tokens": e.max_new_tokens}
         results, scalars = {}, {}
-        for env_id in self.c.games.env_ids:
-            for opponent in self.c.eval.opponents:
-                stats, games = evaluate(self.eval_rollout, params, env_id, opponent, n_games,
-                                        seed=self.c.seed * 31 + self.step)
-                results[env_id, opponent] = stats
-                scalars.update(stats.scalars(f"eval/{env_id}/{opponent}"))
-                if is_leader():
-                    write_transcripts(self.out / "eval" / f"step{self.step}" / f"{env_id}_vs_{opponent}.jsonl",
-                                      games, extra={"step": self.step, "settings": settings})
-                for i, g in enumerate(games[:transcripts]):
-                    self.writer.text(self.step, f"transcripts/{env_id}/{opponent}/{i}", transcript(g))
+        pairs = [(env_id, opponent) for env_id in self.c.games.env_ids for opponent in e.opponents]
+        bar = tqdm(pairs, desc=f"eval at step {self.step}", unit="matchup", dynamic_ncols=True, leave=False,
+                   disable=not is_leader())
+        for env_id, opponent in bar:
+            bar.set_postfix_str(f"{env_id} vs {opponent}, {n_games} games")
+            stats, games = evaluate(self.eval_rollout, params, env_id, opponent, n_games,
+                                    seed=self.c.seed * 31 + self.step)
+            results[env_id, opponent] = stats
+            scalars.update(stats.scalars(f"eval/{env_id}/{opponent}"))
+            if is_leader():
+                write_transcripts(self.out / "eval" / f"step{self.step}" / f"{env_id}_vs_{opponent}.jsonl",
+                                  games, extra={"step": self.step, "settings": settings})
+            for i, g in enumerate(games[:transcripts]):
+                self.writer.text(self.step, f"transcripts/{env_id}/{opponent}/{i}", transcript(g))
         kuhn = None
         if e.kuhn_samples >= 0:  # exploitability of the policy on one-round Kuhn poker
             try:
@@ -372,7 +387,7 @@ class Trainer:
                 scalars.update(kuhn.scalars("eval/kuhn"))
             except ValueError as err:  # exact scoring of a model that does not answer that way yet
                 self.log(f"[eval] step {self.step}: no Kuhn exploitability: {err}")
-        self.writer.scalars(self.step, scalars)
+        self.writer.scalars(self.step, {**scalars, "time/eval": time.perf_counter() - start})
         return results, kuhn
 
     def eval_context(self) -> EvalContext:
@@ -506,6 +521,7 @@ class Trainer:
         if is_leader():
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "config.json").write_text(c.to_json(indent=1) + "\n")
+        self.writer.text(self.step, "config", "```\n" + c.to_json(indent=1) + "\n```")
 
     def _stopped(self) -> dict:
         """After a stop request: make sure the state is checkpointed, wait for the save, return {}."""

@@ -54,8 +54,15 @@ def test_three_steps_in_every_mode(tmp_path, changes):
     from spiral_jax.metrics import read_scalars
     scalars = read_scalars(tmp_path / "run" / "tensorboard")
     for tag in ("train/loss", "train/grad_norm", "train/entropy", "rollout/valid_action_rate",
-                "time/sampling", "time/update", "throughput/sampled_tokens_per_s"):
+                "time/sampling", "time/update", "throughput/sampled_tokens_per_s",
+                "throughput/trained_tokens_per_s", "throughput/games_per_s", "rollout/invalid/no_box",
+                "rollout/invalid/cut_at_token_limit"):
         assert len(scalars[tag]) == 3 and all(np.isfinite(v) for _, v in scalars[tag])
+    assert scalars["rollout/TicTacToe-v0/role0/response_tokens_p95"]  # steps that played that game
+    games = [v for _, v in scalars["totals/games"]]
+    assert games == sorted(games) and games[0] > 0 and games[-1] == trainer.totals["games"]
+    assert [step for step, _ in scalars["time/eval"]] == [0, 2, 3]  # step 0, periodic, final
+    assert all(v >= 0 for _, v in scalars["time/checkpoint"])
     assert [step for step, _ in scalars["compile/new_executables"]] == [1, 2, 3]
     assert scalars["compile/new_executables"][0][1] > 0  # the first step compiles (or loads) its programs
     assert any(t.startswith("rae/baseline/") for t in scalars)
