@@ -244,7 +244,11 @@ def _run(command: str, c) -> int:
     if not has_checkpoint and not c.model.path:
         raise FileNotFoundError(f"nothing to {command}: no checkpoint in {c.out_dir}/checkpoints and "
                                 f"no model.path; train first or pass --config.model.path=HF_FOLDER")
-    trainer = Trainer(c, resume=has_checkpoint, bootstrap=False)
+    trainer = Trainer(c, resume=has_checkpoint, bootstrap=False,
+                      log=lambda *a, **k: print(*a, **k, file=sys.stderr))  # e.g. an unreadable checkpoint
+    source = (f"the checkpoint of step {trainer.step} in {trainer.ckpt.directory}" if has_checkpoint
+              else f"the weights at model.path={c.model.path}")
+    print(f"[{command}] {source}", file=sys.stderr)
     if command == "eval":
         from spiral_jax.eval.command import run_eval
         print(run_eval(trainer.eval_context(), c, FLAGS))

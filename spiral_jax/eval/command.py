@@ -2,7 +2,7 @@
 
 Options come as attributes of `args` (the CLI's absl FLAGS, or any namespace in tests):
 suite ("games", "transfer", "kuhn", "crossplay", "bench"), games (per pair; 0: eval.final_games),
-eval_out (default <out_dir>/eval), opponents and env_ids (lists; default the config's), players
+eval_out (the report folder; default <out_dir>/eval/<suite>), opponents and env_ids (lists; default the config's), players
 (crossplay: HF folders, "name=path" or "path"), crossplay_env, kuhn_samples (0: exact scoring),
 bench ("NAME=file.jsonl", "file.jsonl" named after the file, or "NAME" to download it from the hub
 first), samples, shots_file, shots, limit (0: all items).
@@ -25,7 +25,7 @@ def run_eval(ctx: suite.EvalContext, c, args) -> str:
     """Run the chosen suite, write its files, and return its markdown report."""
     if args.suite not in SUITES:
         raise ValueError(f"--suite must be one of {', '.join(SUITES)}, got {args.suite!r}")
-    out = Path(args.eval_out or Path(c.out_dir) / "eval") / args.suite
+    out = Path(args.eval_out) if args.eval_out else Path(c.out_dir) / "eval" / args.suite
     n = args.games or c.eval.final_games
     if args.suite == "games":
         extra = {}

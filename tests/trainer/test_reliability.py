@@ -258,3 +258,25 @@ def test_games_cross_hosts_as_plain_json_exactly():
     np.testing.assert_array_equal(back.model_turns[0].logprobs, logprobs)
     assert back.model_turns[0].logprobs.dtype == np.float32
     assert back.model_turns[0].response_ids == [5, 6, 2]
+
+
+# --------------------------------------------------------------------------------------- eval CLI
+
+def test_eval_reads_the_newest_checkpoint_or_says_there_is_nothing(tmp_path, capsys):
+    config = _config_file(tmp_path, **{"train.steps": 2, "train.checkpoint_every": 1})
+    assert cli_main(["spiral-jax", "eval", f"--config={config}", "--games=2"]) == 1
+    assert "nothing to eval: no checkpoint in" in capsys.readouterr().err
+    assert _train(config) == 0
+    capsys.readouterr()
+    report = tmp_path / "report"
+    assert cli_main(["spiral-jax", "eval", f"--config={config}", "--games=2", f"--eval_out={report}",
+                     "--opponents=random"]) == 0
+    assert "[eval] the checkpoint of step 2 in" in capsys.readouterr().err
+    games = json.loads((report / "games.json").read_text())  # --eval_out is the report folder itself
+    assert [(r["env_id"], r["opponent"], r["games"]) for r in games["results"]] == [("TicTacToe-v0", "random", 2)]
+    exported = tmp_path / "exported"
+    assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={exported}"]) == 0
+    assert cli_main(["spiral-jax", "eval", f"--config={config}", "--games=2", f"--eval_out={report}",
+                     f"--config.model.path={exported}", f"--config.out_dir={tmp_path / 'elsewhere'}",
+                     "--opponents=random"]) == 0
+    assert f"[eval] the weights at model.path={exported}" in capsys.readouterr().err

@@ -237,3 +237,21 @@ def test_tokenizer_that_does_not_fit_the_model(tmp_path):
     c.model.random.vocab_size = 1000
     with pytest.raises(CheckpointError, match="2048 tokens but the model's embedding has only 1000 rows"):
         Trainer(c)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [
+    ("float32", 1e-5),
+    # bf16 compute rounds activations to 8 bits of mantissa (relative 2^-8 = 4e-3); the sampler and the
+    # learner run different programs (cached decode against one full forward), so their log-probs may
+    # differ by a few such roundings of the logits.
+    ("bfloat16", 5e-2),
+])
+def test_sampler_and_learner_logprobs_agree_and_nothing_recompiles(tmp_path, dtype, tolerance):
+    """The learner's log-probs of the sampled tokens equal the sampler's (train/drift_max, measured
+    end to end through rollout, packing and the update), and after the first step no program compiles."""
+    trainer = Trainer(tiny_config(tmp_path, **{"train.steps": 4, "model.compute_dtype": dtype}),
+                      log=lambda *_: None)
+    metrics = [trainer.train_step() for _ in range(4)]
+    assert all(m["train/drift_max"] < tolerance for m in metrics), [m["train/drift_max"] for m in metrics]
+    assert metrics[0]["compile/new_executables"] > 0
+    assert [m["compile/new_executables"] for m in metrics[1:]] == [0, 0, 0]
