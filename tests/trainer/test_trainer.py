@@ -255,3 +255,19 @@ def test_sampler_and_learner_logprobs_agree_and_nothing_recompiles(tmp_path, dty
     assert all(m["train/drift_max"] < tolerance for m in metrics), [m["train/drift_max"] for m in metrics]
     assert metrics[0]["compile/new_executables"] > 0
     assert [m["compile/new_executables"] for m in metrics[1:]] == [0, 0, 0]
+
+
+def test_main_job_config_bootstraps_and_trains_one_step(tmp_path):
+    """configs/tiny_tictactoe.py as it is (model, hashed teacher, optimiser), with fewer steps and games."""
+    c = config_from_file(os.path.join(REPO, "configs", "tiny_tictactoe.py"))
+    c.out_dir = str(tmp_path)
+    c.bootstrap.update(steps=3, batch_size=16)
+    c.rollout.update(games_per_batch=8, samples_per_step=64)
+    c.train.update(steps=1, async_checkpointing=False)
+    c.eval.update(final_games=2, opponents=("random",))
+    trainer = Trainer(c, log=lambda *_: None)
+    trainer.run()
+    from spiral_jax.metrics import read_scalars
+    scalars = read_scalars(tmp_path / "tensorboard")
+    assert [s for s, _ in scalars["bootstrap/loss"]] == [0, 2] and trainer.step == 1
+    assert trainer.summary()["bootstrap"] == {"teacher": "hashed", "steps": 3}

@@ -1,0 +1,82 @@
+"""Tokenizer loading, stop ids and prompt templates, on a Llama-3-style tokenizer built here."""
+import json
+
+import pytest
+from tokenizers import Tokenizer as RawTokenizer
+from tokenizers import models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from spiral_jax.config import EMBEDDED_TOKENIZER
+from spiral_jax.models import CheckpointError, ModelConfig
+from spiral_jax.templates import INSTRUCTION, SUFFIX, Template
+from spiral_jax.tokenizer import load_tokenizer
+
+SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+           "<unk>"]
+WORDS = ["user", "assistant", "Board", "move", "your", "is", "It", "turn", ".", ":", "[4]", "\\boxed{4}"]
+# Llama 3's chat format, reduced to what a game prompt uses.
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+                 "{{ m['content'] }}<|eot_id|>{% endfor %}"
+                 "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+
+
+def _cfg(vocab_size):
+    return ModelConfig("llama", vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_layers=1,
+                       num_heads=2, num_kv_heads=1, head_dim=16)
+
+
+@pytest.fixture(scope="module")
+def llama_style(tmp_path_factory):
+    """A folder with a Llama-3-style tokenizer and a generation_config.json naming two EOS ids."""
+    path = tmp_path_factory.mktemp("llama_tok")
+    vocab = {t: i for i, t in enumerate(SPECIAL + WORDS)}
+    raw = RawTokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    hf = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>",
+                                 unk_token="<unk>", additional_special_tokens=SPECIAL[2:5])
+    hf.chat_template = CHAT_TEMPLATE
+    hf.save_pretrained(path)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 4, 7]}))
+    return path, vocab
+
+
+def test_stop_ids_come_from_the_tokenizer_and_generation_config(llama_style):
+    path, vocab = llama_style
+    tok = load_tokenizer(path, _cfg(len(vocab)), Template("chat"))
+    # EOS, the end-of-turn token <|eot_id|>, and generation_config.json's ids (7 is a word: the file rules)
+    assert tok.stop_ids == {vocab["<|end_of_text|>"], vocab["<|eot_id|>"], 7}
+    assert tok.end_of_turn_id == vocab["<|end_of_text|>"]  # the tokenizer's EOS
+
+
+def test_chat_template_renders_the_tokenizers_own_format(llama_style):
+    path, vocab = llama_style
+    tok = load_tokenizer(path, _cfg(len(vocab)), Template("chat", instruction="", suffix=""))
+    text = tok.template.render("It is your turn .", tok.hf)
+    assert text == ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nIt is your turn .<|eot_id|>"
+                    "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    ids = tok.prompt_ids("It is your turn .")
+    assert ids[:3] == [vocab["<|begin_of_text|>"], vocab["<|start_header_id|>"], vocab["user"]]  # one id each
+    assert ids[-3:] == [vocab["<|start_header_id|>"], vocab["assistant"], vocab["<|end_header_id|>"]]
+
+
+def test_qwen_raw_needs_qwen_chat_tokens(llama_style):
+    path, vocab = llama_style
+    with pytest.raises(CheckpointError, match="template 'qwen_raw' writes <\\|im_start\\|> and <\\|im_end\\|>"):
+        load_tokenizer(path, _cfg(len(vocab)), Template("qwen_raw"))
+
+
+def test_templates_render_exactly():
+    assert Template("qwen_raw").render("BOARD") == \
+        f"<|im_start|>user\n{INSTRUCTION}BOARD{SUFFIX}<|im_end|>\n<|im_start|>assistant\n"
+    assert Template("plain", instruction="I: ", suffix=" S").render("BOARD") == "I: BOARD S\n\nAnswer: "
+    with pytest.raises(ValueError, match="unknown template 'chatml'"):
+        Template("chatml")
+
+
+def test_embedded_tokenizer_ends_turns_with_im_end():
+    tok = load_tokenizer(EMBEDDED_TOKENIZER, _cfg(2048))
+    vocab = tok.hf.get_vocab()
+    assert tok.end_of_turn_id == vocab["<|im_end|>"] and vocab["<|im_end|>"] in tok.stop_ids
+    assert vocab["<|endoftext|>"] in tok.stop_ids
+    ids = tok.prompt_ids("Free cells: [4]")
+    assert ids[0] == vocab["<|im_start|>"] and tok.decode(tok.encode("\\boxed{4}")) == "\\boxed{4}"
