@@ -100,19 +100,42 @@ def test_scripted_opponents_beat_random(env_id):
     assert wins >= 40, wins
 
 
+def _first_player_chips(first: dict, second: dict) -> float:
+    """Exact expected chips of the first player in one hand of Kuhn poker, each player betting or
+    calling with the given probability at each information set (worked out over the 6 deals)."""
+    total = 0.0
+    for c0, c1 in [(a, b) for a in range(3) for b in range(3) if a != b]:
+        j0, j1, s = "JQK"[c0], "JQK"[c1], (1 if c0 > c1 else -1)
+        bet, call, bet_after_check, call_back = first[j0], second[j1 + "b"], second[j1 + "c"], first[j0 + "cb"]
+        total += (bet * (call * 2 * s + (1 - call) * 1)
+                  + (1 - bet) * ((1 - bet_after_check) * s
+                                 + bet_after_check * (call_back * 2 * s + (1 - call_back) * -1))) / 6
+    return total
+
+
 def test_kuhn_nash_beats_random_in_chips():
+    from spiral_jax.envs.exploitability import nash_policy
+
+    nash, uniform = nash_policy(), {k: 0.5 for k in nash_policy()}
+    exact = (_first_player_chips(nash, uniform) - _first_player_chips(uniform, nash)) / 2  # both seats
     chips = []
-    for game in range(4000):
+    for game in range(48000):
         seat = game % 2
-        players = [RandomOpponent(game), RandomOpponent(game)]
-        players[seat] = scripted_opponent("KuhnPoker-v2", seed=game)
+        # seeds apart from the deal's (env.reset(game)), so the random moves do not depend on the cards
+        players = [RandomOpponent(10**6 + game), RandomOpponent(10**6 + game)]
+        players[seat] = scripted_opponent("KuhnPoker-v2", seed=2 * 10**6 + game)
         env = make("KuhnPoker-v2", rounds=1)
         env.reset(game)
         while not env.done:
             env.step(players[env.current_player()].act(env))
         chips.append(env.state()["chips"][seat])
-    # exact expectation: 1/9 as the first player, 1/6 as the second
-    assert abs(np.mean(chips) - (1 / 9 + 1 / 6) / 2) < 0.06
+    standard_error = np.std(chips) / np.sqrt(len(chips))
+    assert abs(np.mean(chips) - exact) < 4 * standard_error, (np.mean(chips), exact, standard_error)
+    # the test can tell equilibria apart: the family's ends differ from alpha = 1/6 by more than that
+    for alpha in (0.0, 1 / 3):
+        other = nash_policy(alpha)
+        far = (_first_player_chips(other, uniform) - _first_player_chips(uniform, other)) / 2
+        assert abs(far - exact) > 4 * standard_error
 
 
 def test_unknown_scripted_opponent():
