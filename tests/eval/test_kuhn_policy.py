@@ -106,7 +106,18 @@ def test_llm_exact_scoring_matches_token_by_token(tiny_model):
         want = sum(logp[len(prompt) + t - 1, tok_id] for t, tok_id in enumerate(c))
         assert value == pytest.approx(want, abs=1e-4)
 
-    est = estimate_exact(model_prob_fn(params, cfg, tok, end_ids=sorted(tok.stop_ids)[:1]))
-    assert all(0 <= a <= 1 for a in est.aggression.values())
-    assert all(0 < v <= 1 for v in est.invalid_rate.values())  # a random model rarely says just that
-    assert est.exploitability == kuhn_exploitability(est.aggression)
+    end = [tok.end_of_turn_id]
+    est = estimate_exact(model_prob_fn(params, cfg, tok, end_ids=end))
+
+    def answer_prob(observation, action):  # the whole answer after the prompt, read off one forward pass
+        prompt, answer = tok.prompt_ids(observation), tok.encode(answer_text(action)) + end
+        logits = np.asarray(forward(params, cfg, jnp.asarray([prompt + answer]))[0], np.float64)
+        logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        return np.exp(sum(logp[len(prompt) + t - 1, i] for t, i in enumerate(answer)))
+
+    for p in info_set_prompts()[::3]:  # J, Qcb, Jc, Jb: each kind of decision
+        passive = next(a for a in p.legal_actions if a != p.aggressive)
+        aggressive, other = answer_prob(p.observation, p.aggressive), answer_prob(p.observation, passive)
+        assert est.aggression[p.info_set] == pytest.approx(aggressive / (aggressive + other), rel=1e-3)
+        assert est.invalid_rate[p.info_set] == pytest.approx(1 - aggressive - other, abs=1e-6)
+    assert est.exploitability == kuhn_exploitability(est.aggression)  # the policy is what gets scored
