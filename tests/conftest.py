@@ -29,8 +29,20 @@ from spiral_jax.models import transformer  # noqa: E402
 from tests.tiny_models import FAMILIES, make_hf_model  # noqa: E402
 
 
+# Optional test dependencies (the test extra installs them). Locally a missing one skips its tests;
+# in CI (CI=true) it fails the run, so no test drops out silently.
+OPTIONAL_TEST_DEPENDENCIES = ("textarena", "math_verify", "matplotlib")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a slow test (deselect with -m 'not slow')")
+    if os.environ.get("CI", "").lower() in ("true", "1"):
+        import importlib.util
+
+        missing = [m for m in OPTIONAL_TEST_DEPENDENCIES if importlib.util.find_spec(m) is None]
+        if missing:
+            raise pytest.UsageError(f"CI: the test dependencies {', '.join(missing)} are missing, so their tests "
+                                    f"would be skipped; install them with pip install -e '.[test]'")
 
 
 @pytest.fixture(scope="session", params=sorted(FAMILIES))
