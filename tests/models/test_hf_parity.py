@@ -24,7 +24,7 @@ def _torch_logits(model, ids, mask):
         out = model(input_ids=torch.tensor(ids, dtype=torch.long),
                     attention_mask=torch.tensor(mask, dtype=torch.long),
                     position_ids=torch.tensor(positions, dtype=torch.long))
-    return out.logits.numpy()
+    return out.logits.float().numpy()
 
 
 @pytest.mark.parametrize("scan_layers", [False, True])
@@ -52,3 +52,23 @@ def test_llama3_rope_scaling_changes_logits(tmp_path):
     ours = np.asarray(forward(params, cfg, ids, mask))
     assert np.abs(ours - _torch_logits(scaled, ids, mask)).max() < TOL
     assert np.abs(ours - _torch_logits(plain, ids, mask)).max() > 1e-2
+
+
+def test_bf16_logits_are_as_close_to_fp32_as_transformers_bf16(hf_model):
+    """compute_dtype=bfloat16 against transformers in bf16. The two round in different places (fused
+    products, accumulation order), so their logits need not agree bit for bit; what must hold is that
+    ours are no further from the fp32 logits than transformers' own bf16 logits are, within a margin
+    of 1.5x and one bf16 rounding step at the logits' scale (2^-8 relative to their largest value)."""
+    import copy
+
+    family, path, model = hf_model
+    ids, mask = _padded_batch(model.config.vocab_size, [96, 64], 96, seed=1)
+    valid = mask.astype(bool)
+    reference = _torch_logits(model, ids, mask)[valid]
+    theirs = _torch_logits(copy.deepcopy(model).to(torch.bfloat16), ids, mask)[valid]
+    cfg, params = load_pretrained(path, compute_dtype="bfloat16")
+    ours = np.asarray(forward(params, cfg, ids, mask), np.float32)[valid]
+    their_error, our_error = np.abs(theirs - reference).max(), np.abs(ours - reference).max()
+    print(f"{family} bf16: max |logit - fp32| ours {our_error:.3g}, transformers {their_error:.3g}")
+    assert their_error > 0  # bf16 really ran on both sides
+    assert our_error <= 1.5 * their_error + 2**-8 * np.abs(reference).max()

@@ -398,3 +398,24 @@ def test_clear_errors(qwen3):
         sampler.generate(params, [[1] * 40], SamplingParams(max_new_tokens=100))
     with pytest.raises(ValueError, match="temperature must be > 0"):
         SamplingParams(temperature=0.0)
+
+
+def test_bf16_greedy_decode_follows_the_bf16_forward(qwen3):
+    """In bf16 the cached decode picks the token a full bf16 forward pass over the same tokens ranks
+    first, wherever that choice is clear: the top two logits more than 0.1 apart (bf16 logits of
+    this model are off the fp32 ones by up to about 0.05, tests/models/test_hf_parity.py, and the
+    decode and the forward round in different places). Close calls are skipped, but most positions
+    of a random model's output are clear enough for the test to say something."""
+    cfg, params = qwen3
+    cfg = cfg.replace(compute_dtype="bfloat16")  # the same fp32 master weights, bf16 compute
+    out = Sampler(cfg).generate(params, PROMPTS, SamplingParams(max_new_tokens=24, greedy=True))
+    checked = 0
+    for prompt, tokens in zip(PROMPTS, out.tokens):
+        logits = np.asarray(forward(params, cfg, jnp.asarray([prompt + tokens]))[0], np.float32)
+        for t, token in enumerate(tokens):
+            top2 = np.sort(logits[len(prompt) + t - 1])[-2:]
+            if top2[1] - top2[0] < 0.1:
+                continue
+            assert token == int(np.argmax(logits[len(prompt) + t - 1])), (t, tokens)
+            checked += 1
+    assert checked >= 0.25 * sum(map(len, out.tokens)), checked
