@@ -1,13 +1,11 @@
-"""Preset: the paper's Kuhn run (spiral_kuhn_qwen3_4b.py) on a Cloud TPU v5p-8: 4 chips x 95 GB HBM.
+"""Preset: the paper's Kuhn run (spiral_kuhn_qwen3_4b.py) on a Cloud TPU v5p-8 (4 chips x 95 GB HBM;
+JAX sees 4 devices).
 
-A v5p-8 is 4 chips (JAX sees 4 devices). Qwen3-4B is split 4 ways over `tensor` and not over fsdp, so
-the train and sample layouts agree and the sampler reads the train state (no second copy). Numbers from
-the memory planner, per chip (GiB): parameters 3.75 + Adam 7.49 + gradients 7.49 + gathered weights 0.64
-+ activations of an 8-row micro-batch of 6144 slots 38.14 = 57.51 in the train step; 32 games in one
-sampler call: KV cache 6.75 + prefill 9.20 = 27.19. Peak 57.51 of 88.5 GiB (65%, the train step); 64
-games would be 43.14 in sampling, still under it. Evaluation keeps the paper config's 128 games (512 in
-the final one) and plays them 32 at a time (rollout.games_per_batch), so its sampler call is the
-rollout's: more games cost time, not memory.
+Mesh: tensor 4 (data 1, fsdp 1). Qwen3-4B split 4 ways over `tensor`, not over fsdp: the train and
+sample layouts agree, so the sampler reads the train state (no second copy of the weights). Micro-
+batch 8 rows of 6144 slots (2048 prompt + 4096 new tokens); rollout and evaluation play 32 games per
+sampler call (rollout.games_per_batch), so more evaluation games cost time, not memory. `spiral-jax
+plan` prints the memory per chip (docs/memory.md has the table).
 
     spiral-jax plan  --config configs/kuhn_qwen3_4b_v5p_8.py --hardware v5p-8
     spiral-jax train --config configs/kuhn_qwen3_4b_v5p_8.py --config.model.path=/ckpt/Qwen3-4B-Base

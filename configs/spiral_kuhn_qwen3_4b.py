@@ -7,7 +7,9 @@ clip 0.2 (the first epoch is exactly REINFORCE), per-sequence loss sum divided b
 invalid move -1.5 / +0.5, 50-turn limit, RAE decay 0.95 with baselines per shard of 2 games a step
 (the memory of the reference's 8 actors with their own baselines, whatever games_per_batch a hardware
 preset picks), bf16 compute, gradient checkpointing.
-Evaluation every 16 steps at temperature 0.6, top-p 0.95.
+Evaluation every 16 steps at temperature 0.6, top-p 0.95, on Kuhn poker and TicTacToe (as the reference
+does online), against the random and scripted players. The reference evaluates 16 games online and
+512 offline; here 128 every 16 steps (tighter intervals for the curves) and 512 at the end.
 
     spiral-jax train --config configs/spiral_kuhn_qwen3_4b.py --config.model.path=/ckpt/Qwen3-4B-Base
 """
@@ -29,6 +31,6 @@ def get_config():
                    normaliser_constant=4096.0, micro_batch_size=8)
     c.rae.update(enabled=True, decay=0.95, games_per_shard=2)
     c.train.update(steps=400, eval_every=16, checkpoint_every=16)
-    c.eval.update(games=128, final_games=512, temperature=0.6, top_p=0.95, max_new_tokens=4096,
-                  opponents=("random", "scripted"))
+    c.eval.update(env_ids=("KuhnPoker-v1", "TicTacToe-v0"), games=128, final_games=512, temperature=0.6,
+                  top_p=0.95, max_new_tokens=4096, opponents=("random", "scripted"))
     return c

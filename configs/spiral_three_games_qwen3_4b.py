@@ -11,4 +11,5 @@ def get_config():
     c = config_from_file("spiral_kuhn_qwen3_4b.py", relative_to=__file__)
     c.out_dir = "runs/spiral_three_games_qwen3_4b"
     c.games.update(env_ids=("TicTacToe-v0", "KuhnPoker-v1", "SimpleNegotiation-v1"), weights=(1.0, 1.0, 1.0))
+    c.eval.env_ids = ()  # evaluate the three training games
     return c

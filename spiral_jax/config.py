@@ -56,7 +56,8 @@ def base_config() -> ConfigDict:
     # max_skipped_in_a_row: updates skipped for a non-finite loss/gradients that stop the run (0: never).
     c.train = ConfigDict(dict(steps=400, eval_every=16, checkpoint_every=16, keep=3,
                               async_checkpointing=True, transcripts=2, max_skipped_in_a_row=5))
-    c.eval = ConfigDict(dict(opponents=("random", "scripted"), games=64, final_games=200, temperature=0.6,
+    # env_ids: the games evaluated (empty: the training games), each against every opponent, both seats.
+    c.eval = ConfigDict(dict(env_ids=(), opponents=("random", "scripted"), games=64, final_games=200, temperature=0.6,
                              top_p=0.95, max_new_tokens=4096, invalid_rewards=(-1.0, 1.0),
                              kuhn_samples=-1))  # Kuhn exploitability: -1 off, 0 exact scoring, k samples
     # Imitation before RL, for random tiny models only (real checkpoints skip it). teacher: random,

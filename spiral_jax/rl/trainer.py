@@ -86,7 +86,7 @@ class Trainer:
         if len(c.games.weights) != len(c.games.env_ids):
             raise ValueError(f"games.weights has {len(c.games.weights)} entries for "
                              f"{len(c.games.env_ids)} games.env_ids")
-        for env_id in c.games.env_ids:
+        for env_id in (*c.games.env_ids, *c.eval.env_ids):
             make(env_id)  # unknown ids fail here, before anything is compiled
         weights = np.asarray(c.games.weights, float)
         if not (np.all(np.isfinite(weights)) and np.all(weights >= 0) and weights.sum() > 0):
@@ -365,7 +365,7 @@ class Trainer:
         e = self.c.eval
         settings = {"temperature": e.temperature, "top_p": e.top_p, "max_new_tokens": e.max_new_tokens}
         results, scalars = {}, {}
-        pairs = [(env_id, opponent) for env_id in self.c.games.env_ids for opponent in e.opponents]
+        pairs = [(env_id, opponent) for env_id in self.eval_env_ids for opponent in e.opponents]
         bar = tqdm(pairs, desc=f"eval at step {self.step}", unit="matchup", dynamic_ncols=True, leave=False,
                    disable=not is_leader())
         for env_id, opponent in bar:
@@ -397,6 +397,11 @@ class Trainer:
         return EvalContext(self.cfg, self.to_sampler(self.state.params), self.tokenizer, self.sampler,
                            SamplingParams(e.max_new_tokens, e.temperature, 0, e.top_p), tuple(e.invalid_rewards),
                            self.c.games.max_turns, self.c.seed, self.sample_mesh, self.c.rollout.games_per_batch)
+
+    @property
+    def eval_env_ids(self) -> tuple[str, ...]:
+        """The games evaluated: eval.env_ids, or the training games when it is empty."""
+        return tuple(self.c.eval.env_ids) or tuple(self.c.games.env_ids)
 
     @property
     def kuhn_env_id(self) -> str:

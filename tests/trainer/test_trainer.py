@@ -170,8 +170,10 @@ def test_kuhn_paper_config_runs_one_step_with_tiny_sizes(tmp_path):
     c.eval.update(final_games=2, max_new_tokens=16)
     trainer = Trainer(c, log=lambda *_: None)
     assert trainer.cfg.scan_layers and trainer.tc.epochs == 2 and trainer.tc.normaliser_constant == 4096
-    trainer.run()
+    results = trainer.run()
     assert int(trainer.state.step) == 2  # PPO: two optimizer steps per iteration
+    # trained on Kuhn poker, evaluated on Kuhn poker and TicTacToe, as the reference does online
+    assert sorted(results) == [(g, o) for g in ("KuhnPoker-v1", "TicTacToe-v0") for o in ("random", "scripted")]
 
 
 # ------------------------------------------------------------------------------------------ errors
