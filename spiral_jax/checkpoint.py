@@ -99,13 +99,31 @@ class Checkpointer:
         the next older one is tried."""
         if step is not None:
             return self._restore(step, like_state, like_params)
+        return self._newest_readable(lambda s: self._restore(s, like_state, like_params), log)
+
+    def restore_params(self, like_params, log=print) -> tuple[dict, int]:
+        """(parameters, step) of the newest readable checkpoint, and nothing else: no optimiser
+        state is read or allocated, so evaluation and export need one copy of the weights. The
+        arrays are built in the shardings of `like_params` (ShapeDtypeStructs), e.g. the sampler's."""
+        def params_of(step):
+            meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+            self._check_layout(step, meta)
+            item = ocp.args.PyTreeRestore(item={"params": like_params}, partial_restore=True,
+                                          restore_args=jax.tree.map(
+                                              lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, dtype=x.dtype),
+                                              {"params": like_params}))
+            return self._manager.restore(step, args=ocp.args.Composite(state=item))["state"]["params"], step
+
+        return self._newest_readable(params_of, log)
+
+    def _newest_readable(self, restore, log):
         steps = sorted(self._manager.all_steps(), reverse=True)
         if not steps:
             raise FileNotFoundError(f"no checkpoint to resume from in {self.directory}")
         failures = []
         for step in steps:
             try:
-                restored = self._restore(step, like_state, like_params)
+                restored = restore(step)
             except LayoutError:
                 raise
             except Exception as e:  # orbax and tensorstore raise many types for damaged files
@@ -131,13 +149,16 @@ class Checkpointer:
                 src.rename(self.directory / f"{step}.unreadable")
         self._manager.reload()
 
-    def _restore(self, step: int, like_state, like_params) -> tuple[object, list, dict]:
-        meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    def _check_layout(self, step: int, meta: dict) -> None:
         if meta.get("param_layout") != PARAM_LAYOUT:
             raise LayoutError(
                 f"checkpoint step {step} in {self.directory} stores weights in an older layout ([in, out]; "
                 f"this version stores them [out, in] like Hugging Face). It cannot be resumed by this "
                 f"version: resume it with the spiral_jax version that wrote it, or start a new out_dir")
+
+    def _restore(self, step: int, like_state, like_params) -> tuple[object, list, dict]:
+        meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        self._check_layout(step, meta)
         items = dict(state=ocp.args.StandardRestore(_abstract(like_state)))
         if meta.get("pool_steps"):
             items["pool"] = ocp.args.StandardRestore([_abstract(like_params)] * len(meta["pool_steps"]))

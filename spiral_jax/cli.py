@@ -35,6 +35,9 @@ flags.DEFINE_bool("overwrite", False, "train: delete the run already in out_dir 
                   "replace what is in --out.")
 flags.DEFINE_integer("games", 0, "eval: games per (game, opponent); default eval.final_games.")
 flags.DEFINE_string("out", "", "export: the folder to write the Hugging Face checkpoint to.")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "export: the dtype of the stored weights.")
+flags.DEFINE_float("max_shard_gib", 5.0, "export: safetensors files up to this size; larger models are "
+                   "split into shards with an index, as Hugging Face does.")
 flags.DEFINE_enum("suite", "games", ["games", "transfer", "kuhn", "crossplay", "bench"],
                   "eval: games (vs --opponents on --env_ids), transfer (the unseen games), kuhn "
                   "(exploitability), crossplay (vs --players), bench (--bench files).")
@@ -67,7 +70,7 @@ COMMANDS = {
              "or bench.", ("config", "games", "suite", "eval_out", "opponents", "env_ids", "players",
                            "crossplay_env", "kuhn_samples", "bench", "samples", "shots_file", "shots", "limit")),
     "export": ("Write the newest checkpoint as a Hugging Face folder (safetensors, config, tokenizer).",
-               ("config", "out", "overwrite")),
+               ("config", "out", "overwrite", "dtype", "max_shard_gib")),
     "plan": ("Memory per device of a config on some hardware, before a run; exit status 1 if it does not fit.",
              ("config", "hardware", "devices", "device_memory_gib")),
     "config": ("Print the resolved config: the file's values with the --config.a.b=v overrides applied.",
@@ -219,11 +222,9 @@ def _run(command: str, c) -> int:
     if command == "config":
         print(c.to_json(indent=2))
         return 0
-    from spiral_jax.checkpoint import Checkpointer
-    from spiral_jax.rl.trainer import PREEMPTED_EXIT_CODE, Trainer
-
     if command == "train":
         from spiral_jax.distributed import initialize, is_leader
+        from spiral_jax.rl.trainer import PREEMPTED_EXIT_CODE, Trainer
         from spiral_jax.run_dir import RunDir
 
         initialize(c.distributed)
@@ -239,30 +240,48 @@ def _run(command: str, c) -> int:
     if command == "export" and Path(FLAGS.out).is_dir() and any(Path(FLAGS.out).iterdir()) and not FLAGS.overwrite:
         raise ValueError(f"--out {FLAGS.out} is not empty; pass an empty or new folder, or --overwrite to "
                          f"replace everything in it")
-    # eval / export: the newest checkpoint in out_dir, else the weights at model.path as they are.
-    has_checkpoint = Checkpointer(f"{c.out_dir}/checkpoints").latest_step() is not None
-    if not has_checkpoint and not c.model.path:
-        raise FileNotFoundError(f"nothing to {command}: no checkpoint in {c.out_dir}/checkpoints and "
-                                f"no model.path; train first or pass --config.model.path=HF_FOLDER")
-    trainer = Trainer(c, resume=has_checkpoint, bootstrap=False,
-                      log=lambda *a, **k: print(*a, **k, file=sys.stderr))  # e.g. an unreadable checkpoint
-    source = (f"the checkpoint of step {trainer.step} in {trainer.ckpt.directory}" if has_checkpoint
-              else f"the weights at model.path={c.model.path}")
+    # eval / export: the newest checkpoint's parameters in out_dir, else the weights at model.path.
+    from spiral_jax.config import build_tokenizer, load_policy
+    from spiral_jax.distributed import host_local_mesh, initialize
+    from spiral_jax.sharding import make_mesh
+
+    initialize(c.distributed)
+    mesh = host_local_mesh(make_mesh(**c.mesh))
+    cfg, params, source = load_policy(c, mesh, what=command, log=lambda *a, **k: print(*a, **k, file=sys.stderr))
     print(f"[{command}] {source}", file=sys.stderr)
+    tokenizer = build_tokenizer(c, cfg)
     if command == "eval":
         from spiral_jax.eval.command import run_eval
-        print(run_eval(trainer.eval_context(), c, FLAGS))
+        from spiral_jax.eval.suite import EvalContext
+        print(run_eval(EvalContext.from_config(c, cfg, params, tokenizer, mesh), c, FLAGS))
         return 0
+    return _export(c, cfg, params, tokenizer)
+
+
+def _export(c, cfg, params, tokenizer) -> int:
+    """Write the Hugging Face folder: weights in --dtype, config, generation_config, tokenizer."""
     import shutil
 
     from spiral_jax.models import save_pretrained
-    if Path(FLAGS.out).is_dir():  # --overwrite: nothing of the old export may survive next to the new
-        shutil.rmtree(FLAGS.out)
-    save_pretrained(trainer.cfg, trainer.state.params, FLAGS.out)
-    trainer.tokenizer.hf.save_pretrained(FLAGS.out)
-    for written in Path(FLAGS.out).iterdir():
+
+    out = Path(FLAGS.out)
+    if out.is_dir():  # --overwrite: nothing of the old export may survive next to the new
+        shutil.rmtree(out)
+    save_pretrained(cfg, params, out, dtype=FLAGS.dtype, max_shard_bytes=int(FLAGS.max_shard_gib * 2**30),
+                    generation_config={"eos_token_id": sorted(tokenizer.stop_ids),
+                                       "bos_token_id": tokenizer.hf.bos_token_id})
+    source = Path(c.tokenizer.path or c.model.path) if c.tokenizer.path != "embedded" else None
+    if source is not None and source.is_dir():  # the model's own tokenizer files, as they are
+        for f in source.iterdir():
+            if f.is_file() and (f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges"))
+                                or f.suffix == ".model"):
+                shutil.copy(f, out / f.name)
+    else:
+        tokenizer.hf.save_pretrained(out)
+    for written in out.iterdir():
         written.chmod(0o644)
-    print(f"wrote a Hugging Face checkpoint (safetensors + config + tokenizer) to {FLAGS.out}")
+    print(f"wrote a Hugging Face checkpoint ({FLAGS.dtype} safetensors, config, generation_config, tokenizer) "
+          f"to {out}")
     return 0
 
 

@@ -70,13 +70,47 @@ def base_config() -> ConfigDict:
     return c
 
 
-def build_model(c: ConfigDict, mesh=None) -> tuple[ModelConfig, dict]:
-    runtime = dict(compute_dtype=c.model.compute_dtype, scan_layers=c.model.scan_layers,
-                   remat=c.model.remat)
+def _runtime(c: ConfigDict) -> dict:
+    return dict(compute_dtype=c.model.compute_dtype, scan_layers=c.model.scan_layers, remat=c.model.remat)
+
+
+def model_config(c: ConfigDict) -> ModelConfig:
+    """The architecture: model.path's config.json, else model.random."""
     if c.model.path:
-        return load_pretrained(c.model.path, mesh=mesh, **runtime)
-    cfg = ModelConfig(**c.model.random.to_dict(), **runtime)
+        return ModelConfig.from_pretrained(c.model.path, **_runtime(c))
+    return ModelConfig(**c.model.random.to_dict(), **_runtime(c))
+
+
+def build_model(c: ConfigDict, mesh=None) -> tuple[ModelConfig, dict]:
+    """The model to train: model.path's weights, else a random init of model.random (train layout)."""
+    if c.model.path:
+        return load_pretrained(c.model.path, mesh=mesh, **_runtime(c))
+    cfg = model_config(c)
     return cfg, init_params(cfg, jax.random.key(c.seed), mesh=mesh, dtype=jnp.float32)
+
+
+def load_policy(c: ConfigDict, mesh, what: str = "eval", log=print) -> tuple[ModelConfig, dict, str]:
+    """(cfg, params, where they came from) for eval, export and serving: the parameters of the newest
+    readable checkpoint in out_dir, else the weights at model.path; in the sampler's layout on `mesh`,
+    one copy, no optimiser state."""
+    from spiral_jax.checkpoint import Checkpointer
+    from spiral_jax.models import abstract_params, load_policy_weights
+    from spiral_jax.sharding import Rules
+
+    directory = f"{c.out_dir.rstrip('/')}/checkpoints"
+    if "://" in directory or Path(directory).is_dir():
+        ckpt = Checkpointer(directory)
+        if ckpt.latest_step() is not None:
+            cfg = model_config(c)
+            like = abstract_params(cfg, rules=Rules.create(mesh, "sample"))
+            params, step = ckpt.restore_params(like, log=log)
+            ckpt.close()
+            return cfg, params, f"the checkpoint of step {step} in {ckpt.directory}"
+    if not c.model.path:
+        raise FileNotFoundError(f"nothing to {what}: no checkpoint in {directory} and no model.path; "
+                                f"train first or pass --config.model.path=HF_FOLDER")
+    cfg = model_config(c)
+    return cfg, load_policy_weights(c.model.path, cfg, mesh), f"the weights at model.path={c.model.path}"
 
 
 def build_tokenizer(c: ConfigDict, cfg: ModelConfig) -> Tokenizer:

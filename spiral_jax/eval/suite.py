@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 from spiral_jax.eval import benchmarks, crossplay, game_report, kuhn_policy
 from spiral_jax.models import load_policy_weights
 from spiral_jax.rollout import Rollout
-from spiral_jax.sampling import SamplingParams
+from spiral_jax.sampling import Sampler, SamplingParams, bucket_length, cache_slots
 
 
 @dataclasses.dataclass
@@ -30,6 +30,17 @@ class EvalContext:
     seed: int = 0
     mesh: object = None
     max_in_flight: int | None = None  # games at once per host (the training batch's games_per_batch)
+
+    @classmethod
+    def from_config(cls, c, cfg, params, tokenizer, mesh, sampler=None) -> "EvalContext":
+        """The context a run's config describes (its eval settings and sizes); `params` in the
+        sampler's layout on `mesh`. Without `sampler`, one sized like the trainer's is built."""
+        r, e = c.rollout, c.eval
+        if sampler is None:
+            slots = cache_slots(bucket_length(r.max_prompt_len), max(r.max_new_tokens, e.max_new_tokens))
+            sampler = Sampler(cfg, mesh, max_prompt_len=r.max_prompt_len, max_cache_len=slots)
+        return cls(cfg, params, tokenizer, sampler, SamplingParams(e.max_new_tokens, e.temperature, 0, e.top_p),
+                   tuple(e.invalid_rewards), c.games.max_turns, c.seed, mesh, r.games_per_batch)
 
     @property
     def rollout(self) -> Rollout:

@@ -132,8 +132,21 @@ def load_pretrained(path, mesh=None, dtype=jnp.float32, rules: str = "train", **
     return cfg, jax.tree.map(build, specs, is_leaf=is_spec)
 
 
-def save_pretrained(cfg: ModelConfig, params, path, extra_config: dict | None = None) -> Path:
-    """Write config.json + model.safetensors in the layout transformers and vLLM load."""
+def save_pretrained(cfg: ModelConfig, params, path, extra_config: dict | None = None, dtype: str = "float32",
+                    max_shard_bytes: int = 5 * 2**30, generation_config: dict | None = None) -> Path:
+    """Write config.json and safetensors in the layout transformers and vLLM load.
+
+    dtype: "float32" or "bfloat16" for the stored tensors (config.json's torch_dtype says which).
+    Above `max_shard_bytes` the tensors go to model-00001-of-0000N.safetensors files with a
+    model.safetensors.index.json, as Hugging Face shards them; below, one model.safetensors.
+    generation_config: written to generation_config.json when given (e.g. the EOS ids to stop at).
+    Files of an earlier save in `path` that the new one does not write are removed, so no loader
+    mixes the two."""
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype={dtype!r}; export float32 or bfloat16")
+    import ml_dtypes
+
+    np_dtype = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     specs = param_specs(cfg)
@@ -149,18 +162,37 @@ def save_pretrained(cfg: ModelConfig, params, path, extra_config: dict | None = 
             raise ValueError(f"{spec.hf_name}: array shape {list(value.shape)} != {list(spec.shape)}")
         stacked = "{i}" in spec.hf_name
         for i, s in enumerate(_per_layer(cfg, spec)):
-            tensors[s.hf_name] = hf_tensor(s, value[i] if stacked else value)
-    tmp = path / "model.safetensors.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    tmp.replace(path / "model.safetensors")
-    # Shards of an earlier, sharded save would win over the new file in loaders that read the index.
-    for stale in [*path.glob("model-*-of-*.safetensors"), path / "model.safetensors.index.json"]:
-        stale.unlink(missing_ok=True)
+            tensors[s.hf_name] = np.ascontiguousarray(hf_tensor(s, value[i] if stacked else value).astype(np_dtype))
+    shards: list[dict[str, np.ndarray]] = [{}]
+    for name, tensor in tensors.items():
+        if shards[-1] and sum(t.nbytes for t in shards[-1].values()) + tensor.nbytes > max_shard_bytes:
+            shards.append({})
+        shards[-1][name] = tensor
+    names = (["model.safetensors"] if len(shards) == 1 else
+             [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))])
+    for stale in [*path.glob("model*.safetensors"), path / "model.safetensors.index.json"]:
+        if stale.name not in names:
+            stale.unlink(missing_ok=True)
+    written = list(names)
+    for name, shard in zip(names, shards):
+        tmp = path / f"{name}.tmp"
+        save_file(shard, str(tmp), metadata={"format": "pt"})
+        tmp.replace(path / name)
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())},
+                 "weight_map": {n: name for name, shard in zip(names, shards) for n in shard}}
+        (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        written.append("model.safetensors.index.json")
     hf = cfg.to_hf_dict()
     hf.update(extra_config or {})
+    hf["torch_dtype"] = dtype
     (path / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-    for written in ("model.safetensors", "config.json"):
-        (path / written).chmod(0o644)  # readable by the serving user, like any model download
+    written.append("config.json")
+    if generation_config is not None:
+        (path / "generation_config.json").write_text(json.dumps(generation_config, indent=2) + "\n")
+        written.append("generation_config.json")
+    for name in written:
+        (path / name).chmod(0o644)  # readable by the serving user, like any model download
     return path
 
 

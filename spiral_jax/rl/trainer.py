@@ -393,10 +393,8 @@ class Trainer:
     def eval_context(self) -> EvalContext:
         """What the evaluation suite needs, as a value: the current weights in the sampler layout,
         the tokenizer, the sampler and the eval settings."""
-        e = self.c.eval
-        return EvalContext(self.cfg, self.to_sampler(self.state.params), self.tokenizer, self.sampler,
-                           SamplingParams(e.max_new_tokens, e.temperature, 0, e.top_p), tuple(e.invalid_rewards),
-                           self.c.games.max_turns, self.c.seed, self.sample_mesh, self.c.rollout.games_per_batch)
+        return EvalContext.from_config(self.c, self.cfg, self.to_sampler(self.state.params), self.tokenizer,
+                                       self.sample_mesh, sampler=self.sampler)
 
     @property
     def eval_env_ids(self) -> tuple[str, ...]:

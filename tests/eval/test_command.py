@@ -32,7 +32,7 @@ def test_suites(ctx, tmp_path):
     items = tmp_path / "toy.jsonl"
     items.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
     md = run_eval(ctx, c, args(suite="bench", bench=[f"toy={items}"], eval_out=str(tmp_path / "o")))
-    assert "| toy | 1 |" in md and (tmp_path / "o" / "bench" / "toy.items.jsonl").exists()
+    assert "| toy | 1 |" in md and (tmp_path / "o" / "toy.items.jsonl").exists()  # --eval_out is the folder
     md = run_eval(ctx, c, args(suite="bench", bench=[str(items)], eval_out=str(tmp_path / "p")))
     assert "| toy | 1 |" in md  # a file without NAME= is named after itself
     with pytest.raises(FileNotFoundError, match="no such file .*missing.jsonl"):

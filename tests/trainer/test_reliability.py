@@ -280,3 +280,36 @@ def test_eval_reads_the_newest_checkpoint_or_says_there_is_nothing(tmp_path, cap
                      f"--config.model.path={exported}", f"--config.out_dir={tmp_path / 'elsewhere'}",
                      "--opponents=random"]) == 0
     assert f"[eval] the weights at model.path={exported}" in capsys.readouterr().err
+
+
+def test_bf16_sharded_export_loads_in_transformers(tmp_path):
+    import ml_dtypes
+    import torch
+    import transformers
+
+    from spiral_jax.models import forward, load_pretrained
+
+    config = _config_file(tmp_path, **{"train.steps": 1})
+    assert _train(config) == 0
+    out = tmp_path / "exported"
+    assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={out}", "--dtype=bfloat16",
+                     "--max_shard_gib=0.00005"]) == 0  # 52 KiB shards: several files and an index
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1 and all((out / s).is_file() for s in shards) and not (out / "model.safetensors").exists()
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert 2 in json.loads((out / "generation_config.json").read_text())["eos_token_id"]  # <|im_end|>
+    assert {oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {"0o644"}
+
+    trainer = Trainer(tiny_config(tmp_path), resume=True, log=lambda *_: None)
+    ours = jax.device_get(trainer.state.params)
+    cfg, reloaded = load_pretrained(out)  # our own loader reads the shards: the weights rounded to bf16
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(jax.device_get(reloaded))):
+        np.testing.assert_array_equal(np.asarray(a).astype(ml_dtypes.bfloat16).astype(np.float32), b)
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ids = np.asarray([transformers.AutoTokenizer.from_pretrained(out).encode("Free cells: [0], [4]. \\boxed{4}")])
+    with torch.no_grad():
+        theirs = model(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(theirs, np.asarray(forward(reloaded, cfg, ids)), atol=1e-4)  # same bf16 weights
+    full = np.asarray(forward(trainer.state.params, trainer.cfg, ids))
+    assert np.abs(theirs - full).max() < 0.05  # bf16 storage: each weight off by at most 2^-9 relative
