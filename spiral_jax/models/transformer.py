@@ -78,28 +78,20 @@ def dense(x: jax.Array, w: jax.Array, n_in: int = 1, weight_major: bool | None =
     """x [..., *in] times an out-major weight w [*out, *in] -> [..., *out].
 
     On CPU the product runs as one 2-D matmul of [out, in] and [rows, in]: given several out or in axes
-    (the attention projections, [heads, head_dim, embed]), XLA:CPU copied those weights into a
-    transposed layout on every many-row call, 670 MB of copies per prefill of a Qwen3-0.6B shape
-    (batch 8 x 64 tokens: 2.85 s before, 2.67 s after; measured).
+    (the attention projections, [heads, head_dim, embed]), XLA:CPU would otherwise copy those weights
+    into a transposed layout on every many-row call.
 
-    weight_major computes the product as w . x^T (out axes leading), then transposes the small result.
-    XLA's CPU dot runs a few rows (a decode step) much faster that way: the seven products of a
-    Qwen3-0.6B layer take 3.3 ms instead of 5.7 ms at 8 rows (measured; many rows are indifferent).
-    The barrier keeps XLA from folding the transpose back into the product. By default it is used on
-    CPU for products of at most 64 rows.
+    weight_major computes the product as w . x^T (out axes leading), then transposes the small result:
+    XLA's CPU dot runs a few rows (a decode step) much faster that way. The barrier keeps XLA from
+    folding the transpose back into the product. By default it is used on CPU for products of at most
+    64 rows.
 
-    A single row (batch-1 decode) is a matrix-vector product, which XLA:CPU runs on one thread, and
-    with the weights out of cache (the unembedding streams the rest out every step) one thread reads
-    them at about 11 GB/s. Split into groups of the weight's out rows as a batch axis, the product
-    uses both cores (on one core the two forms run alike): the tiny Qwen3's batch-1 decode step went
-    from 2.34 to 1.96 ms (best of 12 alternating rounds; median 2.83 -> 2.26), the same tokens and
-    log-probs; the Qwen3-0.6B shape's, which reads its weights at about 29 GB/s either way, did not
-    change (83 against 81 ms).
+    A single row (batch-1 decode) is a matrix-vector product, which XLA:CPU runs on one thread; split
+    into groups of the weight's out rows as a batch axis, it uses every core.
 
     With 16, 32, 48 or 64 f32 rows (a decode step's batch), the weight-major product runs in
-    `cpu_kernels`' matmul kernel where it is built: about twice as fast as XLA's dot on the tiny Qwen3's
-    products (measured; on Qwen3-0.6B-sized ones at 32 rows the two were within noise of each other,
-    either way). local=False (a mesh: the kernel has no sharding rule) keeps XLA's dot.
+    `cpu_kernels`' matmul kernel where it is built. local=False (a mesh: the kernel has no sharding
+    rule) keeps XLA's dot. What each of these is worth: docs/performance.md (`python bench/sampler.py`).
     """
     lead = x.ndim - n_in
     out_shape, rows = w.shape[:w.ndim - n_in], x.shape[:lead]
@@ -129,7 +121,7 @@ def dense(x: jax.Array, w: jax.Array, n_in: int = 1, weight_major: bool | None =
 
 def _kernel_rows(n_rows: int) -> bool:
     """Whether a weight-major product of n_rows rows goes to the CPU kernel: it works in tiles of 16
-    rows, and at fewer (or a part tile) XLA's dot is as fast or faster (measured)."""
+    rows, and at fewer (or a part tile) XLA's dot is as fast or faster."""
     return n_rows % 16 == 0 and n_rows <= _WEIGHT_MAJOR_ROWS and cpu_kernels.available()
 
 
@@ -171,10 +163,9 @@ def _decode_attention(q, k, v, allowed):
 
     The scores are one matmul per row of every cached key (all KV heads) against every query head,
     [S*KV, hd] x [hd, H], of which each query group's own KV head is kept by a strided slice. That
-    computes KV times the needed products, but needs no transposed copy of the cache and runs as a large
-    matmul; on the 0.6B shape at batch 8 a decode step takes 157 ms instead of 184 ms (measured). The
-    slice fuses into the softmax (selecting with an identity-matrix product instead cost a copy and a
-    dot per layer: tiny model at batch 32, 8.67 -> 8.24 ms a step). CPU only: on accelerators the
+    computes KV times the needed products, but needs no transposed copy of the cache and runs as one
+    large matmul, faster on CPU than the batched form. The slice fuses into the softmax (selecting
+    with an identity-matrix product would cost a copy and a dot per layer). CPU only: on accelerators the
     batched matmul is fine, and merging the KV axis into the sequence would get in the way of splitting
     KV heads over a tensor-parallel mesh.
     """
@@ -192,9 +183,7 @@ def _decode_attention(q, k, v, allowed):
 def _kernel_attention(q, cache: KVCache, rules: Rules | None) -> bool:
     """Whether a decode step's attention runs in `cpu_kernels`' kernel: one f32 query per row, an f32
     cache, on a single CPU device (the kernel has no sharding rule). It reads the layer's keys and values
-    in place, where XLA:CPU first copies them out of the cache, the values twice: the tiny Qwen3's four
-    layers at batch 32 over 128 slots take 0.34-0.41 ms a step in a loop of their own instead of
-    1.1-1.5 ms (measured; about 1 ms inside a sampling step, where the cache comes from memory)."""
+    in place, where XLA:CPU first copies them out of the cache, the values twice (docs/performance.md)."""
     return (q.shape[1] == 1 and rules is None and cpu_layouts() and q.dtype == cache.k.dtype == jnp.float32
             and q.shape[-1] % 8 == 0 and cpu_kernels.available())
 
@@ -257,8 +246,8 @@ def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache
     last_only (with a cache; a prefill that needs the next token only): the hidden state may come back
     for the last position alone, [B, 1, D]. With a per-layer list, the last layer then runs its
     attention output, o-projection and MLP for that position only, after caching every position's keys
-    and values: a quarter of a 4-layer model's prefill (tiny Qwen3, 32 x 64 tokens: 94 -> 77 ms,
-    measured). A scanned stack runs every layer alike and returns all positions.
+    and values: a quarter of a 4-layer model's prefill. A scanned stack runs every layer alike and
+    returns all positions.
     """
     dt = jnp.dtype(cfg.compute_dtype)
     # Gather from a table whole along embed (vocab may stay split): gathering rows of an
@@ -303,8 +292,8 @@ def unembed(params, cfg: ModelConfig, hidden: jax.Array, table_t: jax.Array | No
     if table_t is not None:
         return jnp.dot(hidden, table_t.astype(hidden.dtype), preferred_element_type=jnp.float32)
     table = unembed_table(params, cfg)
-    # With the [V, D] table, on CPU the vocabulary leads the product at any row count: 1.2-2x faster
-    # (measured, 32 x 256 x 32k and 8 x 1024 x 152k).
+    # With the [V, D] table, on CPU the vocabulary leads the product at any row count: XLA:CPU runs
+    # that form faster for prefill and decode shapes alike.
     return dense(hidden, table.astype(hidden.dtype), weight_major=cpu_layouts(),
                  preferred_element_type=jnp.float32, local=local)
 

@@ -2,8 +2,8 @@
 
 Sampling draws one uniform number per row and inverts the CDF, instead of drawing a Gumbel number per
 vocabulary entry (millions of random numbers per step for a 150k vocabulary). The CDF is never built
-in full: XLA's cumsum over a long axis is slow on CPU (6 ms for 32 x 32000, more than a decode step of
-a small model), so the inversion goes in two levels, first over blocks of the vocabulary, then inside
+in full: XLA's cumsum over a long axis is slow on CPU (longer than a small model's whole decode
+step), so the inversion goes in two levels, first over blocks of the vocabulary, then inside
 the chosen block, both as small matmuls with a triangular matrix. Vocabulary-major (below), the
 distribution itself is not stored either: the block masses are one fused exp-and-sum pass over the
 logits, and only the chosen block's probabilities are computed again.
@@ -13,8 +13,8 @@ per-row results with that axis kept at size 1, so they broadcast against the log
 CPU, batches of 16 rows or more are sampled vocabulary-major: the unembedding produces the logits
 in that order (the vocabulary leads the product, see `models.transformer.dense`), so the transpose
 cancels and every pass reads memory in order; reducing the [B, V] view of that memory costs XLA:CPU
-2.5x more (measured, 32 x 32000). Few rows are sampled row-major, where XLA:CPU's reductions over a
-leading axis with a narrow trailing one are slow (batch 1: 3.5 instead of 2.4 ms a decode step).
+several times more. Few rows are sampled row-major, where XLA:CPU's reductions over a leading axis
+with a narrow trailing one are slow. What each choice is worth: docs/performance.md.
 """
 from __future__ import annotations
 
@@ -72,8 +72,8 @@ def inverse_cdf(scaled: jax.Array, top: jax.Array, u: jax.Array, ax: int):
         # rewriting the total's sum of sums as a second pass over them, which would store them.
         block_mass = jax.lax.optimization_barrier(jnp.exp(blocks - jnp.expand_dims(top, ax + 1)).sum(ax + 1))
     else:
-        # Row-major, XLA:CPU fuses that form into the cumsum's matmul and runs it several times slower
-        # (8 x 152k: +8 ms a step, measured); stored probabilities keep them apart.
+        # Row-major, XLA:CPU fuses that form into the cumsum's matmul and runs it several times slower;
+        # stored probabilities keep them apart.
         block_mass = _blocks(jnp.exp(scaled - top), ax, 0.0).sum(ax + 1)
     cum_blocks = _inclusive_cumsum(block_mass, ax)
     # The total is summed exactly, not read off the matmul: a library matmul's summation order may
@@ -92,7 +92,7 @@ def inverse_cdf(scaled: jax.Array, top: jax.Array, u: jax.Array, ax: int):
 
 def argmax(x: jax.Array, ax: int) -> jax.Array:
     """First index of the maximum over the vocabulary axis (kept), as jnp.argmax in two plain
-    reductions (2.7x faster on CPU)."""
+    reductions (faster on CPU than XLA's argmax)."""
     top = jnp.max(x, axis=ax, keepdims=True)
     index = jnp.expand_dims(jnp.arange(x.shape[ax]), 1 - ax)
     return jnp.min(jnp.where(x == top, index, x.shape[ax]), axis=ax, keepdims=True).astype(jnp.int32)

@@ -141,11 +141,10 @@ class Sampler:
         """A [D, V] copy of the unembedding table for one-row calls on a single CPU device, else None.
 
         The one-row unembedding is a vector-matrix product that streams the whole table every decode
-        step, and XLA:CPU streams a [D, V] table about twice as fast as the stored [V, D] one (tiny
-        Qwen3 table: 0.53 against 1.03 ms; its batch-1 decode step: 1.57 against 2.21 ms, measured).
-        At more rows the stored layout is as fast or faster. The copy is made once per table (5 ms for
-        the tiny model, 0.37 s for Qwen3-0.6B in f32) and kept, at the table's size in memory, until a
-        one-row call brings another table; it holds no reference to the table it was made from.
+        step, and XLA:CPU streams a [D, V] table about twice as fast as the stored [V, D] one
+        (docs/performance.md). At more rows the stored layout is as fast or faster. The copy is made
+        once per table and kept, at the table's size in memory, until a one-row call brings another
+        table; it holds no reference to the table it was made from.
         """
         if batch != 1 or self.rules is not None or not transformer.cpu_layouts():
             return None

@@ -1,8 +1,7 @@
 // out[n, b] = sum_k w[n, k] * x[b, k]: a large weight times a few rows, for XLA:CPU.
 //
 // A decode step's products have this shape (a weight of thousands of rows, a batch of 16-64 rows), and
-// XLA:CPU's library kernels run them at about half the machine's FLOP rate: the unembedding of a
-// 32k-vocabulary model at 32 rows takes 5.8 ms there and 3.5-3.9 ms here (2 cores, AVX2; measured).
+// XLA:CPU's library kernels run them at about half the machine's FLOP rate (docs/performance.md).
 // Each thread takes chunks of weight rows; a tile of 6 rows is multiplied against 16 batch columns
 // held in registers, the weight is read in place (no packing copy), and the rows a few tiles ahead
 // are prefetched so that the cores do not wait on memory.
