@@ -91,7 +91,9 @@ class BatchRunner:
             if record is None:
                 raise ValueError(f"game slot {i} has no game in progress")
             request, env = self._request(i), self.envs[i]
-            result = apply_action(env, response, self.mode, self.invalid_rewards)
+            # A game without a list of legal moves (TextArena's) judges moves itself.
+            mode = self.mode if env.legal_actions() else "env"
+            result = apply_action(env, response, mode, self.invalid_rewards)
             record.turns.append(Turn(request.player, request.observation, response,
                                      result.info["action"], result.info["valid"]))
             self._requests[i] = None

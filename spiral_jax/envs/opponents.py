@@ -33,6 +33,10 @@ class RandomOpponent:
 
     def act(self, env: Env) -> str:
         legal = env.legal_actions()
+        if not legal:
+            raise ValueError(f"the random opponent needs a game that lists its legal moves, and {env.env_id} "
+                             f"does not (TextArena games judge free-text moves themselves); play it against "
+                             f"the model itself ('self') or a model folder")
         return legal[int(self._rng.integers(len(legal)))]
 
 

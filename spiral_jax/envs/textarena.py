@@ -33,6 +33,15 @@ class TextArenaEnv(Env):
                  observation_style: str | None = None, **ta_kwargs: Any):
         super().__init__(error_allowance=error_allowance, observation_style=observation_style)
         self._textarena = import_textarena()
+        registry = getattr(getattr(getattr(self._textarena, "envs", None), "registration", None),
+                           "ENV_REGISTRY", None)
+        if registry is not None and ta_env_id not in registry:
+            import difflib
+
+            close = difflib.get_close_matches(ta_env_id, list(registry), n=3)
+            raise ValueError(f"unknown TextArena env id {ta_env_id!r}"
+                             + (f"; did you mean {', '.join(close)}?" if close else
+                                "; textarena.envs.registration.ENV_REGISTRY lists the ids"))
         self.ta_env_id, self._ta_kwargs = ta_env_id, ta_kwargs
         self.env_id = f"textarena:{ta_env_id}"
 

@@ -88,6 +88,7 @@ class Trainer:
                              f"{len(c.games.env_ids)} games.env_ids")
         for env_id in (*c.games.env_ids, *c.eval.env_ids):
             make(env_id)  # unknown ids fail here, before anything is compiled
+        self._check_opponents(c)
         weights = np.asarray(c.games.weights, float)
         if not (np.all(np.isfinite(weights)) and np.all(weights >= 0) and weights.sum() > 0):
             raise ValueError(f"games.weights={tuple(c.games.weights)}: the mixture weights must be "
@@ -135,6 +136,22 @@ class Trainer:
             self._restore()
         elif c.bootstrap.enabled and bootstrap:
             self.bootstrap_state = self.state
+
+    @staticmethod
+    def _check_opponents(c: ConfigDict) -> None:
+        """Scripted players need a game that lists its legal moves: TextArena games judge free-text
+        moves themselves, so there only model players (the trained one, a frozen one) can play."""
+        scripted = [("eval.opponents", env_id, o) for env_id in (tuple(c.eval.env_ids) or tuple(c.games.env_ids))
+                    for o in c.eval.opponents if o in ("random", "scripted")]
+        if c.rollout.mode == "fixed_opponent" and c.rollout.opponent in ("random", "scripted"):
+            scripted += [("rollout.opponent", env_id, c.rollout.opponent) for env_id in c.games.env_ids]
+        for key, env_id, opponent in scripted:
+            env = make(env_id)
+            env.reset(0)
+            if not env.legal_actions():
+                raise ValueError(f"{key}: the {opponent} player needs a game that lists its legal moves, and "
+                                 f"{env_id} does not; evaluate it against model players only (e.g. "
+                                 f"--config.eval.opponents='()' and `spiral-jax eval --opponents self`)")
 
     def _frozen_opponent(self) -> dict:
         """{"frozen": params} when the fixed opponent is a model folder (loaded once, never trained)."""

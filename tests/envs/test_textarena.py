@@ -123,3 +123,30 @@ def test_adapter_logic_with_a_stand_in_module(monkeypatch):
     assert "[Player 0] [y]" in env.observation(1) and env.state()["game_state"] == {"moves": 4}
     with pytest.raises(ValueError, match="chance"):
         env.reset(seed=0, chance={"deal": [(0, 1)]})
+
+
+@needs_textarena
+def test_a_misspelt_textarena_id_fails_at_make():
+    with pytest.raises(ValueError, match="unknown TextArena env id 'TicTacToe-v9'; did you mean TicTacToe-v0"):
+        make("textarena:TicTacToe-v9")
+
+
+@needs_textarena
+def test_batch_runner_lets_textarena_judge_its_moves():
+    """Strict mode needs a list of legal moves; TextArena has none, so its own rules decide."""
+    from spiral_jax.envs import BatchRunner
+
+    runner = BatchRunner([make("textarena:TicTacToe-v0")], seed=0, auto_reset=False)  # strict by default
+    assert runner.pending()[0].legal_actions == []
+    finished = runner.submit({0: "\\boxed{[4]}"})
+    assert not finished and runner.pending()  # the move was accepted; the other player is to move
+
+
+@needs_textarena
+def test_random_opponent_on_textarena_is_a_clear_error():
+    from spiral_jax.envs import RandomOpponent
+
+    env = make("textarena:TicTacToe-v0")
+    env.reset(0)
+    with pytest.raises(ValueError, match="needs a game that lists its legal moves"):
+        RandomOpponent(0).act(env)
