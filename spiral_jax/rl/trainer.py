@@ -191,7 +191,7 @@ class Trainer:
         self.writer.scalars(self.step, {"time/checkpoint": time.perf_counter() - start})  # async: the blocking part
         self.saved_step = self.step
 
-    def _agree_to_stop(self) -> bool:
+    def stop_requested(self) -> bool:
         """Whether any host was asked to stop: every host stops at the same step, so the checkpoint
         they write together is whole."""
         if jax.process_count() > 1:
@@ -228,7 +228,7 @@ class Trainer:
         bar = tqdm(range(self.bootstrap_done, b.steps), desc="bootstrap", unit="step", dynamic_ncols=True,
                    disable=not is_leader(), initial=self.bootstrap_done, total=b.steps)
         for i in bar:
-            if self._agree_to_stop():
+            if self.stop_requested():
                 self.bootstrap_state, self.bootstrap_done = state, i
                 self.save(bootstrap_step=i)
                 return
@@ -493,7 +493,7 @@ class Trainer:
                 self._record("step0", *self.evaluate(c.eval.final_games, c.train.transcripts))
             bar = tqdm(total=c.train.steps, initial=self.step, desc="self-play", unit="step",
                        dynamic_ncols=True, disable=not is_leader())
-            while self.step < c.train.steps and not self._agree_to_stop():
+            while self.step < c.train.steps and not self.stop_requested():
                 metrics = self.train_step()
                 self.writer.scalars(self.step, metrics)
                 self._check_skipped(metrics)

@@ -44,3 +44,4 @@ def test_two_processes_equal_one(tmp_path):
     for name, value in one_params.items():
         np.testing.assert_allclose(two_params[name], value, atol=1e-6, rtol=1e-5, err_msg=name)
     assert one["moved"] > 1e-4  # not vacuous: the two updates changed the weights
+    assert two["stop"] and not one["stop"]  # process 1's stop request reached process 0

@@ -45,11 +45,14 @@ initial = multihost_utils.process_allgather(trainer.state.params, tiled=True)
 for _ in range(2):
     metrics = trainer.train_step()
 params = multihost_utils.process_allgather(trainer.state.params, tiled=True)
+if jax.process_index() == 1:
+    trainer.request_stop()  # as if SIGTERM reached this host alone
+stop = trainer.stop_requested()  # every host must agree, so all stop at the same step
 if jax.process_index() == 0:
     flat = {"/".join(str(k) for k in path): np.asarray(v)
             for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
     np.savez(Path(out) / "result.npz", **flat)
     (Path(out) / "rae.json").write_text(json.dumps(
         {"rae": trainer.rae_state, "games": metrics["rollout/games"], "samples": metrics["rollout/samples"],
-         "processes": jax.process_count(), "devices": jax.device_count(),
+         "processes": jax.process_count(), "devices": jax.device_count(), "stop": stop,
          "moved": max(float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(initial)))}))
