@@ -36,6 +36,8 @@ setup(
         "cuda": ["jax[cuda12]"],
         "eval": ["math-verify", "datasets", "matplotlib"],
         "textarena": ["textarena"],
+        # Weights & Biases logging next to TensorBoard (wandb.enabled=True).
+        "wandb": ["wandb"],
     },
     entry_points={"console_scripts": ["spiral-jax=spiral_jax.cli:main"]},
 )

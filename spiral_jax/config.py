@@ -66,6 +66,8 @@ def base_config() -> ConfigDict:
     # the game's script). See spiral_jax/rl/bootstrap.py.
     c.bootstrap = ConfigDict(dict(enabled=False, teacher="random", hash_uniform=0.2, steps=200,
                                   batch_size=64, learning_rate=1e-3, warmup_steps=50, explore=0.5))
+    # Weights & Biases (the `wandb` extra): mirrors the TensorBoard scalars when enabled.
+    c.wandb = ConfigDict(dict(enabled=False, project="spiral_jax", entity="", name=""))
     c.lock()
     return c
 

@@ -1,6 +1,7 @@
 """TensorBoard event files without TensorFlow, written by process 0 only.
 
 Uses tensorboard's own event writer and protos: scalars for numbers, text for game transcripts.
+Optionally the same scalars and texts also go to Weights & Biases (`wandb.enabled`, the `wandb` extra).
 """
 from __future__ import annotations
 
@@ -18,11 +19,21 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter
 class MetricsWriter:
     """Scalars and text to `logdir`; a no-op on every process but 0 (or when logdir is None)."""
 
-    def __init__(self, logdir: str | Path | None):
-        self._writer = None
+    def __init__(self, logdir: str | Path | None, wandb: Mapping | None = None, config: Mapping | None = None):
+        """wandb: {"enabled", "project", "entity", "name"} (the config's `wandb` section): mirror every
+        scalar and text to a Weights & Biases run, with `config` as its config."""
+        self._writer, self._wandb = None, None
         if logdir is not None and jax.process_index() == 0:
             Path(logdir).mkdir(parents=True, exist_ok=True)
             self._writer = EventFileWriter(str(logdir))
+            if wandb and wandb.get("enabled"):
+                try:
+                    import wandb as wandb_module
+                except ImportError:
+                    raise ImportError("wandb.enabled needs the wandb package: pip install spiral-jax[wandb]") from None
+                self._wandb = wandb_module.init(project=wandb.get("project") or None,
+                                                entity=wandb.get("entity") or None,
+                                                name=wandb.get("name") or None, config=dict(config or {}))
 
     def _add(self, step: int, value: summary_pb2.Summary.Value) -> None:
         event = event_pb2.Event(wall_time=time.time(), step=int(step),
@@ -34,6 +45,8 @@ class MetricsWriter:
             return
         for tag, v in values.items():
             self._add(step, summary_pb2.Summary.Value(tag=tag, simple_value=float(v)))
+        if self._wandb is not None:
+            self._wandb.log({tag: float(v) for tag, v in values.items()}, step=int(step))
 
     def text(self, step: int, tag: str, text: str) -> None:
         if self._writer is None:
@@ -43,6 +56,8 @@ class MetricsWriter:
         meta = summary_pb2.SummaryMetadata(
             plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="text"))
         self._add(step, summary_pb2.Summary.Value(tag=tag, metadata=meta, tensor=tensor))
+        if self._wandb is not None:
+            self._wandb.log({tag: text}, step=int(step))
 
     def flush(self) -> None:
         if self._writer is not None:
@@ -52,6 +67,9 @@ class MetricsWriter:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
 
 
 def read_scalars(logdir: str | Path) -> dict[str, list[tuple[int, float]]]:

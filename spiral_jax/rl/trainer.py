@@ -125,7 +125,7 @@ class Trainer:
         self.state = init_train_state(params, self.cfg, self.tc, self.mesh)
         self.rae_state, self.pool, self.pool_steps, self.step = init_rae_state(), [], [], 0
         self.totals = {"games": 0, "sampled_tokens": 0, "trained_tokens": 0}  # since step 0, resumes included
-        self.writer = MetricsWriter(self.out / "tensorboard")
+        self.writer = MetricsWriter(self.out / "tensorboard", wandb=c.wandb.to_dict(), config=c.to_dict())
         self.ckpt = Checkpointer(f"{c.out_dir.rstrip('/')}/checkpoints", c.train.keep,  # gs:// kept as is
                                  c.train.async_checkpointing)
         self._stop, self.stopped, self.skipped_in_a_row, self.saved_step = False, False, 0, None
