@@ -1,0 +1,35 @@
+"""Every key of the base config is read by the code: no key is dead."""
+import re
+from pathlib import Path
+
+from ml_collections import ConfigDict
+
+from spiral_jax.config import base_config
+
+PACKAGE = Path(__file__).resolve().parents[1] / "spiral_jax"
+# Sections handed over whole, whose keys are read as fields of the object they become.
+WHOLE = {"model.random": "ModelConfig fields", "optim": "TrainConfig fields", "mesh": "make_mesh(**c.mesh)",
+         "wandb": "MetricsWriter(wandb=c.wandb.to_dict())"}
+
+
+def _keys(c: ConfigDict, prefix=""):
+    for name, value in c.items():
+        path = f"{prefix}{name}"
+        if isinstance(value, ConfigDict):
+            if path not in WHOLE:
+                yield from _keys(value, path + ".")
+        else:
+            yield path
+
+
+def test_every_config_key_is_read():
+    source = "\n".join(p.read_text() for p in PACKAGE.rglob("*.py") if p.name != "config.py")
+    source += (PACKAGE / "config.py").read_text().split("def base_config", 1)[0]
+    source += (PACKAGE / "config.py").read_text().split("c.lock()\n    return c", 1)[1]
+    dead = []
+    for key in _keys(base_config()):
+        section, _, name = key.rpartition(".")
+        patterns = [rf"\.{name}\b", rf"\[\"{name}\"\]", rf"\b{name}="]
+        if not any(re.search(p, source) for p in patterns):
+            dead.append(key)
+    assert not dead, f"config keys no code reads: {dead}"
