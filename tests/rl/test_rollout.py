@@ -42,3 +42,27 @@ def test_a_response_cut_at_the_token_limit_is_an_invalid_move():
     assert not cut.record.turns[0].valid and len(cut.record.turns) == 1  # the game ends there
     assert cut.record.rewards == {0: -1.5, 1: 0.5}
     assert cut.model_turns[0].finish_reason == "length" and cut.model_turns[0].response_ids == [5, 6]
+
+
+def test_chunked_play_with_the_model_seat_equals_all_at_once(tiny_model):
+    """With the real tiny model and tokenizer in a seat: a model turn's randomness is keyed by its
+    game's global index, so how many games share a sampler call changes no token, no action."""
+    import numpy as np
+
+    from spiral_jax.sampling import Sampler
+
+    cfg, params, tokenizer = tiny_model
+    sampler = Sampler(cfg, None, max_prompt_len=512, max_cache_len=1024)
+
+    def play(max_in_flight):
+        rollout = Rollout(sampler, tokenizer, SamplingParams(8, 1.0), max_in_flight=max_in_flight)
+        return rollout.play(["TicTacToe-v0", "KuhnPoker-v1"] * 3, [("model", "random"), ("scripted", "model")] * 3,
+                            {"model": params}, seed=11)
+
+    whole, chunked = play(None), play(4)
+    assert sum(len(g.model_turns) for g in whole) >= 6
+    for a, b in zip(whole, chunked):
+        assert [t.action for t in a.record.turns] == [t.action for t in b.record.turns]
+        assert [t.response_ids for t in a.model_turns] == [t.response_ids for t in b.model_turns]
+        for x, y in zip(a.model_turns, b.model_turns):
+            np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5)
