@@ -19,7 +19,7 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 from spiral_jax.eval.games import wilson_interval
-from spiral_jax.eval.math_grader import grade_choice, grade_math, math_verify_available
+from spiral_jax.eval.math_grader import grade_choice, judge, last_boxed, math_verify_available
 
 # name -> kind; all read from local JSONL here.
 BENCHMARKS = {"MATH500": "math", "AIME24": "math", "AIME25": "math", "OlympiadBench": "math",
@@ -113,8 +113,14 @@ class BenchmarkResult:
                 f"{p}/truncated_rate": self.truncated_rate}
 
 
-def grade(item: Item, response: str, timeout: float) -> tuple[str | None, bool]:
-    return grade_choice(response, item.answer) if item.choices else grade_math(response, item.answer, timeout)
+def grade(item: Item, response: str, timeout: float) -> tuple[str | None, bool, str]:
+    """(the extracted answer or None, whether it is correct, the grader that decided)."""
+    if item.choices:
+        return (*grade_choice(response, item.answer), "choice letter")
+    pred = last_boxed(response)
+    if pred is None:
+        return None, False, "no box"
+    return (pred, *judge(pred, item.answer, timeout))
 
 
 def run_benchmark(name: str, items: Sequence[Item], generate: GenerateFn, k: int, out_dir,
@@ -137,19 +143,19 @@ def run_benchmark(name: str, items: Sequence[Item], generate: GenerateFn, k: int
                 raise ValueError(f"item {item.id}: {len(responses)} responses, expected {k}")
             graded = [grade(item, r.text, timeout) for r in responses]
             first.append(graded[0][1])
-            every += [ok for _, ok in graded]
-            boxed += [pred is not None for pred, _ in graded]
+            every += [ok for _, ok, _ in graded]
+            boxed += [pred is not None for pred, _, _ in graded]
             tokens += [r.tokens for r in responses]
             cut += [r.finish_reason != "stop" for r in responses]
             f.write(json.dumps({"id": item.id, "prompt": prompt, "answer": item.answer,
                                 "responses": [r.text for r in responses],
                                 "finish_reasons": [r.finish_reason for r in responses],
-                                "extracted": [p for p, _ in graded], "correct": [ok for _, ok in graded],
-                                "first_correct": graded[0][1],
-                                "mean_correct": float(np.mean([ok for _, ok in graded]))}) + "\n")
+                                "extracted": [p for p, _, _ in graded], "correct": [ok for _, ok, _ in graded],
+                                "graded_by": [g for _, _, g in graded], "first_correct": graded[0][1],
+                                "mean_correct": float(np.mean([ok for _, ok, _ in graded]))}) + "\n")
     settings = {"k": k, "prompt": f"{len(shots)}-shot" if shots else "zero-shot",
-                "grader": "normalised/numeric + math-verify" if math_verify_available()
-                else "normalised/numeric only (math-verify not installed)",
+                "grader": "math-verify, the normaliser where it cannot parse" if math_verify_available()
+                else "the normaliser only (math-verify not installed)",
                 "grader_timeout_s": timeout, "seconds": seconds, **(settings or {})}
     return BenchmarkResult(name, len(items), k, float(np.mean(first)), wilson_interval(sum(first), len(first)),
                            float(np.mean(every)), float(np.mean(boxed)), float(np.mean(tokens)),

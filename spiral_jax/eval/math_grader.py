@@ -1,11 +1,12 @@
 """Grading benchmark answers: the last `\\boxed{}` of a response against the reference answer.
 
-Math: equal after normalisation (spacing, `\\left`/`\\right`, `\\dfrac`, degrees, `\\text{}`, dollar
-signs, a trailing period, a leading `x =`), or numerically equal (integers, decimals, fractions,
-`\\frac`, percentages), or, when the optional `math-verify` package is installed, symbolically
-equivalent by its parser and verifier under a per-item timeout.  Without math-verify, answers that
-need algebra to compare (e.g. `\\sqrt{8}` vs `2\\sqrt{2}`) are graded wrong: install the `eval` extra
-for benchmark numbers.  Multiple choice: the letter in the last box.
+Math: when the optional `math-verify` package is installed and parses both answers, its verifier
+decides (as in oat and lighteval, so numbers compare with theirs), under a per-item timeout.
+Otherwise the normaliser decides: equal after normalisation (spacing, `\\left`/`\\right`, `\\dfrac`,
+degrees, `\\text{}`, dollar signs, a trailing period, a leading `x =`), or numerically equal
+(integers, decimals, fractions, `\\frac`, percentages). Without math-verify, answers that need algebra
+to compare (e.g. `\\sqrt{8}` vs `2\\sqrt{2}`) are graded wrong: install the `eval` extra for benchmark
+numbers. Each graded answer records which of the two decided.  Multiple choice: the letter in the last box.
 """
 from __future__ import annotations
 
@@ -79,19 +80,23 @@ def _numbers(s: str) -> set[Fraction]:
     return {value, value / 100} if percent else {value}
 
 
-def _math_verify(pred: str, gold: str, timeout: float) -> bool:
+def _math_verify(pred: str, gold: str, timeout: float) -> bool | None:
+    """math-verify's verdict, or None where it cannot judge (not installed, an answer it cannot parse,
+    a parser error or timeout)."""
     try:
         from math_verify import parse, verify
     except ImportError:
-        return False
+        return None
     # math-verify's timeouts use SIGALRM, which only the main thread may set.
     t = max(1, round(timeout)) if threading.current_thread() is threading.main_thread() else None
     try:
         g = parse(f"${gold}$", parsing_timeout=t)
         p = parse(f"${pred}$", parsing_timeout=t)
-        return bool(g and p and verify(g, p, timeout_seconds=t))
-    except Exception:  # a parser failure or timeout is a wrong answer, never a crash
-        return False
+        if not (g and p):
+            return None
+        return bool(verify(g, p, timeout_seconds=t))
+    except Exception:  # a parser failure or timeout: left to the normaliser, never a crash
+        return None
 
 
 def math_verify_available() -> bool:
@@ -102,17 +107,29 @@ def math_verify_available() -> bool:
     return True
 
 
-def is_equivalent(pred: str, gold: str, timeout: float = 5.0) -> bool:
-    """Whether an extracted answer equals the reference (string, numeric, then symbolic)."""
+def _normalised_equal(pred: str, gold: str) -> bool:
     p, g = normalize(pred), normalize(gold)
     if not p:
         return False
     if p == g:
         return True
     pn, gn = _numbers(p), _numbers(g)
-    if pn and gn:
-        return bool(pn & gn)
-    return _math_verify(pred, gold, timeout)
+    return bool(pn and gn and pn & gn)
+
+
+def judge(pred: str, gold: str, timeout: float = 5.0) -> tuple[bool, str]:
+    """(whether an extracted answer equals the reference, which grader decided). math-verify decides
+    where it is installed and parses both answers, as oat and lighteval grade; the normaliser
+    (strings, then numbers) decides the rest."""
+    verdict = _math_verify(pred, gold, timeout) if normalize(pred) else None
+    if verdict is not None:
+        return verdict, "math-verify"
+    return _normalised_equal(pred, gold), "normaliser"
+
+
+def is_equivalent(pred: str, gold: str, timeout: float = 5.0) -> bool:
+    """Whether an extracted answer equals the reference (`judge`'s verdict)."""
+    return judge(pred, gold, timeout)[0]
 
 
 def grade_math(response: str, gold: str, timeout: float = 5.0) -> tuple[str | None, bool]:

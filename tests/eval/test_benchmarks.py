@@ -50,6 +50,9 @@ def test_pass_at_1_is_first_sample_and_mean_is_over_samples(items_file, tmp_path
     assert result.boxed_rate == pytest.approx(4 / 6) and result.truncated_rate == pytest.approx(1 / 6)
     rows = [json.loads(line) for line in (tmp_path / "out" / "toy.items.jsonl").read_text().splitlines()]
     assert [r["correct"] for r in rows] == [[True, False], [False, True], [True, False]]
+    from spiral_jax.eval.math_grader import math_verify_available
+    math = "math-verify" if math_verify_available() else "normaliser"
+    assert [r["graded_by"] for r in rows] == [[math, math], ["no box", math], ["choice letter", "choice letter"]]
     assert rows[1]["extracted"] == [None, "5"] and rows[2]["finish_reasons"] == ["stop", "length"]
     assert result.settings["prompt"] == "zero-shot" and result.settings["temperature"] == 0.6
     table = markdown([result])

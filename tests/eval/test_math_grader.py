@@ -81,3 +81,15 @@ def test_boxed_letter(text, letter):
 def test_grade_choice():
     assert grade_choice("I pick \\boxed{C}", "c") == ("C", True)
     assert grade_choice("I pick C", "C") == (None, False)
+
+
+@needs_math_verify
+def test_math_verify_decides_and_the_normaliser_takes_the_rest(monkeypatch):
+    from spiral_jax.eval import math_grader
+    from spiral_jax.eval.math_grader import judge
+
+    assert judge("2\\sqrt{2}", "\\sqrt{8}") == (True, "math-verify")
+    assert judge("3", "4") == (False, "math-verify")
+    assert judge("", "0") == (False, "normaliser")  # nothing to parse
+    monkeypatch.setattr(math_grader, "_math_verify", lambda pred, gold, timeout: None)  # cannot parse
+    assert judge("50\\%", "0.5") == (True, "normaliser")
