@@ -5,6 +5,11 @@
   same string for base and instruct models. Wording ours; override it with `instruction`/`suffix`.
 - `chat`: the tokenizer's own chat template (any model family), with `enable_thinking` for Qwen3.
 - `plain`: plain text for base models without chat tokens.
+
+Generation stops where vLLM would stop it: at the checkpoint's end-of-sequence ids (the tokenizer's
+EOS and generation_config.json's), plus the token the template itself closes turns with:
+`<|im_end|>` for qwen_raw, the end-of-turn token the tokenizer's chat template writes for chat
+(`<|im_end|>`, `<|eot_id|>`, ...), none for plain (spiral_jax/tokenizer.py, `stop_ids_for`).
 """
 from __future__ import annotations
 

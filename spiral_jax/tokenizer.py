@@ -43,17 +43,32 @@ class Tokenizer:
         return next((vocab[t] for t in _END_OF_TURN if t in vocab), min(self.stop_ids))
 
 
-def stop_ids_for(hf_tokenizer, path: Path | None = None) -> frozenset[int]:
-    """EOS from the tokenizer, its end-of-turn tokens, and generation_config.json's eos ids."""
+def template_end_of_turn(hf_tokenizer, template: Template) -> set[int]:
+    """The end-of-turn tokens the prompt template itself closes turns with: `<|im_end|>` for qwen_raw,
+    whatever the tokenizer's chat template writes after a message for chat, none for plain (a base
+    model continues plain text until its own end of sequence)."""
+    vocab = hf_tokenizer.get_vocab()
+    if template.name == "qwen_raw":
+        return {vocab["<|im_end|>"]} if "<|im_end|>" in vocab else set()
+    if template.name == "chat" and getattr(hf_tokenizer, "chat_template", None):
+        text = hf_tokenizer.apply_chat_template([{"role": "user", "content": "q"},
+                                                 {"role": "assistant", "content": "a"}], tokenize=False)
+        after = text[text.rindex("a") + 1:]
+        return {vocab[t] for t in _END_OF_TURN if t in vocab and t in after}
+    return set()
+
+
+def stop_ids_for(hf_tokenizer, path: Path | None = None, template: Template | None = None) -> frozenset[int]:
+    """Where generation stops, as vLLM decides it: the tokenizer's EOS and generation_config.json's
+    eos ids, plus the end-of-turn token of the prompt template (`template_end_of_turn`)."""
     ids = set()
     if hf_tokenizer.eos_token_id is not None:
         ids.add(int(hf_tokenizer.eos_token_id))
-    vocab = hf_tokenizer.get_vocab()
-    ids.update(vocab[t] for t in _END_OF_TURN if t in vocab)
     gen = Path(path) / "generation_config.json" if path is not None else None
     if gen is not None and gen.exists():
         eos = json.loads(gen.read_text()).get("eos_token_id")
         ids.update([eos] if isinstance(eos, int) else (eos or []))
+    ids |= template_end_of_turn(hf_tokenizer, template or Template())
     if not ids:
         raise CheckpointError("the tokenizer defines no EOS / end-of-turn token, so generation could "
                               "never stop; add eos_token to tokenizer_config.json")
@@ -83,7 +98,7 @@ def load_tokenizer(path, cfg: ModelConfig, template: Template | None = None) -> 
             f"tokenizer.path at the model's own tokenizer)")
     template = template or Template()
     check_template_tokens(hf, template, path)
-    return Tokenizer(hf, template, stop_ids_for(hf, path))
+    return Tokenizer(hf, template, stop_ids_for(hf, path, template))
 
 
 def check_template_tokens(hf_tokenizer, template: Template, path) -> None:

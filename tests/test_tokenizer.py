@@ -76,7 +76,38 @@ def test_templates_render_exactly():
 def test_embedded_tokenizer_ends_turns_with_im_end():
     tok = load_tokenizer(EMBEDDED_TOKENIZER, _cfg(2048))
     vocab = tok.hf.get_vocab()
-    assert tok.end_of_turn_id == vocab["<|im_end|>"] and vocab["<|im_end|>"] in tok.stop_ids
-    assert vocab["<|endoftext|>"] in tok.stop_ids
+    assert tok.end_of_turn_id == vocab["<|im_end|>"] and tok.stop_ids == {vocab["<|im_end|>"]}
     ids = tok.prompt_ids("Free cells: [4]")
     assert ids[0] == vocab["<|im_start|>"] and tok.decode(tok.encode("\\boxed{4}")) == "\\boxed{4}"
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def qwen_base_style(tmp_path_factory):
+    """Like a Qwen base checkpoint: EOS <|endoftext|>, and generation_config.json names only it,
+    though the vocabulary has the chat tokens."""
+    path = tmp_path_factory.mktemp("qwen_base_tok")
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]
+    vocab = {t: i for i, t in enumerate(specials + WORDS)}
+    raw = RawTokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    hf = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|endoftext|>", unk_token="<unk>",
+                                 additional_special_tokens=specials[1:3])
+    hf.chat_template = CHATML
+    hf.save_pretrained(path)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": vocab["<|endoftext|>"]}))
+    return path, vocab
+
+
+@pytest.mark.parametrize("template, stops", [
+    ("plain", {"<|endoftext|>"}),                    # the checkpoint's own end of sequence only
+    ("qwen_raw", {"<|endoftext|>", "<|im_end|>"}),   # the template closes turns with <|im_end|>
+    ("chat", {"<|endoftext|>", "<|im_end|>"}),       # so does this tokenizer's chat template
+])
+def test_stop_ids_add_the_templates_end_of_turn_only(qwen_base_style, template, stops):
+    path, vocab = qwen_base_style
+    tok = load_tokenizer(path, _cfg(len(vocab)), Template(template))
+    assert tok.stop_ids == {vocab[t] for t in stops}
