@@ -400,6 +400,7 @@ def test_clear_errors(qwen3):
         SamplingParams(temperature=0.0)
 
 
+@pytest.mark.slow
 def test_bf16_greedy_decode_follows_the_bf16_forward(qwen3):
     """In bf16 the cached decode picks the token a full bf16 forward pass over the same tokens ranks
     first, wherever that choice is clear: the top two logits more than 0.1 apart (bf16 logits of

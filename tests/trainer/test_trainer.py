@@ -259,14 +259,15 @@ def test_sampler_and_learner_logprobs_agree_and_nothing_recompiles(tmp_path, dty
     assert [m["compile/new_executables"] for m in metrics[1:]] == [0, 0, 0]
 
 
+@pytest.mark.slow
 def test_main_job_config_bootstraps_and_trains_one_step(tmp_path):
     """configs/tiny_tictactoe.py as it is (model, hashed teacher, optimiser), with fewer steps and games."""
     c = config_from_file(os.path.join(REPO, "configs", "tiny_tictactoe.py"))
     c.out_dir = str(tmp_path)
     c.bootstrap.update(steps=3, batch_size=16)
-    c.rollout.update(games_per_batch=8, samples_per_step=64)
+    c.rollout.update(games_per_batch=4, samples_per_step=64, selection="all")
     c.train.update(steps=1, async_checkpointing=False)
-    c.eval.update(final_games=2, opponents=("random",))
+    c.eval.update(opponents=())  # evaluation is tested elsewhere
     trainer = Trainer(c, log=lambda *_: None)
     trainer.run()
     from spiral_jax.metrics import read_scalars
