@@ -241,7 +241,7 @@ def _run(command: str, c) -> int:
         raise ValueError(f"--out {FLAGS.out} is not empty; pass an empty or new folder, or --overwrite to "
                          f"replace everything in it")
     # eval / export: the newest checkpoint's parameters in out_dir, else the weights at model.path.
-    from spiral_jax.config import build_tokenizer, load_policy
+    from spiral_jax.config import build_tokenizer, eval_sampling, load_policy
     from spiral_jax.distributed import host_local_mesh, initialize
     from spiral_jax.sharding import make_mesh
 
@@ -253,7 +253,7 @@ def _run(command: str, c) -> int:
     if command == "eval":
         from spiral_jax.eval.command import run_eval
         from spiral_jax.eval.suite import EvalContext
-        print(run_eval(EvalContext.from_config(c, cfg, params, tokenizer, mesh), c, FLAGS))
+        print(run_eval(EvalContext.from_config(c, cfg, params, tokenizer, mesh, eval_sampling(c)), c, FLAGS))
         return 0
     return _export(c, cfg, params, tokenizer)
 

@@ -13,6 +13,9 @@ import jax.numpy as jnp
 from ml_collections import ConfigDict
 
 from spiral_jax.models import CheckpointError, ModelConfig, init_params, load_pretrained
+from spiral_jax.rl.rae import RAEConfig
+from spiral_jax.rl.train_step import TrainConfig
+from spiral_jax.sampling import SamplingParams
 from spiral_jax.templates import INSTRUCTION, SUFFIX, Template
 from spiral_jax.tokenizer import Tokenizer, load_tokenizer
 
@@ -70,6 +73,33 @@ def base_config() -> ConfigDict:
     c.wandb = ConfigDict(dict(enabled=False, project="spiral_jax", entity="", name=""))
     c.lock()
     return c
+
+
+# ------------------------------------------------------------- the typed objects a config describes
+
+
+def train_config(optim: ConfigDict, **changes) -> TrainConfig:
+    """The optimiser, loss and micro-batching settings (`optim`, with `changes` on top)."""
+    fields = {**optim.to_dict(), **changes}
+    fields["tis_cap"] = fields["tis_cap"] or None  # 0 = off in config files
+    fields["micro_batch_size"] = fields["micro_batch_size"] or None
+    return TrainConfig(**fields)
+
+
+def rae_config(c: ConfigDict) -> RAEConfig:
+    return RAEConfig(c.rae.decay, c.rae.enabled, c.rae.drop_zero, c.rae.games_per_shard)
+
+
+def rollout_sampling(c: ConfigDict) -> SamplingParams:
+    """How training games are sampled."""
+    r = c.rollout
+    return SamplingParams(r.max_new_tokens, r.temperature, r.top_k, r.top_p)
+
+
+def eval_sampling(c: ConfigDict) -> SamplingParams:
+    """How evaluation games are sampled (no top-k: the reference evaluates with top-p only)."""
+    e = c.eval
+    return SamplingParams(e.max_new_tokens, e.temperature, 0, e.top_p)
 
 
 def _runtime(c: ConfigDict) -> dict:

@@ -400,7 +400,7 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
 
 def plan(c, hw: Hardware, mesh: MeshShape | None = None) -> Plan:
     """The plan of config `c` on `hw` (its own mesh unless `mesh` is given)."""
-    from spiral_jax.rl.trainer import train_config
+    from spiral_jax.config import train_config
 
     cfg, source = model_config(c)
     mesh = mesh or MeshShape.resolve(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, hw.devices)
@@ -454,7 +454,7 @@ def suggest(c, hw: Hardware, plan_now: Plan | None = None) -> tuple[str, Plan] |
     Preferred: the largest micro-batch, then the most games per call (both change only speed), then
     the lowest peak.
     """
-    from spiral_jax.rl.trainer import train_config
+    from spiral_jax.config import train_config
 
     if hw.limit is None:
         return None

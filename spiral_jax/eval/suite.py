@@ -32,15 +32,15 @@ class EvalContext:
     max_in_flight: int | None = None  # games at once per host (the training batch's games_per_batch)
 
     @classmethod
-    def from_config(cls, c, cfg, params, tokenizer, mesh, sampler=None) -> "EvalContext":
+    def from_config(cls, c, cfg, params, tokenizer, mesh, sampling: SamplingParams, sampler=None) -> "EvalContext":
         """The context a run's config describes (its eval settings and sizes); `params` in the
         sampler's layout on `mesh`. Without `sampler`, one sized like the trainer's is built."""
         r, e = c.rollout, c.eval
         if sampler is None:
             slots = cache_slots(bucket_length(r.max_prompt_len), max(r.max_new_tokens, e.max_new_tokens))
             sampler = Sampler(cfg, mesh, max_prompt_len=r.max_prompt_len, max_cache_len=slots)
-        return cls(cfg, params, tokenizer, sampler, SamplingParams(e.max_new_tokens, e.temperature, 0, e.top_p),
-                   tuple(e.invalid_rewards), c.games.max_turns, c.seed, mesh, r.games_per_batch)
+        return cls(cfg, params, tokenizer, sampler, sampling, tuple(e.invalid_rewards), c.games.max_turns,
+                   c.seed, mesh, r.games_per_batch)
 
     @property
     def rollout(self) -> Rollout:

@@ -25,23 +25,24 @@ from tqdm import tqdm
 
 from spiral_jax.checkpoint import Checkpointer
 from spiral_jax.compilation import compile_count
-from spiral_jax.config import build_model, build_tokenizer
+from spiral_jax.config import (build_model, build_tokenizer, eval_sampling, rae_config, rollout_sampling,
+                               train_config)
 from spiral_jax.distributed import host_local_mesh, initialize, is_leader, to_host_local
 from spiral_jax.envs import make
 from spiral_jax.eval.games import TABLE_HEADER, evaluate, summarize
 from spiral_jax.eval.kuhn_policy import ENV_ID as KUHN_ENV_ID
 from spiral_jax.eval.suite import EvalContext, run_kuhn
-from spiral_jax.models import load_policy_weights
 from spiral_jax.eval.transcripts import write_transcripts
 from spiral_jax.metrics import MetricsWriter
+from spiral_jax.models import load_policy_weights
 from spiral_jax.rl.bootstrap import imitation_samples
-from spiral_jax.rl.rae import RAEConfig, baseline_metrics, init_rae_state, label_games
+from spiral_jax.rl.rae import baseline_metrics, init_rae_state, label_games
 from spiral_jax.rl.reshard import make_reshard
-from spiral_jax.rollout import PlayedGame, Rollout
 from spiral_jax.rl.samples import pack, shard_batch
 from spiral_jax.rl.step_metrics import step_metrics
 from spiral_jax.rl.train_step import TrainConfig, init_train_state, make_update
-from spiral_jax.sampling import Sampler, SamplingParams, bucket_length, cache_slots
+from spiral_jax.rollout import PlayedGame, Rollout
+from spiral_jax.sampling import Sampler, bucket_length, cache_slots
 from spiral_jax.sampling.scoring import sequence_logprobs
 from spiral_jax.sharding import make_mesh
 
@@ -54,19 +55,14 @@ def peak_memory() -> dict[str, float]:
     if "peak_bytes_in_use" not in stats:
         return {}
     return {"memory/peak_gib": stats["peak_bytes_in_use"] / 2**30}
+
+
 # The exit status of a run stopped by SIGTERM/SIGINT after saving (EX_TEMPFAIL): requeue it with --resume.
 PREEMPTED_EXIT_CODE = 75
 
 
 class TrainingDiverged(FloatingPointError):
     """Too many updates in a row were skipped for a non-finite loss or gradients."""
-
-
-def train_config(optim: ConfigDict, **changes) -> TrainConfig:
-    fields = {**optim.to_dict(), **changes}
-    fields["tis_cap"] = fields["tis_cap"] or None  # 0 = off in config files
-    fields["micro_batch_size"] = fields["micro_batch_size"] or None
-    return TrainConfig(**fields)
 
 
 def transcript(game: PlayedGame) -> str:
@@ -112,14 +108,13 @@ class Trainer:
         r, e = c.rollout, c.eval
         slots = cache_slots(bucket_length(r.max_prompt_len), max(r.max_new_tokens, e.max_new_tokens))
         self.sampler = Sampler(self.cfg, self.sample_mesh, max_prompt_len=r.max_prompt_len, max_cache_len=slots)
-        self.rollout = Rollout(self.sampler, self.tokenizer,
-                               SamplingParams(r.max_new_tokens, r.temperature, r.top_k, r.top_p),
+        self.rollout = Rollout(self.sampler, self.tokenizer, rollout_sampling(c),
                                invalid_rewards=c.games.invalid_rewards, max_turns=c.games.max_turns)
         self.eval_rollout = Rollout(self.sampler, self.tokenizer,
-                                    SamplingParams(e.max_new_tokens, e.temperature, 0, e.top_p),
+                                    eval_sampling(c),
                                     invalid_rewards=e.invalid_rewards, max_turns=c.games.max_turns,
                                     max_in_flight=r.games_per_batch)
-        self.rae = RAEConfig(c.rae.decay, c.rae.enabled, c.rae.drop_zero, c.rae.games_per_shard)
+        self.rae = rae_config(c)
         self.update = make_update(self.cfg, self.tc, self.mesh)
         self.to_sample_layout = make_reshard(self.cfg, self.mesh)
         self.state = init_train_state(params, self.cfg, self.tc, self.mesh)
@@ -411,7 +406,7 @@ class Trainer:
         """What the evaluation suite needs, as a value: the current weights in the sampler layout,
         the tokenizer, the sampler and the eval settings."""
         return EvalContext.from_config(self.c, self.cfg, self.to_sampler(self.state.params), self.tokenizer,
-                                       self.sample_mesh, sampler=self.sampler)
+                                       self.sample_mesh, eval_sampling(self.c), sampler=self.sampler)
 
     @property
     def eval_env_ids(self) -> tuple[str, ...]:
