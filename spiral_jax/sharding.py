@@ -61,6 +61,11 @@ def mesh_sizes(data: int, fsdp: int, tensor: int, devices: int) -> tuple[int, in
     return tuple(sizes)
 
 
+def batch_shards(mesh: Mesh | None) -> int:
+    """How many ways the batch is split: data x fsdp (1 without a mesh)."""
+    return 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+
+
 def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices=None) -> Mesh:
     """A ('data', 'fsdp', 'tensor') mesh; one size may be -1 for "all remaining devices"."""
     devices = list(jax.devices() if devices is None else devices)

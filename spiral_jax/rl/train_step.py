@@ -23,7 +23,7 @@ import optax
 from spiral_jax.models import ModelConfig, abstract_params, param_shardings
 from spiral_jax.rl import losses
 from spiral_jax.rl.samples import Batch, batch_shardings
-from spiral_jax.sharding import Rules, constrain
+from spiral_jax.sharding import Rules, batch_shards, constrain
 
 SCHEDULES = ("constant", "linear", "cosine")
 
@@ -139,7 +139,7 @@ def _unsplit(x):
 def _micro_batches(batch: Batch, tc: TrainConfig, rules: Rules | None) -> int:
     rows = batch.tokens.shape[0]
     size = tc.micro_batch_size or rows
-    shards = 1 if rules is None else rules.mesh.shape["data"] * rules.mesh.shape["fsdp"]
+    shards = batch_shards(None if rules is None else rules.mesh)
     if rows % size or size % shards:
         raise ValueError(f"{rows} rows do not split into micro-batches of {size} rows sharded "
                          f"{shards} ways; pack with row_multiple = micro_batch_size, a multiple of "

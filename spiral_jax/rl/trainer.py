@@ -44,7 +44,7 @@ from spiral_jax.rl.train_step import TrainConfig, init_train_state, make_update
 from spiral_jax.rollout import PlayedGame, Rollout
 from spiral_jax.sampling import Sampler, bucket_length, cache_slots
 from spiral_jax.sampling.scoring import sequence_logprobs
-from spiral_jax.sharding import make_mesh
+from spiral_jax.sharding import batch_shards, make_mesh
 
 MODES = ("self_play", "fixed_opponent", "pool")
 
@@ -99,7 +99,7 @@ class Trainer:
         self.cfg, params = build_model(c, self.mesh)
         self.tokenizer = build_tokenizer(c, self.cfg)
         self.tc = train_config(c.optim)
-        shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        shards = batch_shards(self.mesh)
         micro = self.tc.micro_batch_size or shards
         if micro % shards or (c.rollout.selection == "exact" and c.rollout.samples_per_step % micro):
             raise ValueError(
@@ -248,8 +248,7 @@ class Trainer:
     # -------------------------------------------------------------------------------- rollout
 
     def _row_multiple(self, tc: TrainConfig) -> int:
-        shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        return tc.micro_batch_size or shards
+        return tc.micro_batch_size or batch_shards(self.mesh)
 
     def _seats(self, rng: np.random.Generator, n: int) -> list[tuple[str, str]]:
         r = self.c.rollout

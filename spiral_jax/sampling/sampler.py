@@ -30,9 +30,9 @@ import numpy as np
 from spiral_jax.models import transformer
 from spiral_jax.models.config import ModelConfig
 from spiral_jax.models.params import check_params, param_shardings
-from spiral_jax.models.transformer import KVCache, decoder, unembed, unembed_table
+from spiral_jax.models.transformer import KVCache, decoder, positions_from_mask, unembed, unembed_table
 from spiral_jax.sampling.logits import sample_token
-from spiral_jax.sharding import Rules
+from spiral_jax.sharding import Rules, batch_shards
 
 _MAX_STOP_IDS = 8
 # Decode stages (see attention_windows): new-token slots the first one attends over, and the factor
@@ -131,8 +131,7 @@ class Sampler:
         self.max_prompt_len = max_prompt_len or self.max_cache_len
         self.min_prompt_bucket = min_prompt_bucket
         # Every data-parallel shard needs at least one row.
-        dp = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
-        self.min_batch_bucket = max(min_batch_bucket, dp)
+        self.min_batch_bucket = max(min_batch_bucket, batch_shards(mesh))
         self.params_sharding = param_shardings(self.cfg, self.rules) if self.rules else None
         self._table_t = (None, None)  # (weak reference to an unembedding table, its transposed copy)
         self._program = self._compile_program()
@@ -171,11 +170,11 @@ class Sampler:
             logits = lambda hidden: unembed(params, cfg, hidden, table_t, local=rules is None)  # noqa: E731
 
             kv_mask = jnp.zeros((batch, slots), bool).at[:, :plen].set(prompt_mask.astype(bool))
-            positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=-1) - 1, 0)
+            positions = positions_from_mask(prompt_mask)
             cache = KVCache.zeros(cfg, batch, slots)
             if rules is not None:
                 cache = KVCache(*(jax.lax.with_sharding_constraint(
-                    c, rules.sharding(("layers", "batch", "seq", "kv_heads", "head_dim"), c.shape))
+                    c, rules.sharding(transformer.CACHE_AXES, c.shape))
                     for c in cache))
             hidden, cache = decoder(params, cfg, prompt, positions, kv_mask, cache, 0, rules, last_only=True)
             token, lp, raw = pick(logits(hidden[:, -1]), step_keys(0))
