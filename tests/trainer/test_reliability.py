@@ -313,3 +313,50 @@ def test_bf16_sharded_export_loads_in_transformers(tmp_path):
     np.testing.assert_allclose(theirs, np.asarray(forward(reloaded, cfg, ids)), atol=1e-4)  # same bf16 weights
     full = np.asarray(forward(trainer.state.params, trainer.cfg, ids))
     assert np.abs(theirs - full).max() < 0.05  # bf16 storage: each weight off by at most 2^-9 relative
+
+
+# --------------------------------------------------------------------------- async checkpointing
+
+def _async_config(tmp_path, **changes):
+    return tiny_config(tmp_path, **{"train.async_checkpointing": True, "train.checkpoint_every": 1,
+                                    "eval.opponents": ("random",), **changes})
+
+
+def test_a_signal_during_an_async_save_keeps_the_checkpoint_whole(tmp_path):
+    """SIGTERM arrives while the step-2 checkpoint is still being written in the background: the run
+    waits for it, stops, and the resumed run ends where an uninterrupted one does."""
+    full = Trainer(_async_config(tmp_path / "a", **{"train.steps": 3}), log=lambda *_: None)
+    full.run()
+    trainer = Trainer(_async_config(tmp_path / "b", **{"train.steps": 3}), log=lambda *_: None)
+    save = trainer.ckpt.save
+
+    def save_then_signal(step, *args, **kwargs):
+        save(step, *args, **kwargs)
+        if step == 2:
+            assert trainer.ckpt._manager.is_saving_in_progress() or trainer.ckpt.latest_step() == 2
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    trainer.ckpt.save = save_then_signal
+    assert trainer.run() == {} and trainer.stopped and trainer.step == 2
+    resumed = Trainer(_async_config(tmp_path / "b", **{"train.steps": 3}), resume=True, log=lambda *_: None)
+    assert resumed.step == 2
+    resumed.run()
+    for a, b in zip(_params(full), _params(resumed)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_resume_replaces_a_checkpoint_left_incomplete(tmp_path):
+    """A save cut off by a crash leaves orbax's temporary folder for that step; the resumed run writes
+    the step again and it restores."""
+    import shutil
+
+    Trainer(_async_config(tmp_path, **{"train.steps": 2}), log=lambda *_: None).run()
+    checkpoints = tmp_path / "run" / "checkpoints"
+    shutil.copytree(checkpoints / "2", checkpoints / "3.orbax-checkpoint-tmp-1234")  # a step-3 save, cut off
+    resumed = Trainer(_async_config(tmp_path, **{"train.steps": 3}), resume=True, log=lambda *_: None)
+    assert resumed.step == 2
+    resumed.run()
+    again = Trainer(_async_config(tmp_path, **{"train.steps": 3}), resume=True, log=lambda *_: None)
+    assert again.step == 3 and again.ckpt.latest_step() == 3
+    for a, b in zip(_params(resumed), _params(again)):  # step 3 is the new save, not the leftover
+        np.testing.assert_array_equal(a, b)
