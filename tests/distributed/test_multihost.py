@@ -39,6 +39,7 @@ def test_two_processes_equal_one(tmp_path):
     one_params, one = _run(tmp_path / "one", count=1, devices=8)
     assert (two["processes"], two["devices"], one["processes"], one["devices"]) == (2, 8, 1, 8)
     assert two["games"] == one["games"] and two["samples"] == one["samples"] == 16
+    assert two["digest"] == one["digest"]  # the same games: moves, seeds and sampled tokens
     assert two["rae"] == one["rae"] and two["rae"]["baselines"]  # every baseline identical
     assert one_params.keys() == two_params.keys()
     for name, value in one_params.items():

@@ -4,6 +4,7 @@ Usage: python worker.py OUT_DIR PROCESS_ID NUM_PROCESSES PORT DEVICES
 Runs two self-play steps of a tiny model on a (data=2, fsdp=4) mesh and saves, from process 0, the
 final parameters and RAE baselines to OUT_DIR/result.npz and OUT_DIR/rae.json.
 """
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -45,6 +46,10 @@ initial = multihost_utils.process_allgather(trainer.state.params, tiled=True)
 for _ in range(2):
     metrics = trainer.train_step()
 params = multihost_utils.process_allgather(trainer.state.params, tiled=True)
+# The games themselves, not only their number: one more rollout with the final weights, digested.
+_, games = trainer.collect(trainer.to_sampler(trainer.state.params))
+digest = hashlib.sha256(json.dumps([(g.record.env_id, g.record.seed, [t.action for t in g.record.turns],
+                                     [t.response_ids for t in g.model_turns]) for g in games]).encode()).hexdigest()
 if jax.process_index() == 1:
     trainer.request_stop()  # as if SIGTERM reached this host alone
 stop = trainer.stop_requested()  # every host must agree, so all stop at the same step
@@ -54,5 +59,5 @@ if jax.process_index() == 0:
     np.savez(Path(out) / "result.npz", **flat)
     (Path(out) / "rae.json").write_text(json.dumps(
         {"rae": trainer.rae_state, "games": metrics["rollout/games"], "samples": metrics["rollout/samples"],
-         "processes": jax.process_count(), "devices": jax.device_count(), "stop": stop,
+         "processes": jax.process_count(), "devices": jax.device_count(), "stop": stop, "digest": digest,
          "moved": max(float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(initial)))}))
