@@ -176,13 +176,19 @@ def workload(c) -> Workload:
 
 
 def model_config(c) -> tuple[ModelConfig, str]:
-    """The architecture from model.path's config.json, else model.random; and where it came from."""
-    runtime = dict(compute_dtype=c.model.compute_dtype, scan_layers=c.model.scan_layers, remat=c.model.remat)
+    """The architecture from model.path's config.json, else model.random (also for a preset whose
+    model.path is not downloaded yet); and where it came from."""
+    import copy
+
+    from spiral_jax.config import model_config as configured
+
     path = c.model.path
     if path and (Path(path) / "config.json").exists():
-        return ModelConfig.from_pretrained(path, **runtime), f"{path}/config.json"
-    source = "model.random" if not path else f"model.random (no config.json at {path!r})"
-    return ModelConfig(**c.model.random.to_dict(), **runtime), source
+        return configured(c), f"{path}/config.json"
+    if path:
+        c = copy.deepcopy(c)
+        c.model.path = ""
+    return configured(c), "model.random" if not path else f"model.random (no config.json at {path!r})"
 
 
 # ------------------------------------------------------------------------------------- estimate

@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import shutil
 import socket
 from pathlib import Path
 
@@ -98,20 +97,14 @@ class RunDir:
                 f"--overwrite to delete it and start over, or --config.out_dir=NEW_FOLDER for a new run")
         if not self.leader:
             return
-        if _is_remote(self.out_dir):
-            from etils import epath
+        from etils import epath  # local folders and gs:// alike
 
-            for name in RUN_FILES:
-                path = epath.Path(self.out_dir) / name
-                if path.exists():
-                    path.rmtree() if path.is_dir() else path.unlink()
-        else:
-            for name in RUN_FILES:
-                path = Path(self.out_dir) / name
-                if path.is_dir():
-                    shutil.rmtree(path)
-                elif path.exists():
-                    path.unlink()
+        for name in RUN_FILES:
+            path = epath.Path(self.out_dir) / name
+            if path.is_dir():
+                path.rmtree()
+            elif path.exists():
+                path.unlink()
         self.log(f"--overwrite: deleted the previous run in {self.out_dir} ({leftover})")
 
     def _acquire(self) -> None:
