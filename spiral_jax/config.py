@@ -44,10 +44,12 @@ def base_config() -> ConfigDict:
                               invalid_rewards=(-1.5, 0.5)))
     # mode: self_play | fixed_opponent | pool (past snapshots). opponent (fixed_opponent): random,
     # scripted, or a Hugging Face model folder with the model's architecture (frozen, sampled in-program).
+    # schedule: rounds (one sampler call per round of moves) | continuous (decode slots refilled as
+    # moves end; same tokens, see spiral_jax/rollout.py).
     c.rollout = ConfigDict(dict(
         mode="self_play", opponent="random", pool_size=4, pool_every=10, pool_self_weight=0.5,
         games_per_batch=32, samples_per_step=128, selection="exact", max_new_tokens=4096,
-        temperature=1.0, top_p=1.0, top_k=0, max_prompt_len=2048))
+        temperature=1.0, top_p=1.0, top_k=0, max_prompt_len=2048, schedule="rounds"))
     # games_per_shard > 0: baselines per shard of that many games a step (the reference: 2; rl/rae.py)
     c.rae = ConfigDict(dict(enabled=True, decay=0.95, drop_zero=True, games_per_shard=0))
     # Fields of spiral_jax.rl.TrainConfig (optimiser, loss, micro-batching).

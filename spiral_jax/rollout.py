@@ -1,13 +1,22 @@
-"""Rollout: many games in flight, every pending model move of every game in one sampler call.
+"""Rollout: many games in flight, their LLM moves sampled in batches.
 
 Each game slot has two seats, each played by a policy: a name in `params` ("model" for the current
 weights, "pool/3" for a frozen snapshot, ...) is sampled by the LLM; anything else is a scripted
-opponent ("random", or "scripted" for the game's strongest script). Per loop the runner's pending
-requests are grouped by policy, each LLM group is one `Sampler.generate` call, responses go through
-the trainer-side action rules (an unusable response, or one cut at the token limit, is an invalid
-move, never an exception), and
-finished games come back with every LLM turn's token ids and log-probs. On several hosts each plays its
-share of the games on its own chips and the finished games are exchanged (spiral_jax/distributed.py).
+opponent ("random", or "scripted" for the game's strongest script). Responses go through the
+trainer-side action rules (an unusable response, or one cut at the token limit, is an invalid move,
+never an exception), and finished games come back with every LLM turn's token ids and log-probs.
+
+Two schedules play the same games with the same tokens:
+
+- "rounds": per loop the runner's pending moves are grouped by policy and each LLM group is one
+  `Sampler.generate` call, which runs until its longest response ends;
+- "continuous": one `DecodeEngine` per LLM policy keeps its slots busy: when a move's response ends,
+  its game steps on the host and the game's next move takes a slot at once, in the same slot when it
+  is free, so the prompt's shared head is not prefilled again.
+
+A move's randomness is keyed by (seed, the game's global index, its turn), never by the schedule. On
+several hosts each plays its share of the games on its own chips and the finished games are
+exchanged (spiral_jax/distributed.py).
 """
 from __future__ import annotations
 
@@ -21,7 +30,9 @@ import numpy as np
 
 from spiral_jax.distributed import allgather_json, process_slice
 from spiral_jax.envs import BatchRunner, GameRecord, RandomOpponent, Turn, make, scripted_opponent
-from spiral_jax.sampling import Sampler, SamplingParams
+from spiral_jax.sampling import Sampler, SamplingParams, batch_bucket
+from spiral_jax.sampling.engine import DecodeEngine
+from spiral_jax.sampling.engine import Request as EngineRequest
 
 
 @dataclasses.dataclass
@@ -73,14 +84,21 @@ class Rollout:
 
     def __init__(self, sampler: Sampler, tokenizer, sampling: SamplingParams, *,
                  invalid_rewards: Sequence[float] = (-1.5, 0.5), max_turns: int | None = 50,
-                 max_in_flight: int | None = None):
+                 max_in_flight: int | None = None, schedule: str = "rounds"):
         """max_in_flight: play at most this many games at once per host (bounds the sampler's batch and
-        KV cache, e.g. for a 512-game evaluation); None: all of them."""
+        KV cache, e.g. for a 512-game evaluation); None: all of them. With the continuous schedule it
+        is the number of decode slots per policy. schedule: "rounds" or "continuous" (module docstring)."""
+        if schedule not in ("rounds", "continuous"):
+            raise ValueError(f"unknown rollout schedule {schedule!r}; use 'rounds' or 'continuous'")
         self.sampler, self.tokenizer = sampler, tokenizer
-        self.max_in_flight = max_in_flight
+        self.max_in_flight, self.schedule = max_in_flight, schedule
         self.sampling = dataclasses.replace(sampling, stop_token_ids=tokenizer.stop_ids)
         self.invalid_rewards, self.max_turns = tuple(invalid_rewards), max_turns
-        self.sample_seconds, self.generated_tokens = 0.0, 0  # running totals, for throughput logs
+        self.engines: dict[str, DecodeEngine] = {}  # continuous schedule: one per LLM policy, kept warm
+        # Running totals, for throughput logs: sampling time, tokens generated, decode slot-steps and
+        # the tokens generated in them, prompt tokens prefilled and prompt tokens reused from a cache.
+        self.sample_seconds, self.generated_tokens = 0.0, 0
+        self.slot_steps = self.decoded_tokens = self.prefilled_tokens = self.reused_tokens = 0
 
     def play(self, env_ids: Sequence[str], seats: Sequence[tuple[str, str]], params: Mapping[str, object],
              seed: int) -> list[PlayedGame]:
@@ -90,23 +108,56 @@ class Rollout:
         the results do not depend on the number of hosts) and all of them get every game back.
         """
         lo, hi = process_slice(len(env_ids))
-        chunk = self.max_in_flight or max(hi - lo, 1)
-        games = [g for start in range(lo, hi, chunk)
-                 for g in self._play(list(env_ids[start:min(start + chunk, hi)]),
-                                     list(seats[start:min(start + chunk, hi)]), params, seed, start)]
+        if self.schedule == "continuous":
+            games = self._play_continuous(list(env_ids[lo:hi]), list(seats[lo:hi]), params, seed, lo)
+        else:
+            chunk = self.max_in_flight or max(hi - lo, 1)
+            games = [g for start in range(lo, hi, chunk)
+                     for g in self._play(list(env_ids[start:min(start + chunk, hi)]),
+                                         list(seats[start:min(start + chunk, hi)]), params, seed, start)]
         if jax.process_count() == 1:
             return games
         parts = allgather_json([g.to_plain() for g in games])
         return [PlayedGame.from_plain(g) for part in parts for g in part]
 
-    def _play(self, env_ids, seats, params, seed, first):
+    def _start(self, env_ids, seats, params, seed, first):
+        """The runner of these games and their scripted players."""
         runner = BatchRunner([make(e) for e in env_ids], seed=seed, invalid_rewards=self.invalid_rewards,
                              max_turns=self.max_turns, auto_reset=False, first_game=first)
         scripted = {(g, p): make_opponent(seats[g][p], env_ids[g], seed * 7919 + 2 * (first + g) + p)
                     for g in range(len(env_ids)) for p in (0, 1) if seats[g][p] not in params}
+        return runner, scripted
+
+    @staticmethod
+    def _turn_seed(seed: int, r) -> int:
+        """The seed of a game's move; with the game's global index as row id it keys every sample."""
+        return (seed * 100003 + r.turn + 1) % (1 << 31)
+
+    def _prompt(self, policy, r, responses, turns) -> list[int] | None:
+        """The move's prompt ids, or None after recording an invalid move for a prompt that does not fit."""
+        prompt = self.tokenizer.prompt_ids(r.observation)
+        if len(prompt) <= self.sampler.max_prompt_len:
+            return prompt
+        responses[r.game] = ""  # an observation too long for the sampler is an invalid move, not a crash
+        turns[r.game].append(ModelTurn(r.player, policy, prompt, [], np.zeros(0), "prompt_too_long"))
+        return None
+
+    def _respond(self, policy, r, prompt, ids, logprobs, reason, responses, turns):
+        # A response cut at the token limit is an invalid move even if a box came before the cut:
+        # a turn must end, and a policy that never stops would otherwise go unpunished.
+        responses[r.game] = self.tokenizer.decode(ids) if reason == "stop" else ""
+        turns[r.game].append(ModelTurn(r.player, policy, prompt, ids, logprobs, reason))
+
+    @staticmethod
+    def _games(runner, finished, seats, turns) -> list[PlayedGame]:
+        finished.sort(key=lambda rec: rec.game)
+        return [PlayedGame(rec, tuple(seats[rec.game]), turns[rec.game]) for rec in finished]
+
+    def _play(self, env_ids, seats, params, seed, first):
+        """The "rounds" schedule."""
+        runner, scripted = self._start(env_ids, seats, params, seed, first)
         turns: list[list[ModelTurn]] = [[] for _ in env_ids]
         finished: list[GameRecord] = []
-        round_ = 0
         while requests := runner.pending():
             responses: dict[int, str] = {}
             groups = defaultdict(list)
@@ -116,30 +167,97 @@ class Rollout:
                     groups[policy].append(r)
                 else:
                     responses[r.game] = scripted[r.game, r.player].act(runner.envs[r.game])
-            round_ += 1  # a game has one pending move per round, so (round, game) keys every sample
             for policy, group in sorted(groups.items()):
-                self._sample(policy, group, params[policy], seed * 100003 + round_, first, responses, turns)
+                self._sample(policy, group, params[policy], seed, first, responses, turns)
             finished += runner.submit(responses)
-        finished.sort(key=lambda rec: rec.game)
-        return [PlayedGame(rec, tuple(seats[rec.game]), turns[rec.game]) for rec in finished]
+        return self._games(runner, finished, seats, turns)
 
     def _sample(self, policy, group, params, seed, first, responses, turns):
-        prompts = [self.tokenizer.prompt_ids(r.observation) for r in group]
-        fits = [len(p) <= self.sampler.max_prompt_len for p in prompts]
-        for r, p, ok in zip(group, prompts, fits):
-            if not ok:  # an observation too long for the sampler is an invalid move, not a crash
-                responses[r.game] = ""
-                turns[r.game].append(ModelTurn(r.player, policy, p, [], np.zeros(0), "prompt_too_long"))
-        live = [(r, p) for r, p, ok in zip(group, prompts, fits) if ok]
+        live = [(r, p) for r in group if (p := self._prompt(policy, r, responses, turns)) is not None]
         if not live:
             return
         start = time.perf_counter()
-        out = self.sampler.generate(params, [p for _, p in live], self.sampling, seed=seed % (1 << 31),
+        # Games started together move in step, so a round's moves share one turn index and one seed.
+        out = self.sampler.generate(params, [p for _, p in live], self.sampling,
+                                    seed=self._turn_seed(seed, live[0][0]),
                                     row_ids=[first + r.game for r, _ in live])
         self.sample_seconds += time.perf_counter() - start
-        self.generated_tokens += sum(len(t) for t in out.tokens)
+        lengths = [len(t) for t in out.tokens]
+        self.generated_tokens += sum(lengths)
+        self.decoded_tokens += sum(lengths) - len(lengths)  # each first token comes from the prefill
+        self.slot_steps += out.batch_rows * (max(lengths) - 1)
+        self.prefilled_tokens += sum(len(p) for _, p in live)
         for (r, p), ids, lp, reason in zip(live, out.tokens, out.raw_logprobs, out.finish_reasons):
-            # A response cut at the token limit is an invalid move even if a box came before the cut:
-            # a turn must end, and a policy that never stops would otherwise go unpunished.
-            responses[r.game] = self.tokenizer.decode(ids) if reason == "stop" else ""
-            turns[r.game].append(ModelTurn(r.player, policy, p, ids, lp, reason))
+            self._respond(policy, r, p, ids, lp, reason, responses, turns)
+
+    def _engine(self, policy: str, games: int) -> DecodeEngine:
+        slots = batch_bucket(self.max_in_flight or games, self.sampler.min_batch_bucket)
+        engine = self.engines.get(policy)
+        if engine is None or engine.slots != slots:
+            engine = self.engines[policy] = DecodeEngine(self.sampler, self.sampling, slots)
+        engine.forget()  # new parameters: no cached prefix may be reused
+        return engine
+
+    def _play_continuous(self, env_ids, seats, params, seed, first):
+        """The "continuous" schedule."""
+        runner, scripted = self._start(env_ids, seats, params, seed, first)
+        turns: list[list[ModelTurn]] = [[] for _ in env_ids]
+        finished: list[GameRecord] = []
+        engines = {policy: self._engine(policy, len(env_ids)) for policy in sorted(params)}
+        home: dict[tuple[int, str], int] = {}  # (game, policy) -> the slot of the game's last move by it
+        waiting: dict[str, list] = {policy: [] for policy in engines}  # LLM moves not yet in a slot
+        busy: set[int] = set()  # games with a move waiting or in a slot
+        totals = {e: (e.generated_tokens, e.decoded_tokens, e.slot_steps, e.prefilled_tokens, e.reused_tokens)
+                  for e in engines.values()}
+        start = time.perf_counter()
+        responses: dict[int, str] = {}
+        while True:
+            # Step the games whose move is known, play scripted moves at once, queue the LLM moves.
+            while True:
+                finished += runner.submit(responses)
+                responses = {}
+                for r in runner.pending():
+                    if r.game in busy:
+                        continue
+                    policy = seats[r.game][r.player]
+                    if policy not in params:
+                        responses[r.game] = scripted[r.game, r.player].act(runner.envs[r.game])
+                    elif (prompt := self._prompt(policy, r, responses, turns)) is not None:
+                        waiting[policy].append((r, prompt))
+                        busy.add(r.game)
+                if not responses:
+                    break
+            if not any(waiting.values()) and not any(e.live for e in engines.values()):
+                break
+            for policy, engine in engines.items():
+                self._admit(policy, engine, waiting[policy], home, params[policy], seed, first)
+                for f in engine.decode(params[policy]):
+                    r, prompt = f.request.tag
+                    home[r.game, policy] = f.slot
+                    busy.discard(r.game)
+                    self._respond(policy, r, prompt, f.tokens, f.raw_logprobs, f.finish_reason, responses, turns)
+        self.sample_seconds += time.perf_counter() - start
+        for e, (gen, dec, steps, pre, reused) in totals.items():
+            self.generated_tokens += e.generated_tokens - gen
+            self.decoded_tokens += e.decoded_tokens - dec
+            self.slot_steps += e.slot_steps - steps
+            self.prefilled_tokens += e.prefilled_tokens - pre
+            self.reused_tokens += e.reused_tokens - reused
+        return self._games(runner, finished, seats, turns)
+
+    def _admit(self, policy, engine: DecodeEngine, waiting: list, home, params, seed, first) -> None:
+        """Move waiting LLM moves into free slots, oldest first. A game goes back to the slot of its
+        last move by this policy when that slot is free: its cache holds the prompt's shared head."""
+        free = set(engine.free_slots())
+        requests, rest = [], []
+        for r, prompt in waiting:
+            own = home.get((r.game, policy))
+            if own in free:
+                free.discard(own)
+                requests.append(EngineRequest(prompt, self._turn_seed(seed, r), first + r.game, own, (r, prompt)))
+            else:
+                rest.append((r, prompt))
+        for r, prompt in rest[:len(free)]:
+            requests.append(EngineRequest(prompt, self._turn_seed(seed, r), first + r.game, None, (r, prompt)))
+        waiting[:] = rest[len(free):]
+        engine.insert(params, requests)

@@ -17,12 +17,14 @@ from spiral_jax.envs.base import Env
 
 
 class Request(NamedTuple):
-    """A game waiting for a move: its slot, the player to move, what they see and may play."""
+    """A game waiting for a move: its slot, the player to move, what they see and may play, and how
+    many moves the game has had before this one."""
 
     game: int
     player: int
     observation: str
     legal_actions: list[str]
+    turn: int = 0
 
 
 @dataclass
@@ -112,7 +114,8 @@ class BatchRunner:
         if self._requests[i] is None:
             env = self.envs[i]
             player = env.current_player()
-            self._requests[i] = Request(i, player, env.observation(player), env.legal_actions(player))
+            self._requests[i] = Request(i, player, env.observation(player), env.legal_actions(player),
+                                        len(self._records[i].turns))
         return self._requests[i]
 
     def _start(self, i: int) -> None:

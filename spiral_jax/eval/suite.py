@@ -30,6 +30,7 @@ class EvalContext:
     seed: int = 0
     mesh: object = None
     max_in_flight: int | None = None  # games at once per host (the training batch's games_per_batch)
+    schedule: str = "rounds"  # the rollout schedule (rollout.schedule)
 
     @classmethod
     def from_config(cls, c, cfg, params, tokenizer, mesh, sampling: SamplingParams, sampler=None) -> "EvalContext":
@@ -40,12 +41,12 @@ class EvalContext:
             slots = cache_slots(bucket_length(r.max_prompt_len), max(r.max_new_tokens, e.max_new_tokens))
             sampler = Sampler(cfg, mesh, max_prompt_len=r.max_prompt_len, max_cache_len=slots)
         return cls(cfg, params, tokenizer, sampler, sampling, tuple(e.invalid_rewards), c.games.max_turns,
-                   c.seed, mesh, r.games_per_batch)
+                   c.seed, mesh, r.games_per_batch, r.schedule)
 
     @property
     def rollout(self) -> Rollout:
         return Rollout(self.sampler, self.tokenizer, self.sampling, invalid_rewards=self.invalid_rewards,
-                       max_turns=self.max_turns, max_in_flight=self.max_in_flight)
+                       max_turns=self.max_turns, max_in_flight=self.max_in_flight, schedule=self.schedule)
 
     def settings(self, **more) -> dict:
         """The sampling settings every report records."""

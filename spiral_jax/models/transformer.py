@@ -133,12 +133,13 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
 
 def _allowed(kv_mask, q_slots):
     """Which key slots each query may attend: real tokens (kv_mask [B, S]) at or before the query's own
-    slot (q_slots [T]) -> [B, T, S]."""
-    return kv_mask[:, None, :] & (jnp.arange(kv_mask.shape[1])[None, None, :] <= q_slots[None, :, None])
+    slot (q_slots [T], or [B, T] when rows sit at different slots) -> [B, T, S]."""
+    q_slots = q_slots if q_slots.ndim == 2 else q_slots[None]
+    return kv_mask[:, None, :] & (jnp.arange(kv_mask.shape[1])[None, None, :] <= q_slots[:, :, None])
 
 
 def attention(q, k, v, q_slots, kv_mask):
-    """GQA attention. q [B,T,H,hd]; k, v [B,S,KV,hd]; q_slots [T]; kv_mask [B,S] -> [B,T,H,hd].
+    """GQA attention. q [B,T,H,hd]; k, v [B,S,KV,hd]; q_slots [T] or [B,T]; kv_mask [B,S] -> [B,T,H,hd].
 
     Heads are moved in front of the sequence axes so both products are plain batched matmuls
     (measurably faster on CPU than the equivalent einsum with interleaved batch axes).
@@ -188,6 +189,19 @@ def _kernel_attention(q, cache: KVCache, rules: Rules | None) -> bool:
             and q.shape[-1] % 8 == 0 and cpu_kernels.available())
 
 
+def _cache_write(cache: KVCache, layer, k, v, cache_start, row_slots) -> KVCache:
+    """Write a block's keys and values [B, T, KV, hd] into the layer's cache: at `cache_start` for all
+    rows, or at each row's own `row_slots` [B, T] (slots past the cache's end are dropped)."""
+    k, v = k.astype(cache.k.dtype), v.astype(cache.v.dtype)
+    if row_slots is None:
+        start = (layer, 0, cache_start, 0, 0)
+        return KVCache(jax.lax.dynamic_update_slice(cache.k, k[None], start),
+                       jax.lax.dynamic_update_slice(cache.v, v[None], start))
+    rows = jnp.arange(k.shape[0])[:, None]
+    return KVCache(cache.k.at[layer, rows, row_slots].set(k, mode="drop"),
+                   cache.v.at[layer, rows, row_slots].set(v, mode="drop"))
+
+
 def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positions, kv_mask, cache,
            cache_start, kv_len, last_only):
     """One pre-norm decoder layer. Returns the new residual stream and (possibly updated) cache.
@@ -206,19 +220,18 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
         q = rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
         k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
     q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
-    q_slots = cache_start + jnp.arange(x.shape[1])
+    per_row = jnp.ndim(cache_start) == 1
+    q_slots = (cache_start[:, None] if per_row else cache_start) + jnp.arange(x.shape[1])
     if cache is None:
         out = attention(q, k, v, q_slots, kv_mask)
     else:
-        start = (layer, 0, cache_start, 0, 0)
-        cache = KVCache(jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), start),
-                        jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), start))
+        cache = _cache_write(cache, layer, k, v, cache_start, q_slots if per_row else None)
         # Slots past the block hold no keys yet, so attention reads the filled prefix only where its
         # length is static: the caller's kv_len, or the block's end when its place is known at trace
         # time (prefill). A 2k prompt in a 6k cache then scores 2k keys, not 6k.
         seen = kv_len or (cache_start + x.shape[1] if isinstance(cache_start, int) else cache.k.shape[2])
         if last_only:
-            q, x, q_slots = q[:, -1:], x[:, -1:], q_slots[-1:]
+            q, x, q_slots = q[:, -1:], x[:, -1:], q_slots[..., -1:]
         if _kernel_attention(q, cache, rules):
             out = cpu_kernels.decode_attention(q[:, 0], cache.k, cache.v, layer,
                                                _allowed(kv_mask[:, :seen], q_slots)[:, 0],
@@ -242,6 +255,8 @@ def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache
 
     positions [B, T]: RoPE positions. kv_mask [B, S]: which key slots hold real tokens, where S = T
     without a cache and S = cache slots with one (the caller marks the new block's slots too).
+    cache_start (with a cache): the slot of the block's first token, one for all rows, or a [B] array
+    of per-row slots (the decode engine's rows each sit at their own length).
     kv_len (static, with a cache): attend over the first kv_len slots only; no later slot may hold a key.
     last_only (with a cache; a prefill that needs the next token only): the hidden state may come back
     for the last position alone, [B, 1, D]. With a per-layer list, the last layer then runs its

@@ -109,11 +109,11 @@ class Trainer:
         slots = cache_slots(bucket_length(r.max_prompt_len), max(r.max_new_tokens, e.max_new_tokens))
         self.sampler = Sampler(self.cfg, self.sample_mesh, max_prompt_len=r.max_prompt_len, max_cache_len=slots)
         self.rollout = Rollout(self.sampler, self.tokenizer, rollout_sampling(c),
-                               invalid_rewards=c.games.invalid_rewards, max_turns=c.games.max_turns)
-        self.eval_rollout = Rollout(self.sampler, self.tokenizer,
-                                    eval_sampling(c),
+                               invalid_rewards=c.games.invalid_rewards, max_turns=c.games.max_turns,
+                               schedule=r.schedule)
+        self.eval_rollout = Rollout(self.sampler, self.tokenizer, eval_sampling(c),
                                     invalid_rewards=e.invalid_rewards, max_turns=c.games.max_turns,
-                                    max_in_flight=r.games_per_batch)
+                                    max_in_flight=r.games_per_batch, schedule=r.schedule)
         self.rae = rae_config(c)
         self.update = make_update(self.cfg, self.tc, self.mesh)
         self.to_sample_layout = make_reshard(self.cfg, self.mesh)
@@ -314,11 +314,14 @@ class Trainer:
         sample_params = self.to_sampler(self.state.params)
         jax.block_until_ready(sample_params)
         t_handover = time.perf_counter() - t0
-        sample_s0, tokens0 = self.rollout.sample_seconds, self.rollout.generated_tokens
+        ro = self.rollout
+        counts0 = (ro.sample_seconds, ro.generated_tokens, ro.decoded_tokens, ro.slot_steps, ro.prefilled_tokens,
+                   ro.reused_tokens)
         samples, games = self.collect(sample_params)
         t_rollout = time.perf_counter() - t0 - t_handover
-        t_sample = self.rollout.sample_seconds - sample_s0
-        generated = self.rollout.generated_tokens - tokens0
+        t_sample, generated, decoded, slot_steps, prefilled, reused = (
+            now - then for now, then in zip((ro.sample_seconds, ro.generated_tokens, ro.decoded_tokens,
+                                             ro.slot_steps, ro.prefilled_tokens, ro.reused_tokens), counts0))
 
         t1 = time.perf_counter()
         multiple = self._row_multiple(self.tc)
@@ -353,6 +356,9 @@ class Trainer:
             "time/step": time.perf_counter() - t0, "time/sampling": t_sample,
             "time/env": t_rollout - t_sample, "time/update": t_update, "time/handover": t_handover,
             "throughput/sampled_tokens_per_s": generated / max(t_sample, 1e-9),
+            # Decode slots doing useful work, and the share of prompt tokens whose keys were reused.
+            "rollout/slot_utilization": decoded / max(slot_steps, 1),
+            "rollout/prefill_saved": reused / max(reused + prefilled, 1),
             # Nonzero after the first steps means a shape is not bucketed and a program recompiles.
             "compile/new_executables": compile_count() - executables0,
         })

@@ -75,6 +75,7 @@ class SampleOutput:
     logprobs: list[np.ndarray]  # under the distribution sampled from (tempered, truncated)
     raw_logprobs: list[np.ndarray]  # temperature 1, full vocabulary
     finish_reasons: list[str]  # "stop" or "length"
+    batch_rows: int = 0  # rows the call decoded, padding included: its decode slot-steps are rows x steps
 
 
 def bucket_length(n: int, min_length: int = 16, per_octave: int = 1) -> int:
@@ -219,7 +220,8 @@ class Sampler:
 
         return program
 
-    def _validate(self, prompts: Sequence[Sequence[int]], sp: SamplingParams) -> tuple[int, int]:
+    def check_prompts(self, prompts: Sequence[Sequence[int]]) -> None:
+        """Raise a ValueError naming the first prompt that is empty, too long or outside the vocabulary."""
         if len(prompts) == 0:
             raise ValueError("generate() needs at least one prompt")
         for i, p in enumerate(prompts):
@@ -236,6 +238,9 @@ class Sampler:
                 token = next(t for t in p if not 0 <= t < self.cfg.vocab_size)
                 raise ValueError(f"prompt {i} has token id {token}, outside the model's vocabulary "
                                  f"[0, {self.cfg.vocab_size}); check that the tokenizer belongs to this model")
+
+    def _buckets(self, prompts: Sequence[Sequence[int]], sp: SamplingParams) -> tuple[int, int]:
+        """The prompt bucket and cache slots of one generate call."""
         longest = max(len(p) for p in prompts)
         plen = bucket_length(longest, self.min_prompt_bucket)
         slots = cache_slots(plen, sp.max_new_tokens)
@@ -252,7 +257,8 @@ class Sampler:
         """Sample a continuation of every prompt. row_ids (default 0..n-1) key each row's randomness."""
         sp = sampling_params
         check_params(self.cfg, params)
-        plen, slots = self._validate(prompts, sp)
+        self.check_prompts(prompts)
+        plen, slots = self._buckets(prompts, sp)
         n = len(prompts)
         batch = batch_bucket(n, self.min_batch_bucket)
         prompt = np.zeros((batch, plen), np.int32)
@@ -279,7 +285,7 @@ class Sampler:
             truncated=truncated, plain=not sp.greedy and not truncated and sp.temperature == 1.0)
         out, lp, raw, lengths = jax.device_get((out, lp, raw, lengths))
         _check_finite(raw[:n], lengths[:n])
-        result = SampleOutput([], [], [], [])
+        result = SampleOutput([], [], [], [], batch)
         for i in range(n):
             k = int(lengths[i])
             result.tokens.append(out[i, :k].tolist())

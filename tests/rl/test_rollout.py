@@ -30,7 +30,8 @@ def _first_model_turn(finish_reason):
     sampler = SimpleNamespace(max_prompt_len=64, generate=lambda params, prompts, sampling, seed, row_ids:
                               SimpleNamespace(tokens=[[5, 6]] * len(prompts),
                                               raw_logprobs=[np.zeros(2)] * len(prompts),
-                                              finish_reasons=[finish_reason] * len(prompts)))
+                                              finish_reasons=[finish_reason] * len(prompts),
+                                              batch_rows=len(prompts)))
     game, = Rollout(sampler, tokenizer, SamplingParams(8)).play(["TicTacToe-v0"], [("model", "random")],
                                                                  {"model": None}, seed=0)
     return game
@@ -66,3 +67,57 @@ def test_chunked_play_with_the_model_seat_equals_all_at_once(tiny_model):
         assert [t.response_ids for t in a.model_turns] == [t.response_ids for t in b.model_turns]
         for x, y in zip(a.model_turns, b.model_turns):
             np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5)
+
+
+class _ByteTokenizer:
+    """Prompts as bytes (so a game's turns share the observation's head); any response is a move.
+    With 8 of 64 tokens stopping a row, responses have very different lengths."""
+
+    stop_ids = frozenset(range(8))
+
+    def prompt_ids(self, observation):
+        return [8 + b % 56 for b in observation.encode()]
+
+    def decode(self, ids):
+        return "\\boxed{%d}" % (sum(ids) % 9)
+
+
+def test_continuous_schedule_plays_the_rounds_games():
+    """Same games, same tokens, log-probs equal to rounding: self-play, scripted seats and a second
+    frozen policy, with fewer decode slots than games (games wait for a slot) and with one per game."""
+    import jax
+    import numpy as np
+
+    from spiral_jax.compilation import compile_count
+    from spiral_jax.models import ModelConfig, init_params
+    from spiral_jax.sampling import Sampler
+
+    cfg = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                      num_heads=2, num_kv_heads=1, head_dim=16, tie_word_embeddings=True,
+                      max_position_embeddings=1024)
+    params = {"model": init_params(cfg, jax.random.key(0)), "frozen": init_params(cfg, jax.random.key(1))}
+    sampler = Sampler(cfg, max_prompt_len=512, max_cache_len=1024)
+    seats = [("model", "model")] * 4 + [("model", "random"), ("random", "model")] * 2 + [("frozen", "model")] * 4
+
+    def play(schedule, slots=None):
+        rollout = Rollout(sampler, _ByteTokenizer(), SamplingParams(24, 1.0), schedule=schedule, max_in_flight=slots)
+        return rollout.play(["TicTacToe-v0"] * 12, seats, params, seed=3), rollout
+
+    rounds, by_rounds = play("rounds")
+    assert sum(len(g.model_turns) for g in rounds) > 30
+    for slots in (None, 4):
+        games, rollout = play("continuous", slots)
+        for a, b in zip(rounds, games):
+            assert [t.action for t in a.record.turns] == [t.action for t in b.record.turns]
+            assert [(t.policy, t.prompt_ids, t.response_ids) for t in a.model_turns] == \
+                [(t.policy, t.prompt_ids, t.response_ids) for t in b.model_turns]
+            for x, y in zip(a.model_turns, b.model_turns):
+                np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5)
+        assert rollout.generated_tokens == by_rounds.generated_tokens
+        assert rollout.reused_tokens > 0.3 * (rollout.reused_tokens + rollout.prefilled_tokens)
+        assert by_rounds.reused_tokens == 0
+    # Four slots for twelve games keep the slots busier than one sampler call per round does.
+    assert rollout.decoded_tokens / rollout.slot_steps > by_rounds.decoded_tokens / by_rounds.slot_steps
+    before = compile_count()
+    assert [g.record.turns for g in play("continuous", 4)[0]] == [g.record.turns for g in games]
+    assert compile_count() == before

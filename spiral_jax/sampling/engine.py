@@ -1,0 +1,299 @@
+"""A slot-based decode engine: continuous batching over one persistent KV cache.
+
+`Sampler.generate` decodes a batch until its longest row stops, so rows that finish early idle until
+then. The engine instead keeps N decode slots. Each slot holds one sequence, left-aligned in its row
+of the cache: its tokens sit at slots 0, 1, ... of the row, so a token's cache slot is also its RoPE
+position and a row's valid keys are exactly the first `length` slots. The host
+
+- `insert`s new prompts into free slots: one compiled prefill for all of them, which also samples
+  each one's first token;
+- `decode`s: a compiled `while_loop` that feeds one token to every live slot per step and hands
+  control back as soon as some rows have finished (or after a fixed number of steps);
+- reads the finished rows and frees their slots for the next prompts.
+
+A slot remembers the tokens in its cache. When the next prompt put in the same slot starts with some
+of them (a game's next turn: the chat template's head and the game's rules), only the rest is
+prefilled; the reused keys and values are those a full prefill would compute, at the same positions.
+
+Every shape is static (the batch of inserted prompts and their length are bucketed), so after warm-up
+nothing recompiles. A turn's randomness is `fold_in(fold_in(key(seed), row_id), step)`, the sampler's
+scheme, with the seed and row id given per prompt: tokens do not depend on which slot a prompt lands
+in, on what else is in flight, or on when the host collects it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spiral_jax.models import transformer
+from spiral_jax.models.params import check_params
+from spiral_jax.models.transformer import KVCache, decoder, unembed
+from spiral_jax.sampling.logits import sample_token
+from spiral_jax.sampling.sampler import _MAX_STOP_IDS, Sampler, SamplingParams, _check_finite, bucket_length
+
+
+class EngineState(NamedTuple):
+    """Everything the compiled programs carry between calls, one row per slot."""
+
+    cache: KVCache  # [layers, slots, cache_len, kv_heads, head_dim]
+    length: jax.Array  # [slots] int32: cache slots holding this row's tokens = the next token's slot
+    last: jax.Array  # [slots] int32: the last sampled token, fed at the next step
+    step: jax.Array  # [slots] int32: tokens generated for the current prompt
+    done: jax.Array  # [slots] bool: finished (or never used)
+    keys: jax.Array  # [slots] PRNG keys of the current prompt
+    tokens: jax.Array  # [slots, budget] int32 generated ids
+    logprobs: jax.Array  # [slots, budget] float32 behaviour log-probs
+    raw_logprobs: jax.Array  # [slots, budget] float32 temperature-1 log-probs
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """A prompt to continue. seed and row_id key its randomness (see the module docstring)."""
+
+    prompt: Sequence[int]
+    seed: int
+    row_id: int
+    slot: int | None = None  # this slot (e.g. the one holding the same game's last turn), else any free
+    tag: object = dataclasses.field(default=None, compare=False)  # the caller's, handed back with the result
+
+
+@dataclasses.dataclass
+class Finished:
+    """A prompt's continuation, as `SampleOutput` gives it for one row."""
+
+    request: Request
+    slot: int
+    tokens: list[int]
+    logprobs: np.ndarray
+    raw_logprobs: np.ndarray
+    finish_reason: str  # "stop" or "length"
+
+
+class DecodeEngine:
+    """N decode slots for one set of parameters and one `SamplingParams`.
+
+    sampler: where the model config, sharding rules and prompt limit come from.
+    min_finished: `decode` returns once this many rows have finished since it was called (or none is
+        left running); None: an eighth of the slots. Fewer means more host round trips, more means
+        finished slots idle longer before new prompts take them.
+    max_steps: `decode` returns after at most this many steps even if no row has finished.
+    """
+
+    def __init__(self, sampler: Sampler, sampling: SamplingParams, slots: int, *,
+                 min_finished: int | None = None, max_steps: int = 256):
+        if slots < 1:
+            raise ValueError(f"the engine needs at least one slot, got {slots}")
+        shards = sampler.min_batch_bucket
+        if slots % shards:
+            raise ValueError(f"{slots} slots do not split over the mesh's {shards} data shards; use a multiple")
+        self.sampler, self.cfg, self.rules = sampler, sampler.cfg, sampler.rules
+        self.sampling, self.slots = sampling, slots
+        self.min_finished = max(1, slots // 8) if min_finished is None else min_finished
+        self.max_steps = max_steps
+        self.budget = bucket_length(sampling.max_new_tokens, 1)
+        self.cache_len = bucket_length(sampler.max_prompt_len, sampler.min_prompt_bucket) + self.budget
+        if self.cache_len > sampler.max_cache_len:
+            raise ValueError(
+                f"max_prompt_len={sampler.max_prompt_len} plus the {self.budget}-token budget is "
+                f"{self.cache_len} cache slots > max_cache_len={sampler.max_cache_len}; lower "
+                f"max_new_tokens or max_prompt_len, or raise max_cache_len")
+        self._programs = _programs(self.cfg, self.rules, sampling, slots, self.cache_len, self.budget)
+        self.state = None
+        self.cached: list[list[int]] = [[] for _ in range(slots)]  # the tokens each slot's cache holds
+        self.busy: list[Request | None] = [None] * slots
+        # Running totals: tokens generated (in all, and by decode steps rather than a prefill), decode
+        # slot-steps (slots x steps: the utilization is decoded / slot-steps), prompt tokens prefilled
+        # and prompt tokens reused from the cache.
+        self.generated_tokens = self.decoded_tokens = self.slot_steps = 0
+        self.prefilled_tokens = self.reused_tokens = 0
+
+    # --------------------------------------------------------------------------------- host side
+
+    def forget(self) -> None:
+        """Drop what the slots remember of their tokens, so no prefix is reused: call it whenever the
+        parameters change (a cached key is only valid for the weights that computed it)."""
+        if any(r is not None for r in self.busy):
+            raise RuntimeError("forget() with prompts still decoding; collect them first")
+        self.cached = [[] for _ in range(self.slots)]
+
+    def free_slots(self) -> list[int]:
+        return [i for i, r in enumerate(self.busy) if r is None]
+
+    @property
+    def live(self) -> int:
+        return self.slots - len(self.free_slots())
+
+    def insert(self, params, requests: Sequence[Request]) -> None:
+        """Start each request in its own slot (`Request.slot`, else a free one, preferring slots that
+        hold nothing another request asked for). Raises if there are not enough free slots."""
+        if not requests:
+            return
+        check_params(self.cfg, params)
+        if self.state is None:
+            self.state = self._programs.empty()
+        free = self.free_slots()
+        wanted = {r.slot for r in requests if r.slot is not None}
+        spare = [s for s in free if s not in wanted]
+        chosen = []
+        for r in requests:
+            if r.slot is not None:
+                if self.busy[r.slot] is not None or r.slot in chosen:
+                    raise ValueError(f"slot {r.slot} is not free")
+                chosen.append(r.slot)
+            elif spare:
+                chosen.append(spare.pop(0))
+            else:
+                raise ValueError(f"{len(requests)} requests for {len(free)} free slots")
+        self.sampler.check_prompts([r.prompt for r in requests])
+        starts, blocks = [], []
+        for r, slot in zip(requests, chosen):
+            prompt = list(r.prompt)
+            reuse = _common_prefix(self.cached[slot], prompt, len(prompt) - 1)
+            starts.append(reuse)
+            blocks.append(prompt[reuse:])
+            self.cached[slot], self.busy[slot] = prompt, dataclasses.replace(r, slot=slot)
+            self.prefilled_tokens += len(prompt) - reuse
+            self.reused_tokens += reuse
+        k = bucket_length(len(requests), 1)
+        t = bucket_length(max(len(b) for b in blocks), self.sampler.min_prompt_bucket)
+        block = np.zeros((k, t), np.int32)
+        lens, start_arr = np.ones(k, np.int32), np.zeros(k, np.int32)
+        slot_ids = np.full(k, self.slots, np.int32)  # padding rows write nowhere
+        seeds, row_ids = np.zeros(k, np.uint32), np.zeros(k, np.uint32)
+        for i, (r, slot, b, s) in enumerate(zip(requests, chosen, blocks, starts)):
+            block[i, :len(b)], lens[i], start_arr[i], slot_ids[i] = b, len(b), s, slot
+            seeds[i], row_ids[i] = r.seed % (1 << 31), r.row_id % (1 << 32)
+        if self.rules is not None:
+            params = jax.device_put(params, self.sampler.params_sharding)
+        self.state = self._programs.insert(params, self.state, slot_ids, block, lens, start_arr, seeds, row_ids,
+                                          np.int32(self.sampling.max_new_tokens))
+
+    def decode(self, params) -> list[Finished]:
+        """Run decode steps until some rows finish; return them (their slots are free again)."""
+        if self.state is None or self.live == 0:
+            return []
+        if self.rules is not None:
+            params = jax.device_put(params, self.sampler.params_sharding)
+        live = self.live
+        self.state, steps = self._programs.decode(params, self.state, np.int32(self.sampling.max_new_tokens),
+                                                 np.int32(min(self.min_finished, live)), np.int32(self.max_steps))
+        self.slot_steps += int(steps) * self.slots
+        done, step = jax.device_get((self.state.done, self.state.step))
+        ready = [s for s in range(self.slots) if self.busy[s] is not None and done[s]]
+        if not ready:
+            return []
+        tokens, lp, raw = jax.device_get((self.state.tokens, self.state.logprobs, self.state.raw_logprobs))
+        _check_finite(raw[ready], step[ready])
+        out = []
+        for s in ready:
+            n = int(step[s])
+            ids = tokens[s, :n].tolist()
+            stopped = n > 0 and ids[-1] in self.sampling.stop_token_ids
+            out.append(Finished(self.busy[s], s, ids, lp[s, :n], raw[s, :n], "stop" if stopped else "length"))
+            self.cached[s] = self.cached[s] + ids[:-1]  # the last token was sampled, never fed
+            self.busy[s] = None
+            self.generated_tokens += n
+            self.decoded_tokens += n - 1
+        return out
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y or n >= limit:
+            break
+        n += 1
+    return n
+
+
+class _Programs(NamedTuple):
+    empty: object  # () -> EngineState
+    insert: object
+    decode: object
+
+
+@functools.lru_cache(maxsize=None)
+def _programs(cfg, rules, sampling: SamplingParams, slots: int, cache_len: int, budget: int) -> _Programs:
+    """The engine's compiled programs, shared by every engine of the same shapes (engines come and go
+    with rollouts; their programs must not recompile)."""
+    sp = sampling
+    truncated = not sp.greedy and (sp.top_k > 0 or sp.top_p < 1.0)
+    pick = functools.partial(sample_token, temperature=np.float32(sp.temperature), top_k=np.int32(sp.top_k),
+                             top_p=np.float32(sp.top_p), greedy=sp.greedy, truncated=truncated,
+                             plain=not sp.greedy and not truncated and sp.temperature == 1.0)
+    stop_ids = np.full((_MAX_STOP_IDS,), -1, np.int32)
+    stop_ids[:len(sp.stop_token_ids)] = sorted(sp.stop_token_ids)
+
+    def is_stop(token):
+        return jnp.any(token[:, None] == jnp.asarray(stop_ids)[None, :], axis=-1)
+
+    def sharded(x, axes):
+        return x if rules is None else jax.lax.with_sharding_constraint(x, rules.sharding(axes, x.shape))
+
+    def logits(params, hidden):
+        return unembed(params, cfg, hidden, local=rules is None)
+
+    def empty() -> EngineState:
+        cache = KVCache(*(sharded(c, transformer.CACHE_AXES) for c in KVCache.zeros(cfg, slots, cache_len)))
+        zeros = lambda dtype: sharded(jnp.zeros((slots, budget), dtype), ("batch", None))  # noqa: E731
+        ints = jnp.zeros((slots,), jnp.int32)
+        return EngineState(cache, ints, ints, ints, jnp.ones((slots,), bool),
+                           jax.random.split(jax.random.key(0), slots), zeros(jnp.int32), zeros(jnp.float32),
+                           zeros(jnp.float32))
+
+    def insert(params, state: EngineState, slot_ids, block, lens, starts, seeds, row_ids, max_new):
+        """Prefill `block` [k, T] (each row's new tokens, right-padded) after each slot's first `starts`
+        cached tokens, sample each first token and make the slots live. Slot id `slots` pads k."""
+        k, t = block.shape
+        take = lambda x: jnp.take(x, slot_ids, axis=1, mode="clip")  # noqa: E731
+        cache = KVCache(take(state.cache.k), take(state.cache.v))
+        ends = starts + lens
+        mask = jnp.arange(cache_len)[None, :] < ends[:, None]
+        positions = starts[:, None] + jnp.arange(t)[None, :]
+        hidden, cache = decoder(params, cfg, block, positions, mask, cache, starts, rules)
+        last = hidden[jnp.arange(k), lens - 1]
+        keys = jax.vmap(lambda s, r: jax.random.fold_in(jax.random.key(s), r))(seeds, row_ids)
+        token, lp, raw = pick(logits(params, last), jax.vmap(jax.random.fold_in, (0, None))(keys, 0))
+        put = lambda x, new: x.at[slot_ids].set(new, mode="drop")  # noqa: E731
+        first = lambda new: jnp.zeros((k, budget), new.dtype).at[:, 0].set(new)  # noqa: E731
+        return EngineState(
+            KVCache(state.cache.k.at[:, slot_ids].set(cache.k, mode="drop"),
+                    state.cache.v.at[:, slot_ids].set(cache.v, mode="drop")),
+            put(state.length, ends), put(state.last, token), put(state.step, jnp.ones_like(token)),
+            put(state.done, is_stop(token) | (max_new <= 1)), put(state.keys, keys),
+            put(state.tokens, first(token)), put(state.logprobs, first(lp)), put(state.raw_logprobs, first(raw)))
+
+    def decode(params, state: EngineState, max_new, min_finished, max_steps):
+        """Decode steps until `min_finished` rows have finished, none is live, or `max_steps` ran.
+        Returns the state and the number of steps run."""
+        rows = jnp.arange(slots)
+
+        def cond(carry):
+            i, st, finished = carry
+            return (i < max_steps) & ~jnp.all(st.done) & (finished < min_finished)
+
+        def body(carry):
+            i, st, finished = carry
+            live = ~st.done
+            mask = jnp.arange(cache_len)[None, :] <= st.length[:, None]
+            hidden, cache = decoder(params, cfg, st.last[:, None], st.length[:, None], mask, st.cache,
+                                    st.length, rules)
+            token, lp, raw = pick(logits(params, hidden[:, 0]), jax.vmap(jax.random.fold_in)(st.keys, st.step))
+            col = jnp.where(live, st.step, budget)  # finished rows write nowhere
+            step = st.step + live
+            stopped = live & (is_stop(token) | (step >= max_new))
+            st = EngineState(cache, st.length + live, jnp.where(live, token, st.last), step, st.done | stopped,
+                             st.keys, st.tokens.at[rows, col].set(token, mode="drop"),
+                             st.logprobs.at[rows, col].set(lp, mode="drop"),
+                             st.raw_logprobs.at[rows, col].set(raw, mode="drop"))
+            return i + 1, st, finished + jnp.sum(stopped)
+
+        steps, state, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), state, jnp.int32(0)))
+        return state, steps
+
+    return _Programs(jax.jit(empty), jax.jit(insert, donate_argnums=(1,)), jax.jit(decode, donate_argnums=(1,)))

@@ -1,0 +1,120 @@
+"""The decode engine: the same tokens and log-probs as `Sampler.generate`, whatever the slot count,
+the order prompts arrive in or the prefix a slot reuses; static shapes; clear errors."""
+import jax
+import numpy as np
+import pytest
+
+from spiral_jax.compilation import compile_count
+from spiral_jax.models import ModelConfig, init_params
+from spiral_jax.sampling import Sampler, SamplingParams
+from spiral_jax.sampling.engine import DecodeEngine, Request
+from spiral_jax.sharding import make_mesh
+
+# A random model whose 8 stop tokens of 64 end a response after about 8 tokens: lengths vary a lot.
+CFG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                  num_heads=4, num_kv_heads=2, head_dim=8, tie_word_embeddings=True, max_position_embeddings=512)
+SP = SamplingParams(max_new_tokens=16, temperature=0.9, top_p=0.95, stop_token_ids=frozenset(range(8)))
+
+
+@pytest.fixture(scope="module")
+def params():
+    return init_params(CFG, jax.random.key(0))
+
+
+def _prompts(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(8, 64, rng.integers(2, 60)).tolist() for _ in range(n)]
+
+
+def _run(engine, params, requests):
+    """Feed the requests through the engine as slots free up; results by row id."""
+    queue, out = list(requests), {}
+    while queue or engine.live:
+        free = len(engine.free_slots())
+        engine.insert(params, queue[:free])
+        queue = queue[free:]
+        for f in engine.decode(params):
+            out[f.request.row_id] = f
+    return out
+
+
+def _assert_same(got, ref, ids):
+    for i, row in enumerate(ids):
+        assert got[row].tokens == ref.tokens[i], f"row {row}"
+        assert got[row].finish_reason == ref.finish_reasons[i]
+        np.testing.assert_allclose(got[row].logprobs, ref.logprobs[i], atol=1e-5)
+        np.testing.assert_allclose(got[row].raw_logprobs, ref.raw_logprobs[i], atol=1e-5)
+
+
+@pytest.mark.parametrize("slots,min_finished", [(4, 1), (8, 3), (32, None)])
+def test_engine_samples_what_generate_samples(params, slots, min_finished):
+    prompts, ids = _prompts(24), list(range(100, 124))
+    sampler = Sampler(CFG, max_prompt_len=64, max_cache_len=128)
+    ref = sampler.generate(params, prompts, SP, seed=9, row_ids=ids)
+    engine = DecodeEngine(sampler, SP, slots, min_finished=min_finished)
+    got = _run(engine, params, [Request(p, 9, i) for p, i in zip(prompts, ids)])
+    _assert_same(got, ref, ids)
+    lengths = [len(t) for t in ref.tokens]
+    assert len(set(lengths)) > 5 and max(lengths) == SP.max_new_tokens  # a long-tailed workload
+    assert engine.generated_tokens == sum(lengths) and engine.decoded_tokens == sum(lengths) - len(lengths)
+    assert 0 < engine.decoded_tokens <= engine.slot_steps
+
+
+def test_a_slot_reuses_the_shared_prefix_exactly(params):
+    """The second prompt in a slot starts with the first prompt (and part of its response): only the rest
+    is prefilled, and the tokens and log-probs equal a full prefill's."""
+    sampler = Sampler(CFG, max_prompt_len=96, max_cache_len=256)
+    engine = DecodeEngine(sampler, SP, 4)
+    first = _prompts(4, seed=1)
+    done = _run(engine, params, [Request(p, 1, i, slot=i) for i, p in enumerate(first)])
+    rng = np.random.default_rng(2)
+    second = [first[0] + done[0].tokens[:-1] + [9, 10],  # the whole cached sequence, then more
+              first[1][:len(first[1]) // 2] + rng.integers(8, 64, 5).tolist(),  # half the prompt
+              rng.integers(8, 64, 20).tolist(),  # nothing shared
+              list(first[3])]  # the same prompt again: all but its last token reused
+    before = engine.reused_tokens
+    got = _run(engine, params, [Request(p, 2, i, slot=i) for i, p in enumerate(second)])
+    _assert_same(got, sampler.generate(params, second, SP, seed=2, row_ids=range(4)), range(4))
+    shared = [len(first[0]) + len(done[0].tokens) - 1, len(first[1]) // 2, 0, len(first[3]) - 1]
+    assert engine.reused_tokens - before >= sum(shared)
+    engine.forget()
+    before = engine.reused_tokens
+    _run(engine, params, [Request(p, 2, i, slot=i) for i, p in enumerate(second)])
+    assert engine.reused_tokens == before  # forgotten: nothing reused under new parameters
+
+
+def test_no_recompilation_after_warm_up(params):
+    sampler = Sampler(CFG, max_prompt_len=64, max_cache_len=128)
+    requests = [Request(p, 3, i) for i, p in enumerate(_prompts(40, seed=3))]
+    _run(DecodeEngine(sampler, SP, 8), params, requests)
+    before = compile_count()
+    engine = DecodeEngine(sampler, SP, 8)  # a new engine of the same shapes shares the programs
+    _run(engine, params, requests[::-1])
+    assert compile_count() == before
+
+
+def test_sharded_engine_matches_single_device(params):
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    prompts, ids = _prompts(12, seed=4), list(range(12))
+    ref = Sampler(CFG, max_prompt_len=64, max_cache_len=128).generate(params, prompts, SP, seed=4, row_ids=ids)
+    engine = DecodeEngine(Sampler(CFG, mesh, max_prompt_len=64, max_cache_len=128), SP, 8)
+    _assert_same(_run(engine, params, [Request(p, 4, i) for p, i in zip(prompts, ids)]), ref, ids)
+
+
+def test_clear_errors(params):
+    sampler = Sampler(CFG, max_prompt_len=64, max_cache_len=128)
+    with pytest.raises(ValueError, match="max_cache_len"):
+        DecodeEngine(sampler, SamplingParams(max_new_tokens=100), 4)  # 64 + 128 slots
+    with pytest.raises(ValueError, match="data shards"):
+        DecodeEngine(Sampler(CFG, make_mesh(data=2, fsdp=2, tensor=2), max_prompt_len=64, max_cache_len=128),
+                     SP, 6)
+    engine = DecodeEngine(sampler, SP, 2)
+    with pytest.raises(ValueError, match="free slots"):
+        engine.insert(params, [Request([9], 0, i) for i in range(3)])
+    with pytest.raises(ValueError, match="max_prompt_len"):
+        engine.insert(params, [Request([9] * 65, 0, 0)])
+    engine.insert(params, [Request([9, 10], 0, 0, slot=1)])
+    with pytest.raises(ValueError, match="slot 1 is not free"):
+        engine.insert(params, [Request([9], 0, 1, slot=1)])
+    with pytest.raises(RuntimeError, match="still decoding"):
+        engine.forget()
