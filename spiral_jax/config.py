@@ -45,11 +45,12 @@ def base_config() -> ConfigDict:
     # mode: self_play | fixed_opponent | pool (past snapshots). opponent (fixed_opponent): random,
     # scripted, or a Hugging Face model folder with the model's architecture (frozen, sampled in-program).
     # schedule: rounds (one sampler call per round of moves) | continuous (decode slots refilled as
-    # moves end; same tokens, see spiral_jax/rollout.py).
+    # moves end; same tokens, see spiral_jax/rollout.py). max_in_flight: games played at once per host
+    # (continuous: decode slots per policy); 0: all of a step's games.
     c.rollout = ConfigDict(dict(
         mode="self_play", opponent="random", pool_size=4, pool_every=10, pool_self_weight=0.5,
         games_per_batch=32, samples_per_step=128, selection="exact", max_new_tokens=4096,
-        temperature=1.0, top_p=1.0, top_k=0, max_prompt_len=2048, schedule="rounds"))
+        temperature=1.0, top_p=1.0, top_k=0, max_prompt_len=2048, schedule="rounds", max_in_flight=0))
     # games_per_shard > 0: baselines per shard of that many games a step (the reference: 2; rl/rae.py)
     c.rae = ConfigDict(dict(enabled=True, decay=0.95, drop_zero=True, games_per_shard=0))
     # Fields of spiral_jax.rl.TrainConfig (optimiser, loss, micro-batching).

@@ -142,7 +142,8 @@ class Workload:
     response_len: int  # R: response slots, bucketed
     chunk: int  # response slots unembedded at a time
     prompt_len: int  # prompt bucket of the sampler
-    rollout_games: int  # rollout.games_per_batch: games per rollout call, and evaluation's chunk
+    rollout_games: int  # games per rollout call (or decode slots), and evaluation's chunk: games_per_batch
+    # or rollout.max_in_flight where that is smaller
     rollout_new: int
     eval_games: int  # as configured; evaluation plays them `in_flight` at a time
     final_games: int
@@ -169,7 +170,7 @@ def workload(c) -> Workload:
         samples=samples, micro_batch=c.optim.micro_batch_size or samples,
         train_len=train_len, response_len=response_len,
         chunk=min(c.optim.logprob_chunk, response_len), prompt_len=bucket_length(r.max_prompt_len),
-        rollout_games=r.games_per_batch, rollout_new=r.max_new_tokens, eval_games=e.games,
+        rollout_games=min(r.games_per_batch, r.max_in_flight or r.games_per_batch), rollout_new=r.max_new_tokens, eval_games=e.games,
         final_games=e.final_games, eval_new=e.max_new_tokens,
         snapshots=r.pool_size if r.mode == "pool" else
         int(r.mode == "fixed_opponent" and r.opponent not in ("random", "scripted")))

@@ -204,7 +204,7 @@ class Rollout:
         turns: list[list[ModelTurn]] = [[] for _ in env_ids]
         finished: list[GameRecord] = []
         engines = {policy: self._engine(policy, len(env_ids)) for policy in sorted(params)}
-        home: dict[tuple[int, str], int] = {}  # (game, policy) -> the slot of the game's last move by it
+        home: dict[tuple[int, int, str], int] = {}  # (game, player, policy) -> the slot of its last move
         waiting: dict[str, list] = {policy: [] for policy in engines}  # LLM moves not yet in a slot
         busy: set[int] = set()  # games with a move waiting or in a slot
         totals = {e: (e.generated_tokens, e.decoded_tokens, e.slot_steps, e.prefilled_tokens, e.reused_tokens)
@@ -214,7 +214,10 @@ class Rollout:
         while True:
             # Step the games whose move is known, play scripted moves at once, queue the LLM moves.
             while True:
-                finished += runner.submit(responses)
+                for record in runner.submit(responses):
+                    finished.append(record)
+                    for key in [k for k in home if k[0] == record.game]:
+                        del home[key]  # a finished game's slots are anyone's
                 responses = {}
                 for r in runner.pending():
                     if r.game in busy:
@@ -233,7 +236,7 @@ class Rollout:
                 self._admit(policy, engine, waiting[policy], home, params[policy], seed, first)
                 for f in engine.decode(params[policy]):
                     r, prompt = f.request.tag
-                    home[r.game, policy] = f.slot
+                    home[r.game, r.player, policy] = f.slot
                     busy.discard(r.game)
                     self._respond(policy, r, prompt, f.tokens, f.raw_logprobs, f.finish_reason, responses, turns)
         self.sample_seconds += time.perf_counter() - start
@@ -246,18 +249,21 @@ class Rollout:
         return self._games(runner, finished, seats, turns)
 
     def _admit(self, policy, engine: DecodeEngine, waiting: list, home, params, seed, first) -> None:
-        """Move waiting LLM moves into free slots, oldest first. A game goes back to the slot of its
-        last move by this policy when that slot is free: its cache holds the prompt's shared head."""
-        free = set(engine.free_slots())
+        """Move waiting LLM moves into free slots, oldest first. A player goes back to the slot of its
+        last move when that slot is free: the slot's cache holds the head its prompts share. Other
+        moves take first the free slots that no player calls home."""
+        free = engine.free_slots()
+        claimed = set(home.values())
+        free = [s for s in free if s not in claimed] + [s for s in free if s in claimed]
         requests, rest = [], []
         for r, prompt in waiting:
-            own = home.get((r.game, policy))
+            own = home.get((r.game, r.player, policy))
             if own in free:
-                free.discard(own)
+                free.remove(own)
                 requests.append(EngineRequest(prompt, self._turn_seed(seed, r), first + r.game, own, (r, prompt)))
             else:
                 rest.append((r, prompt))
-        for r, prompt in rest[:len(free)]:
-            requests.append(EngineRequest(prompt, self._turn_seed(seed, r), first + r.game, None, (r, prompt)))
+        for (r, prompt), slot in zip(rest, free):
+            requests.append(EngineRequest(prompt, self._turn_seed(seed, r), first + r.game, slot, (r, prompt)))
         waiting[:] = rest[len(free):]
         engine.insert(params, requests)

@@ -41,7 +41,7 @@ class EvalContext:
             slots = cache_slots(bucket_length(r.max_prompt_len), max(r.max_new_tokens, e.max_new_tokens))
             sampler = Sampler(cfg, mesh, max_prompt_len=r.max_prompt_len, max_cache_len=slots)
         return cls(cfg, params, tokenizer, sampler, sampling, tuple(e.invalid_rewards), c.games.max_turns,
-                   c.seed, mesh, r.games_per_batch, r.schedule)
+                   c.seed, mesh, r.max_in_flight or r.games_per_batch, r.schedule)
 
     @property
     def rollout(self) -> Rollout:

@@ -110,10 +110,10 @@ class Trainer:
         self.sampler = Sampler(self.cfg, self.sample_mesh, max_prompt_len=r.max_prompt_len, max_cache_len=slots)
         self.rollout = Rollout(self.sampler, self.tokenizer, rollout_sampling(c),
                                invalid_rewards=c.games.invalid_rewards, max_turns=c.games.max_turns,
-                               schedule=r.schedule)
+                               max_in_flight=r.max_in_flight or None, schedule=r.schedule)
         self.eval_rollout = Rollout(self.sampler, self.tokenizer, eval_sampling(c),
                                     invalid_rewards=e.invalid_rewards, max_turns=c.games.max_turns,
-                                    max_in_flight=r.games_per_batch, schedule=r.schedule)
+                                    max_in_flight=r.max_in_flight or r.games_per_batch, schedule=r.schedule)
         self.rae = rae_config(c)
         self.update = make_update(self.cfg, self.tc, self.mesh)
         self.to_sample_layout = make_reshard(self.cfg, self.mesh)

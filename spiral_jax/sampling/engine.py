@@ -36,6 +36,8 @@ from spiral_jax.models.transformer import KVCache, decoder, unembed
 from spiral_jax.sampling.logits import sample_token
 from spiral_jax.sampling.sampler import _MAX_STOP_IDS, Sampler, SamplingParams, _check_finite, bucket_length
 
+_MIN_STEPS = 32  # decode steps a window leaves room for, unless the cache ends first
+
 
 class EngineState(NamedTuple):
     """Everything the compiled programs carry between calls, one row per slot."""
@@ -97,6 +99,12 @@ class DecodeEngine:
         self.max_steps = max_steps
         self.budget = bucket_length(sampling.max_new_tokens, 1)
         self.cache_len = bucket_length(sampler.max_prompt_len, sampler.min_prompt_bucket) + self.budget
+        # Prefill and decode attend over the first `window` cache slots, the smallest size on this
+        # ladder that holds every row's tokens (rows are left-aligned; decode leaves room for some
+        # steps): reading the unfilled rest of the cache would cost time only. Each size compiles
+        # its own programs.
+        self.windows = sorted({min(bucket_length(n, 64, per_octave=2), self.cache_len)
+                               for n in range(64, self.cache_len + 1, 16)} | {self.cache_len})
         if self.cache_len > sampler.max_cache_len:
             raise ValueError(
                 f"max_prompt_len={sampler.max_prompt_len} plus the {self.budget}-token budget is "
@@ -106,6 +114,7 @@ class DecodeEngine:
         self.state = None
         self.cached: list[list[int]] = [[] for _ in range(slots)]  # the tokens each slot's cache holds
         self.busy: list[Request | None] = [None] * slots
+        self.lengths = [0] * slots  # tokens in each slot's cache (as of the last call)
         # Running totals: tokens generated (in all, and by decode steps rather than a prefill), decode
         # slot-steps (slots x steps: the utilization is decoded / slot-steps), prompt tokens prefilled
         # and prompt tokens reused from the cache.
@@ -113,6 +122,10 @@ class DecodeEngine:
         self.prefilled_tokens = self.reused_tokens = 0
 
     # --------------------------------------------------------------------------------- host side
+
+    def _window(self, slots: int) -> int:
+        """The smallest attention window that holds this many cache slots (or the whole cache)."""
+        return next(w for w in self.windows if w >= min(slots, self.cache_len))
 
     def forget(self) -> None:
         """Drop what the slots remember of their tokens, so no prefix is reused: call it whenever the
@@ -130,7 +143,8 @@ class DecodeEngine:
 
     def insert(self, params, requests: Sequence[Request]) -> None:
         """Start each request in its own slot (`Request.slot`, else a free one, preferring slots that
-        hold nothing another request asked for). Raises if there are not enough free slots."""
+        hold nothing another request asked for). Only the part of a prompt after what the slot's cache
+        already holds is prefilled. Raises if there are not enough free slots."""
         if not requests:
             return
         check_params(self.cfg, params)
@@ -157,21 +171,23 @@ class DecodeEngine:
             starts.append(reuse)
             blocks.append(prompt[reuse:])
             self.cached[slot], self.busy[slot] = prompt, dataclasses.replace(r, slot=slot)
+            self.lengths[slot] = len(prompt)
             self.prefilled_tokens += len(prompt) - reuse
             self.reused_tokens += reuse
         k = bucket_length(len(requests), 1)
         t = bucket_length(max(len(b) for b in blocks), self.sampler.min_prompt_bucket)
         block = np.zeros((k, t), np.int32)
-        lens, start_arr = np.ones(k, np.int32), np.zeros(k, np.int32)
-        slot_ids = np.full(k, self.slots, np.int32)  # padding rows write nowhere
+        lens, start_arr, slot_ids = np.zeros(k, np.int32), np.zeros(k, np.int32), np.zeros(k, np.int32)
         seeds, row_ids = np.zeros(k, np.uint32), np.zeros(k, np.uint32)
-        for i, (r, slot, b, s) in enumerate(zip(requests, chosen, blocks, starts)):
-            block[i, :len(b)], lens[i], start_arr[i], slot_ids[i] = b, len(b), s, slot
-            seeds[i], row_ids[i] = r.seed % (1 << 31), r.row_id % (1 << 32)
+        for i in range(k):  # padding rows repeat the first request: they compute and write the same
+            j = i if i < len(requests) else 0
+            block[i, :len(blocks[j])], lens[i], start_arr[i], slot_ids[i] = blocks[j], len(blocks[j]), starts[j], chosen[j]
+            seeds[i], row_ids[i] = requests[j].seed % (1 << 31), requests[j].row_id % (1 << 32)
         if self.rules is not None:
             params = jax.device_put(params, self.sampler.params_sharding)
+        window = self._window(int(start_arr.max()) + t)
         self.state = self._programs.insert(params, self.state, slot_ids, block, lens, start_arr, seeds, row_ids,
-                                          np.int32(self.sampling.max_new_tokens))
+                                           np.int32(self.sampling.max_new_tokens), window=window)
 
     def decode(self, params) -> list[Finished]:
         """Run decode steps until some rows finish; return them (their slots are free again)."""
@@ -180,10 +196,16 @@ class DecodeEngine:
         if self.rules is not None:
             params = jax.device_put(params, self.sampler.params_sharding)
         live = self.live
+        longest = max(self.lengths[s] for s, r in enumerate(self.busy) if r is not None)
+        # The next token goes to slot `longest`; leave room for a few steps before the window is full.
+        window = self._window(longest + _MIN_STEPS)
+        max_steps = min(self.max_steps, window - longest)
         self.state, steps = self._programs.decode(params, self.state, np.int32(self.sampling.max_new_tokens),
-                                                 np.int32(min(self.min_finished, live)), np.int32(self.max_steps))
+                                                 np.int32(min(self.min_finished, live)), np.int32(max_steps),
+                                                 window=window)
         self.slot_steps += int(steps) * self.slots
-        done, step = jax.device_get((self.state.done, self.state.step))
+        done, step, lengths = jax.device_get((self.state.done, self.state.step, self.state.length))
+        self.lengths = lengths.tolist()
         ready = [s for s in range(self.slots) if self.busy[s] is not None and done[s]]
         if not ready:
             return []
@@ -246,31 +268,39 @@ def _programs(cfg, rules, sampling: SamplingParams, slots: int, cache_len: int, 
                            jax.random.split(jax.random.key(0), slots), zeros(jnp.int32), zeros(jnp.float32),
                            zeros(jnp.float32))
 
-    def insert(params, state: EngineState, slot_ids, block, lens, starts, seeds, row_ids, max_new):
+    def insert(params, state: EngineState, slot_ids, block, lens, starts, seeds, row_ids, max_new, window):
         """Prefill `block` [k, T] (each row's new tokens, right-padded) after each slot's first `starts`
-        cached tokens, sample each first token and make the slots live. Slot id `slots` pads k."""
+        cached tokens, attending over the first `window` cache slots; sample each first token and make
+        the slots live. Rows past the requests repeat the first one (same slot, same values)."""
         k, t = block.shape
-        take = lambda x: jnp.take(x, slot_ids, axis=1, mode="clip")  # noqa: E731
+        # The rows' caches, with t slots of slack at the end: every row's block then fits (prefill writes
+        # must lie inside the cache) wherever it starts.
+        take = lambda x: jnp.pad(jnp.take(x, slot_ids, axis=1), ((0, 0), (0, 0), (0, t), (0, 0), (0, 0)))  # noqa: E731
         cache = KVCache(take(state.cache.k), take(state.cache.v))
         ends = starts + lens
-        mask = jnp.arange(cache_len)[None, :] < ends[:, None]
+        mask = jnp.arange(cache_len + t)[None, :] < ends[:, None]
         positions = starts[:, None] + jnp.arange(t)[None, :]
-        hidden, cache = decoder(params, cfg, block, positions, mask, cache, starts, rules)
+        hidden, cache = decoder(params, cfg, block, positions, mask, cache, starts, rules, kv_len=window)
         last = hidden[jnp.arange(k), lens - 1]
         keys = jax.vmap(lambda s, r: jax.random.fold_in(jax.random.key(s), r))(seeds, row_ids)
         token, lp, raw = pick(logits(params, last), jax.vmap(jax.random.fold_in, (0, None))(keys, 0))
-        put = lambda x, new: x.at[slot_ids].set(new, mode="drop")  # noqa: E731
+        put = lambda x, new: x.at[slot_ids].set(new)  # noqa: E731
         first = lambda new: jnp.zeros((k, budget), new.dtype).at[:, 0].set(new)  # noqa: E731
+
+        def write_back(i, full):  # row by row in place: XLA:CPU runs a scatter one element at a time
+            return KVCache(*(jax.lax.dynamic_update_slice_in_dim(
+                f, jax.lax.dynamic_slice_in_dim(c[:, :, :cache_len], i, 1, 1), slot_ids[i], 1)
+                for f, c in zip(full, cache)))
+
         return EngineState(
-            KVCache(state.cache.k.at[:, slot_ids].set(cache.k, mode="drop"),
-                    state.cache.v.at[:, slot_ids].set(cache.v, mode="drop")),
+            jax.lax.fori_loop(0, k, write_back, state.cache),
             put(state.length, ends), put(state.last, token), put(state.step, jnp.ones_like(token)),
             put(state.done, is_stop(token) | (max_new <= 1)), put(state.keys, keys),
             put(state.tokens, first(token)), put(state.logprobs, first(lp)), put(state.raw_logprobs, first(raw)))
 
-    def decode(params, state: EngineState, max_new, min_finished, max_steps):
-        """Decode steps until `min_finished` rows have finished, none is live, or `max_steps` ran.
-        Returns the state and the number of steps run."""
+    def decode(params, state: EngineState, max_new, min_finished, max_steps, window):
+        """Decode steps until `min_finished` rows have finished, none is live, or `max_steps` ran,
+        attending over the first `window` cache slots. Returns the state and the number of steps run."""
         rows = jnp.arange(slots)
 
         def cond(carry):
@@ -282,7 +312,7 @@ def _programs(cfg, rules, sampling: SamplingParams, slots: int, cache_len: int, 
             live = ~st.done
             mask = jnp.arange(cache_len)[None, :] <= st.length[:, None]
             hidden, cache = decoder(params, cfg, st.last[:, None], st.length[:, None], mask, st.cache,
-                                    st.length, rules)
+                                    st.length, rules, kv_len=window)
             token, lp, raw = pick(logits(params, hidden[:, 0]), jax.vmap(jax.random.fold_in)(st.keys, st.step))
             col = jnp.where(live, st.step, budget)  # finished rows write nowhere
             step = st.step + live
@@ -296,4 +326,5 @@ def _programs(cfg, rules, sampling: SamplingParams, slots: int, cache_len: int, 
         steps, state, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), state, jnp.int32(0)))
         return state, steps
 
-    return _Programs(jax.jit(empty), jax.jit(insert, donate_argnums=(1,)), jax.jit(decode, donate_argnums=(1,)))
+    return _Programs(jax.jit(empty), jax.jit(insert, donate_argnums=(1,), static_argnames=("window",)),
+                     jax.jit(decode, donate_argnums=(1,), static_argnames=("window",)))

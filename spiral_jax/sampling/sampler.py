@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import weakref
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -65,6 +65,19 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if len(self.stop_token_ids) > _MAX_STOP_IDS:
             raise ValueError(f"at most {_MAX_STOP_IDS} stop token ids, got {len(self.stop_token_ids)}")
+
+
+class _DecodeState(NamedTuple):
+    """What the decode loop carries from step to step."""
+
+    step: jax.Array  # new tokens so far (the same for every row)
+    tokens: jax.Array  # [batch, budget] generated ids (0 after a row stops)
+    logprobs: jax.Array  # [batch, budget] behaviour log-probs
+    raw_logprobs: jax.Array  # [batch, budget] temperature-1 log-probs
+    done: jax.Array  # [batch] stopped
+    lengths: jax.Array  # [batch] tokens generated per row
+    cache: KVCache
+    kv_mask: jax.Array  # [batch, slots] cache slots holding real tokens
 
 
 @dataclasses.dataclass
@@ -180,43 +193,39 @@ class Sampler:
             hidden, cache = decoder(params, cfg, prompt, positions, kv_mask, cache, 0, rules, last_only=True)
             token, lp, raw = pick(logits(hidden[:, -1]), step_keys(0))
 
-            out = jnp.zeros((batch, budget), jnp.int32).at[:, 0].set(token)
-            out_lp = jnp.zeros((batch, budget), jnp.float32).at[:, 0].set(lp)
-            out_raw = jnp.zeros((batch, budget), jnp.float32).at[:, 0].set(raw)
-            done = is_stop(token) | (max_new <= 1)
-            lengths = jnp.ones((batch,), jnp.int32)
+            state = _DecodeState(
+                step=jnp.int32(1), tokens=jnp.zeros((batch, budget), jnp.int32).at[:, 0].set(token),
+                logprobs=jnp.zeros((batch, budget), jnp.float32).at[:, 0].set(lp),
+                raw_logprobs=jnp.zeros((batch, budget), jnp.float32).at[:, 0].set(raw),
+                done=is_stop(token) | (max_new <= 1), lengths=jnp.ones((batch,), jnp.int32), cache=cache,
+                kv_mask=kv_mask)
             next_pos = positions[:, -1] + 1
 
-            def decode(state, window: int):
+            def decode(state: _DecodeState, window: int) -> _DecodeState:
                 """Decode steps while the previous token's slot is inside `window`."""
-                def cond(state):
-                    step, _, _, _, done, *_ = state
-                    return (step < max_new) & (plen + step <= window) & ~jnp.all(done)
+                def cond(st: _DecodeState):
+                    return (st.step < max_new) & (plen + st.step <= window) & ~jnp.all(st.done)
 
-                def body(state):
-                    step, out, out_lp, out_raw, done, lengths, cache, kv_mask = state
-                    slot = plen + step - 1  # where the previous token goes
-                    prev = out[:, step - 1]
-                    kv_mask = kv_mask.at[:, slot].set(True)
-                    pos = (next_pos + step - 1)[:, None]
-                    hidden, cache = decoder(params, cfg, prev[:, None], pos, kv_mask, cache, slot, rules,
-                                            kv_len=window)
-                    token, lp, raw = pick(logits(hidden[:, 0]), step_keys(step))
-                    live = ~done
-                    out = out.at[:, step].set(jnp.where(live, token, 0))
-                    out_lp = out_lp.at[:, step].set(jnp.where(live, lp, 0.0))
-                    out_raw = out_raw.at[:, step].set(jnp.where(live, raw, 0.0))
-                    lengths = lengths + live
-                    done = done | is_stop(token) | (step + 1 >= max_new)
-                    return step + 1, out, out_lp, out_raw, done, lengths, cache, kv_mask
+                def body(st: _DecodeState):
+                    slot = plen + st.step - 1  # where the previous token goes
+                    kv_mask = st.kv_mask.at[:, slot].set(True)
+                    pos = (next_pos + st.step - 1)[:, None]
+                    hidden, cache = decoder(params, cfg, st.tokens[:, st.step - 1][:, None], pos, kv_mask,
+                                            st.cache, slot, rules, kv_len=window)
+                    token, lp, raw = pick(logits(hidden[:, 0]), step_keys(st.step))
+                    live = ~st.done
+                    return _DecodeState(
+                        step=st.step + 1, tokens=st.tokens.at[:, st.step].set(jnp.where(live, token, 0)),
+                        logprobs=st.logprobs.at[:, st.step].set(jnp.where(live, lp, 0.0)),
+                        raw_logprobs=st.raw_logprobs.at[:, st.step].set(jnp.where(live, raw, 0.0)),
+                        done=st.done | is_stop(token) | (st.step + 1 >= max_new), lengths=st.lengths + live,
+                        cache=cache, kv_mask=kv_mask)
 
                 return jax.lax.while_loop(cond, body, state)
 
-            state = (jnp.int32(1), out, out_lp, out_raw, done, lengths, cache, kv_mask)
             for window in attention_windows(plen, slots):
                 state = decode(state, window)
-            _, out, out_lp, out_raw, _, lengths, _, _ = state
-            return out, out_lp, out_raw, lengths
+            return state.tokens, state.logprobs, state.raw_logprobs, state.lengths
 
         return program
 

@@ -1,19 +1,21 @@
 """The decode engine: the same tokens and log-probs as `Sampler.generate`, whatever the slot count,
 the order prompts arrive in or the prefix a slot reuses; static shapes; clear errors."""
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from spiral_jax.compilation import compile_count
 from spiral_jax.models import ModelConfig, init_params
 from spiral_jax.sampling import Sampler, SamplingParams
+from spiral_jax.sampling import engine as engine_module
 from spiral_jax.sampling.engine import DecodeEngine, Request
 from spiral_jax.sharding import make_mesh
 
-# A random model whose 8 stop tokens of 64 end a response after about 8 tokens: lengths vary a lot.
+# A random model whose 2 stop tokens of 64 end a response after about 30 tokens: lengths vary a lot.
 CFG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=8, tie_word_embeddings=True, max_position_embeddings=512)
-SP = SamplingParams(max_new_tokens=16, temperature=0.9, top_p=0.95, stop_token_ids=frozenset(range(8)))
+SP = SamplingParams(max_new_tokens=64, temperature=0.9, top_p=0.95, stop_token_ids=frozenset({0, 1}))
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +48,16 @@ def _assert_same(got, ref, ids):
         np.testing.assert_allclose(got[row].raw_logprobs, ref.raw_logprobs[i], atol=1e-5)
 
 
-@pytest.mark.parametrize("slots,min_finished", [(4, 1), (8, 3), (32, None)])
-def test_engine_samples_what_generate_samples(params, slots, min_finished):
+@pytest.mark.parametrize("slots,min_finished,min_steps", [(4, 1, 32), (8, 3, 2), (32, None, 32)])
+def test_engine_samples_what_generate_samples(params, slots, min_finished, min_steps, monkeypatch):
+    """min_steps=2: decode calls stop a few steps short of each window's end, so rows cross
+    windows (64, 96 and 128 cache slots) while others are decoding."""
+    monkeypatch.setattr(engine_module, "_MIN_STEPS", min_steps)
     prompts, ids = _prompts(24), list(range(100, 124))
     sampler = Sampler(CFG, max_prompt_len=64, max_cache_len=128)
     ref = sampler.generate(params, prompts, SP, seed=9, row_ids=ids)
     engine = DecodeEngine(sampler, SP, slots, min_finished=min_finished)
+    assert engine.windows == [64, 96, 128]
     got = _run(engine, params, [Request(p, 9, i) for p, i in zip(prompts, ids)])
     _assert_same(got, ref, ids)
     lengths = [len(t) for t in ref.tokens]
@@ -84,12 +90,15 @@ def test_a_slot_reuses_the_shared_prefix_exactly(params):
 
 
 def test_no_recompilation_after_warm_up(params):
+    """Programs are per bucket (inserted rows, block length, attention window): a workload that has
+    been through once compiles nothing more, with new parameter buffers and in a new engine."""
     sampler = Sampler(CFG, max_prompt_len=64, max_cache_len=128)
     requests = [Request(p, 3, i) for i, p in enumerate(_prompts(40, seed=3))]
     _run(DecodeEngine(sampler, SP, 8), params, requests)
+    fresh = jax.block_until_ready(jax.tree.map(jnp.copy, params))
     before = compile_count()
     engine = DecodeEngine(sampler, SP, 8)  # a new engine of the same shapes shares the programs
-    _run(engine, params, requests[::-1])
+    _run(engine, fresh, requests)
     assert compile_count() == before
 
 

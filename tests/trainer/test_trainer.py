@@ -39,7 +39,8 @@ def tiny_config(tmp_path, **changes):
     {"rollout.mode": "pool", "rollout.pool_every": 1, "rollout.pool_self_weight": 0.0},
     {"games.env_ids": ("TicTacToe-v0", "KuhnPoker-v1"), "games.weights": (1.0, 1.0),
      "rollout.selection": "all", "eval.kuhn_samples": 0},
-], ids=["self_play", "fixed_opponent", "pool", "two_games"])
+    {"rollout.mode": "pool", "rollout.pool_every": 1, "rollout.schedule": "continuous", "rollout.max_in_flight": 2},
+], ids=["self_play", "fixed_opponent", "pool", "two_games", "continuous"])
 def test_three_steps_in_every_mode(tmp_path, changes):
     """A random model writes garbage: every game still ends (invalid moves), nothing crashes."""
     trainer = Trainer(tiny_config(tmp_path, **changes), log=lambda *_: None)
@@ -56,7 +57,7 @@ def test_three_steps_in_every_mode(tmp_path, changes):
     for tag in ("train/loss", "train/grad_norm", "train/entropy", "rollout/valid_action_rate",
                 "time/sampling", "time/update", "throughput/sampled_tokens_per_s",
                 "throughput/trained_tokens_per_s", "throughput/games_per_s", "rollout/invalid/no_box",
-                "rollout/invalid/cut_at_token_limit"):
+                "rollout/invalid/cut_at_token_limit", "rollout/slot_utilization", "rollout/prefill_saved"):
         assert len(scalars[tag]) == 3 and all(np.isfinite(v) for _, v in scalars[tag])
     assert scalars["rollout/TicTacToe-v0/role0/response_tokens_p95"]  # steps that played that game
     games = [v for _, v in scalars["totals/games"]]
