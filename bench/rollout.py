@@ -110,7 +110,8 @@ def games(args):
     params = {"model": init_params(GAMES, jax.random.key(0))}
     sampler = Sampler(GAMES, max_prompt_len=1024, max_cache_len=1024 + 128)
     sp = SamplingParams(max_new_tokens=128, temperature=1.0)
-    print(f"\ngames: {args.games} self-play games per game type, random model (4 x 128, 64-token vocabulary)")
+    print(f"\ngames: {args.games} self-play games per game type, random model (4 x 128, 64-token vocabulary); "
+          f"continuous/N: N decode slots (else one per game)")
     print(f"{'game':>21} {'schedule':>15} {'moves':>6} {'tokens':>7} {'seconds':>8} {'tokens/s':>9} "
           f"{'slot util':>10} {'prefill saved':>14}")
     reused = prefilled = 0
@@ -128,7 +129,7 @@ def games(args):
             assert ref is None or turns == ref, f"{env_id}: the schedules sampled different tokens"
             ref = turns
             saved = rollout.reused_tokens / (rollout.reused_tokens + rollout.prefilled_tokens)
-            if name == "continuous":
+            if slots:  # the summary's prefill saved: fewer slots than games, so slots pass between games
                 reused, prefilled = reused + rollout.reused_tokens, prefilled + rollout.prefilled_tokens
             print(f"{env_id:>21} {name:>15} {sum(map(len, turns)):>6} {rollout.generated_tokens:>7} {seconds:>8.2f} "
                   f"{rollout.generated_tokens / seconds:>9.0f} {rollout.decoded_tokens / rollout.slot_steps:>10.1%} "
