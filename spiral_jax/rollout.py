@@ -11,8 +11,15 @@ Two schedules play the same games with the same tokens:
 - "rounds": per loop the runner's pending moves are grouped by policy and each LLM group is one
   `Sampler.generate` call, which runs until its longest response ends;
 - "continuous": one `DecodeEngine` per LLM policy keeps its slots busy: when a move's response ends,
-  its game steps on the host and the game's next move takes a slot at once, in the same slot when it
-  is free, so the prompt's shared head is not prefilled again.
+  its game steps on the host and the game's next move takes a slot at once, in the slot of the same
+  player's last move when that is free, so the prompt's shared head is not prefilled again. With
+  fewer slots (`max_in_flight`) than games, waiting games start as slots free up.
+
+Either way a call plays a fixed set of games with one set of parameters per policy and returns when
+the last one ends, so a training step stays on-policy and the trainer's selection (whole games, then
+exactly N samples) is unchanged; the continuous schedule's only idle slots are in that final drain.
+Each policy has its own engine because its weights differ: a slot-to-policy index would have to
+stack every policy's weights and gather them per row each step.
 
 A move's randomness is keyed by (seed, the game's global index, its turn), never by the schedule. On
 several hosts each plays its share of the games on its own chips and the finished games are

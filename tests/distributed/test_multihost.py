@@ -19,11 +19,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(out: Path, count: int, devices: int) -> tuple[dict, dict]:
+def _run(out: Path, count: int, devices: int, schedule: str = "rounds") -> tuple[dict, dict]:
     out.mkdir()
     port = str(_free_port())
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(out), str(pid), str(count), port, str(devices)],
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(out), str(pid), str(count), port, str(devices),
+                               schedule],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for pid in range(count)]
     logs = [p.communicate(timeout=600)[0] for p in procs]
@@ -35,7 +36,9 @@ def _run(out: Path, count: int, devices: int) -> tuple[dict, dict]:
 
 @pytest.mark.slow
 def test_two_processes_equal_one(tmp_path):
-    two_params, two = _run(tmp_path / "two", count=2, devices=4)
+    """The two hosts also run the continuous schedule, each its own decode engine over its share of
+    the games, against one process playing them round by round: the same games either way."""
+    two_params, two = _run(tmp_path / "two", count=2, devices=4, schedule="continuous")
     one_params, one = _run(tmp_path / "one", count=1, devices=8)
     assert (two["processes"], two["devices"], one["processes"], one["devices"]) == (2, 8, 1, 8)
     assert two["games"] == one["games"] and two["samples"] == one["samples"] == 16
@@ -46,3 +49,4 @@ def test_two_processes_equal_one(tmp_path):
         np.testing.assert_allclose(two_params[name], value, atol=1e-6, rtol=1e-5, err_msg=name)
     assert one["moved"] > 1e-4  # not vacuous: the two updates changed the weights
     assert two["stop"] and not one["stop"]  # process 1's stop request reached process 0
+

@@ -1,7 +1,7 @@
 """One process of the two-host test (tests/distributed/test_multihost.py); also the 1-process run.
 
-Usage: python worker.py OUT_DIR PROCESS_ID NUM_PROCESSES PORT DEVICES
-Runs two self-play steps of a tiny model on a (data=2, fsdp=4) mesh and saves, from process 0, the
+Usage: python worker.py OUT_DIR PROCESS_ID NUM_PROCESSES PORT DEVICES [SCHEDULE]
+Runs two self-play steps (rollout.schedule=SCHEDULE, default rounds) of a tiny model on a (data=2, fsdp=4) mesh and saves, from process 0, the
 final parameters and RAE baselines to OUT_DIR/result.npz and OUT_DIR/rae.json.
 """
 import hashlib
@@ -12,6 +12,7 @@ from pathlib import Path
 import jax
 
 out, pid, count, port, devices = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+schedule = sys.argv[6] if len(sys.argv) > 6 else "rounds"
 jax.config.update("jax_num_cpu_devices", devices)
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -34,7 +35,7 @@ def config():
                              process_id=pid)
     c.games.env_ids, c.games.weights = ("TicTacToe-v0", "KuhnPoker-v1"), (1.0, 1.0)
     c.rollout.update(games_per_batch=6, samples_per_step=16, max_new_tokens=6, max_prompt_len=512,
-                     temperature=1.0)
+                     temperature=1.0, schedule=schedule, max_in_flight=2)
     c.optim.update(learning_rate=1e-3, normaliser="token_mean", micro_batch_size=8)
     c.train.update(steps=2, eval_every=1000, checkpoint_every=1000, async_checkpointing=False)
     c.eval.update(games=2, final_games=2, max_new_tokens=6, opponents=("random",))
