@@ -202,7 +202,6 @@ class Rollout:
         engine = self.engines.get(policy)
         if engine is None or engine.slots != slots:
             engine = self.engines[policy] = DecodeEngine(self.sampler, self.sampling, slots)
-        engine.forget()  # new parameters: no cached prefix may be reused
         return engine
 
     def _play_continuous(self, env_ids, seats, params, seed, first):
@@ -247,6 +246,8 @@ class Rollout:
                     busy.discard(r.game)
                     self._respond(policy, r, prompt, f.tokens, f.raw_logprobs, f.finish_reason, responses, turns)
         self.sample_seconds += time.perf_counter() - start
+        for engine in engines.values():
+            engine.forget()  # its KV cache, until the next call (with new parameters)
         for e, (gen, dec, steps, pre, reused) in totals.items():
             self.generated_tokens += e.generated_tokens - gen
             self.decoded_tokens += e.decoded_tokens - dec

@@ -128,10 +128,12 @@ class DecodeEngine:
         return next(w for w in self.windows if w >= min(slots, self.cache_len))
 
     def forget(self) -> None:
-        """Drop what the slots remember of their tokens, so no prefix is reused: call it whenever the
-        parameters change (a cached key is only valid for the weights that computed it)."""
+        """Free the KV cache and what the slots remember of it, so no prefix is reused: call it when the
+        parameters change (a cached key is only valid for the weights that computed it) and when the
+        memory is needed elsewhere (a training step's update). The next insert starts a new cache."""
         if any(r is not None for r in self.busy):
             raise RuntimeError("forget() with prompts still decoding; collect them first")
+        self.state = None
         self.cached = [[] for _ in range(self.slots)]
 
     def free_slots(self) -> list[int]:
