@@ -261,7 +261,7 @@ class Rollout:
         last move when that slot is free: the slot's cache holds the head its prompts share. Other
         moves take first the free slots that no player calls home."""
         free = engine.free_slots()
-        claimed = set(home.values())
+        claimed = {slot for (_, _, owner), slot in home.items() if owner == policy}
         free = [s for s in free if s not in claimed] + [s for s in free if s in claimed]
         requests, rest = [], []
         for r, prompt in waiting:
