@@ -156,7 +156,7 @@ class Rollout:
         turns[r.game].append(ModelTurn(r.player, policy, prompt, ids, logprobs, reason))
 
     @staticmethod
-    def _games(runner, finished, seats, turns) -> list[PlayedGame]:
+    def _games(finished, seats, turns) -> list[PlayedGame]:
         finished.sort(key=lambda rec: rec.game)
         return [PlayedGame(rec, tuple(seats[rec.game]), turns[rec.game]) for rec in finished]
 
@@ -177,7 +177,7 @@ class Rollout:
             for policy, group in sorted(groups.items()):
                 self._sample(policy, group, params[policy], seed, first, responses, turns)
             finished += runner.submit(responses)
-        return self._games(runner, finished, seats, turns)
+        return self._games(finished, seats, turns)
 
     def _sample(self, policy, group, params, seed, first, responses, turns):
         live = [(r, p) for r in group if (p := self._prompt(policy, r, responses, turns)) is not None]
@@ -254,7 +254,7 @@ class Rollout:
             self.slot_steps += e.slot_steps - steps
             self.prefilled_tokens += e.prefilled_tokens - pre
             self.reused_tokens += e.reused_tokens - reused
-        return self._games(runner, finished, seats, turns)
+        return self._games(finished, seats, turns)
 
     def _admit(self, policy, engine: DecodeEngine, waiting: list, home, params, seed, first) -> None:
         """Move waiting LLM moves into free slots, oldest first. A player goes back to the slot of its

@@ -34,7 +34,7 @@ from spiral_jax.models import transformer
 from spiral_jax.models.params import check_params
 from spiral_jax.models.transformer import KVCache, decoder, unembed
 from spiral_jax.sampling.logits import sample_token
-from spiral_jax.sampling.sampler import _MAX_STOP_IDS, Sampler, SamplingParams, _check_finite, bucket_length
+from spiral_jax.sampling.sampler import Sampler, SamplingParams, _check_finite, bucket_length
 
 _MIN_STEPS = 32  # decode steps a window leaves room for, unless the cache ends first
 
@@ -246,12 +246,9 @@ def _programs(cfg, rules, sampling: SamplingParams, slots: int, cache_len: int, 
     """The engine's compiled programs, shared by every engine of the same shapes (engines come and go
     with rollouts; their programs must not recompile)."""
     sp = sampling
-    truncated = not sp.greedy and (sp.top_k > 0 or sp.top_p < 1.0)
     pick = functools.partial(sample_token, temperature=np.float32(sp.temperature), top_k=np.int32(sp.top_k),
-                             top_p=np.float32(sp.top_p), greedy=sp.greedy, truncated=truncated,
-                             plain=not sp.greedy and not truncated and sp.temperature == 1.0)
-    stop_ids = np.full((_MAX_STOP_IDS,), -1, np.int32)
-    stop_ids[:len(sp.stop_token_ids)] = sorted(sp.stop_token_ids)
+                             top_p=np.float32(sp.top_p), greedy=sp.greedy, truncated=sp.truncated, plain=sp.plain)
+    stop_ids = sp.stop_array()
 
     def is_stop(token):
         return jnp.any(token[:, None] == jnp.asarray(stop_ids)[None, :], axis=-1)

@@ -66,6 +66,22 @@ class SamplingParams:
         if len(self.stop_token_ids) > _MAX_STOP_IDS:
             raise ValueError(f"at most {_MAX_STOP_IDS} stop token ids, got {len(self.stop_token_ids)}")
 
+    @property
+    def truncated(self) -> bool:
+        """Whether top-k or top-p cuts the distribution sampled from."""
+        return not self.greedy and (self.top_k > 0 or self.top_p < 1.0)
+
+    @property
+    def plain(self) -> bool:
+        """Sampling from the raw distribution: temperature 1, no truncation."""
+        return not self.greedy and not self.truncated and self.temperature == 1.0
+
+    def stop_array(self) -> np.ndarray:
+        """The stop ids as the compiled programs take them: a fixed-size int32 array, -1 padded."""
+        stop = np.full((_MAX_STOP_IDS,), -1, np.int32)
+        stop[:len(self.stop_token_ids)] = sorted(self.stop_token_ids)
+        return stop
+
 
 class _DecodeState(NamedTuple):
     """What the decode loop carries from step to step."""
@@ -280,18 +296,14 @@ class Sampler:
         if len(ids) != n:
             raise ValueError(f"row_ids has {len(ids)} entries for {n} prompts")
         ids = np.concatenate([ids, np.full(batch - n, -1)]).astype(np.uint32)
-        stop = np.full((_MAX_STOP_IDS,), -1, np.int32)
-        stop[:len(sp.stop_token_ids)] = sorted(sp.stop_token_ids)
         if self.rules is not None:
             params = jax.device_put(params, self.params_sharding)
             rows = self.rules.sharding(("batch", "seq"), prompt.shape)
             prompt, mask = jax.device_put(prompt, rows), jax.device_put(mask, rows)
-        truncated = not sp.greedy and (sp.top_k > 0 or sp.top_p < 1.0)
         out, lp, raw, lengths = self._program(
             params, self._one_row_table(params, batch), prompt, mask, jax.random.key(seed), ids,
             np.int32(sp.max_new_tokens), np.float32(sp.temperature), np.int32(sp.top_k), np.float32(sp.top_p),
-            stop, slots=slots, greedy=sp.greedy,
-            truncated=truncated, plain=not sp.greedy and not truncated and sp.temperature == 1.0)
+            sp.stop_array(), slots=slots, greedy=sp.greedy, truncated=sp.truncated, plain=sp.plain)
         out, lp, raw, lengths = jax.device_get((out, lp, raw, lengths))
         _check_finite(raw[:n], lengths[:n])
         result = SampleOutput([], [], [], [], batch)
