@@ -25,7 +25,7 @@ if not jax.config.jax_compilation_cache_dir:
 
 import pytest  # noqa: E402
 
-from spiral_jax.models import transformer  # noqa: E402
+from spiral_jax.models import cpu  # noqa: E402
 from tests.tiny_models import FAMILIES, make_hf_model  # noqa: E402
 
 
@@ -55,9 +55,9 @@ def hf_model(request, tmp_path_factory):
 @pytest.fixture(params=["cpu", "accelerator"])
 def layouts(request, monkeypatch):
     """Run a test with the operand layouts tuned for XLA:CPU, then with the ones GPUs and TPUs get
-    (`transformer.cpu_layouts`): CI has no accelerator, and this keeps their code paths tested."""
+    (`models.cpu.layouts`): CI has no accelerator, and this keeps their code paths tested."""
     if request.param == "accelerator":
-        monkeypatch.setattr(transformer, "cpu_layouts", lambda: False)
+        monkeypatch.setattr(cpu, "layouts", lambda: False)
     return request.param
 
 

@@ -11,7 +11,7 @@ o_bias [D], q_norm/k_norm [hd], mlp_norm [D], gate/up [F, D], down [D, F].
 Linear weights are [out, in] as in HF checkpoints (and PyTorch), with the head axis split out, so the
 mapping is at most "split one axis into (heads, head_dim)". That is all `hf_slice` needs to read any
 shard of any weight straight from a safetensors slice. Out-major weights are also what XLA's CPU dot
-wants when a decode step multiplies them by a few rows (see `transformer.dense`); training is
+wants when a decode step multiplies them by a few rows (see `cpu.dense`); training is
 indifferent to the orientation.
 """
 from __future__ import annotations

@@ -15,22 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spiral_jax.models import cpu_kernels
+from spiral_jax.models import cpu
 from spiral_jax.models.config import ModelConfig
 from spiral_jax.sharding import Rules, constrain
 
 ACT = ("batch", "seq", "act_embed")
 CACHE_AXES = ("layers", "batch", "seq", "kv_heads", "head_dim")
-_WEIGHT_MAJOR_ROWS = 64  # on CPU, products with at most this many rows put the weight first (see dense)
-_MATVEC_GROUPS = 4  # on CPU, a one-row product splits its weight's out rows into this many groups (see dense)
-_MASKED = -0.7 * float(np.finfo(np.float32).max)  # finite, so fully masked (padding) rows stay NaN-free
-
-
-def cpu_layouts() -> bool:
-    """Whether to lay the products out for XLA:CPU (`dense`, decode attention, `unembed`, and the
-    vocabulary-major sampling in `sampling.logits`). Read at trace time and only here, so that tests
-    run the accelerator layouts on a CPU too."""
-    return jax.default_backend() == "cpu"
+MASKED = -0.7 * float(np.finfo(np.float32).max)  # finite, so fully masked (padding) rows stay NaN-free
 
 
 class KVCache(NamedTuple):
@@ -73,56 +64,17 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.
     return (x * cos.astype(x.dtype) + rotated * sin.astype(x.dtype)).astype(x.dtype)
 
 
-def dense(x: jax.Array, w: jax.Array, n_in: int = 1, weight_major: bool | None = None,
-          preferred_element_type=None, local: bool = True) -> jax.Array:
-    """x [..., *in] times an out-major weight w [*out, *in] -> [..., *out].
+def dense(x: jax.Array, w: jax.Array, n_in: int = 1, preferred_element_type=None,
+          local: bool = True) -> jax.Array:
+    """x [..., *in] times an out-major weight w [*out, *in] -> [..., *out]: every projection.
 
-    On CPU the product runs as one 2-D matmul of [out, in] and [rows, in]: given several out or in axes
-    (the attention projections, [heads, head_dim, embed]), XLA:CPU would otherwise copy those weights
-    into a transposed layout on every many-row call.
-
-    weight_major computes the product as w . x^T (out axes leading), then transposes the small result:
-    XLA's CPU dot runs a few rows (a decode step) much faster that way. The barrier keeps XLA from
-    folding the transpose back into the product. By default it is used on CPU for products of at most
-    64 rows.
-
-    A single row (batch-1 decode) is a matrix-vector product, which XLA:CPU runs on one thread; split
-    into groups of the weight's out rows as a batch axis, it uses every core.
-
-    With 16, 32, 48 or 64 f32 rows (a decode step's batch), the weight-major product runs in
-    `cpu_kernels`' matmul kernel where it is built. local=False (a mesh: the kernel has no sharding
-    rule) keeps XLA's dot. What each of these is worth: docs/performance.md (`python bench/sampler.py`).
+    On CPU the product takes the layouts XLA:CPU runs fastest (`cpu.dense`). local=False: the operands
+    are sharded over a mesh (the CPU kernels have no sharding rule).
     """
-    lead = x.ndim - n_in
-    out_shape, rows = w.shape[:w.ndim - n_in], x.shape[:lead]
-    n_rows, cpu = int(np.prod(rows)), cpu_layouts()
-    if weight_major is None:
-        weight_major = cpu and n_rows <= _WEIGHT_MAJOR_ROWS
-    if cpu:
-        size_in = int(np.prod(x.shape[lead:]))
-        x, w, n_in = x.reshape(*rows, size_in), w.reshape(-1, size_in), 1
+    if cpu.layouts():
+        return cpu.dense(x, w, n_in, preferred_element_type=preferred_element_type, local=local)
     x_in, w_in = tuple(range(x.ndim - n_in, x.ndim)), tuple(range(w.ndim - n_in, w.ndim))
-    if not weight_major:
-        y = jax.lax.dot_general(x, w, ((x_in, w_in), ((), ())), preferred_element_type=preferred_element_type)
-    else:
-        if cpu and local and _kernel_rows(n_rows) and x.dtype == w.dtype == jnp.float32:
-            y = cpu_kernels.weight_major_matmul(w, x.reshape(n_rows, -1)).reshape(-1, *rows)
-        elif cpu and n_rows == 1 and w.shape[0] % _MATVEC_GROUPS == 0:
-            groups = w.reshape(_MATVEC_GROUPS, -1, size_in)
-            vector = jnp.broadcast_to(x.reshape(1, 1, size_in), (_MATVEC_GROUPS, 1, size_in))
-            y = jax.lax.dot_general(groups, vector, (((2,), (2,)), ((0,), (0,))),
-                                    preferred_element_type=preferred_element_type).reshape(-1, *rows)
-        else:
-            y = jax.lax.dot_general(w, x, ((w_in, x_in), ((), ())), preferred_element_type=preferred_element_type)
-        n_out = y.ndim - len(rows)  # y is [*out, *rows]
-        y = jax.lax.optimization_barrier(y).transpose(*range(n_out, y.ndim), *range(n_out))
-    return y.reshape(*rows, *out_shape)
-
-
-def _kernel_rows(n_rows: int) -> bool:
-    """Whether a weight-major product of n_rows rows goes to the CPU kernel: it works in tiles of 16
-    rows, and at fewer (or a part tile) XLA's dot is as fast or faster."""
-    return n_rows % 16 == 0 and n_rows <= _WEIGHT_MAJOR_ROWS and cpu_kernels.available()
+    return jax.lax.dot_general(x, w, ((x_in, w_in), ((), ())), preferred_element_type=preferred_element_type)
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -141,52 +93,22 @@ def _allowed(kv_mask, q_slots):
 def attention(q, k, v, q_slots, kv_mask):
     """GQA attention. q [B,T,H,hd]; k, v [B,S,KV,hd]; q_slots [T] or [B,T]; kv_mask [B,S] -> [B,T,H,hd].
 
-    Heads are moved in front of the sequence axes so both products are plain batched matmuls
-    (measurably faster on CPU than the equivalent einsum with interleaved batch axes).
+    Heads are moved in front of the sequence axes so both products are plain batched matmuls (on CPU
+    faster than the equivalent einsum with interleaved batch axes). A decode step on CPU reads the
+    cache in its own layout (`cpu.decode_attention`).
     """
     b, t, h, hd = q.shape
     kv, g = k.shape[2], h // k.shape[2]
-    if t == 1 and cpu_layouts():
-        return _decode_attention(q, k, v, _allowed(kv_mask, q_slots)[:, 0])
+    if t == 1 and cpu.layouts():
+        return cpu.decode_attention(q, k, v, _allowed(kv_mask, q_slots)[:, 0], MASKED)
     qh = q.reshape(b, t, kv, g, hd).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, hd)
     kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, KV, S, hd]
     scores = jnp.matmul(qh, kh.swapaxes(-1, -2), preferred_element_type=jnp.float32)
     scores = scores.reshape(b, kv, g, t, -1) * (hd ** -0.5)
-    scores = jnp.where(_allowed(kv_mask, q_slots)[:, None, None], scores, _MASKED)
+    scores = jnp.where(_allowed(kv_mask, q_slots)[:, None, None], scores, MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kv, g * t, -1)
     out = jnp.matmul(probs, vh).reshape(b, kv, g, t, hd)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd)
-
-
-def _decode_attention(q, k, v, allowed):
-    """Attention of one query per row over the cache, reading the cache in place: [B,1,H,hd]. XLA's form,
-    for CPUs where `cpu_kernels`' decode attention is not built (or the cache is not f32).
-
-    The scores are one matmul per row of every cached key (all KV heads) against every query head,
-    [S*KV, hd] x [hd, H], of which each query group's own KV head is kept by a strided slice. That
-    computes KV times the needed products, but needs no transposed copy of the cache and runs as one
-    large matmul, faster on CPU than the batched form. The slice fuses into the softmax (selecting
-    with an identity-matrix product would cost a copy and a dot per layer). CPU only: on accelerators the
-    batched matmul is fine, and merging the KV axis into the sequence would get in the way of splitting
-    KV heads over a tensor-parallel mesh.
-    """
-    b, _, h, hd = q.shape
-    kv = k.shape[2]
-    every = jnp.einsum("bnd,bhd->bnh", k.reshape(b, -1, hd), q.reshape(b, h, hd),
-                       preferred_element_type=jnp.float32).reshape(b, -1, kv * kv, h // kv)
-    # every[b, s, i * kv + j] pairs KV head i with query group j: keep i == j, a stride of kv + 1.
-    scores = every[:, :, ::kv + 1] * (hd ** -0.5)
-    scores = jnp.where(allowed[:, :, None, None], scores, _MASKED)  # [B,S,KV,G]
-    probs = jax.nn.softmax(scores, axis=1).astype(v.dtype)
-    return jnp.einsum("bskg,bskd->bkgd", probs, v).reshape(b, 1, h, hd)
-
-
-def _kernel_attention(q, cache: KVCache, rules: Rules | None) -> bool:
-    """Whether a decode step's attention runs in `cpu_kernels`' kernel: one f32 query per row, an f32
-    cache, on a single CPU device (the kernel has no sharding rule). It reads the layer's keys and values
-    in place, where XLA:CPU first copies them out of the cache, the values twice (docs/performance.md)."""
-    return (q.shape[1] == 1 and rules is None and cpu_layouts() and q.dtype == cache.k.dtype == jnp.float32
-            and q.shape[-1] % 8 == 0 and cpu_kernels.available())
 
 
 def _cache_write(cache: KVCache, layer, k, v, cache_start, row_slots) -> KVCache:
@@ -245,10 +167,9 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
         seen = kv_len or (cache_start + x.shape[1] if isinstance(cache_start, int) else cache.k.shape[2])
         if last_only:
             q, x, q_slots = q[:, -1:], x[:, -1:], q_slots[..., -1:]
-        if _kernel_attention(q, cache, rules):
-            out = cpu_kernels.decode_attention(q[:, 0], cache.k, cache.v, layer,
-                                               _allowed(kv_mask[:, :seen], q_slots)[:, 0],
-                                               scale=q.shape[-1] ** -0.5, masked=_MASKED)[:, None]
+        if cpu.kernel_attention_fits(q, cache.k, local=rules is None):
+            out = cpu.kernel_attention(q, cache.k, cache.v, layer, _allowed(kv_mask[:, :seen], q_slots)[:, 0],
+                                       MASKED)
         else:
             out = attention(q, cache.k[layer, :, :seen].astype(dt), cache.v[layer, :, :seen].astype(dt),
                             q_slots, kv_mask[:, :seen])
@@ -319,11 +240,10 @@ def unembed(params, cfg: ModelConfig, hidden: jax.Array, table_t: jax.Array | No
     """
     if table_t is not None:
         return jnp.dot(hidden, table_t.astype(hidden.dtype), preferred_element_type=jnp.float32)
-    table = unembed_table(params, cfg)
-    # With the [V, D] table, on CPU the vocabulary leads the product at any row count: XLA:CPU runs
-    # that form faster for prefill and decode shapes alike.
-    return dense(hidden, table.astype(hidden.dtype), weight_major=cpu_layouts(),
-                 preferred_element_type=jnp.float32, local=local)
+    table = unembed_table(params, cfg).astype(hidden.dtype)
+    if cpu.layouts():  # the vocabulary leads the product at any row count: faster for prefill and decode
+        return cpu.dense(hidden, table, weight_major=True, preferred_element_type=jnp.float32, local=local)
+    return dense(hidden, table, preferred_element_type=jnp.float32)
 
 
 def positions_from_mask(attention_mask: jax.Array) -> jax.Array:

@@ -11,7 +11,7 @@ logits, and only the chosen block's probabilities are computed again.
 The helpers take the vocabulary axis `ax` of a 2-D array, 1 for [B, V] or 0 for [V, B], and keep
 per-row results with that axis kept at size 1, so they broadcast against the logits either way. On
 CPU, batches of 16 rows or more are sampled vocabulary-major: the unembedding produces the logits
-in that order (the vocabulary leads the product, see `models.transformer.dense`), so the transpose
+in that order (the vocabulary leads the product, see `models.cpu.dense`), so the transpose
 cancels and every pass reads memory in order; reducing the [B, V] view of that memory costs XLA:CPU
 several times more. Few rows are sampled row-major, where XLA:CPU's reductions over a leading axis
 with a narrow trailing one are slow. What each choice is worth: docs/performance.md.
@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from spiral_jax.models import transformer
+from spiral_jax.models import cpu
 
 
 _BLOCK = 128
@@ -125,7 +125,7 @@ def sample_token(logits, keys, temperature, top_k, top_p, *, greedy: bool, trunc
     the raw log-prob is under temperature 1 and the full vocabulary. Greedy decoding reports the raw
     log-prob for both. plain=True promises temperature 1 and no truncation (the caller checks).
     """
-    vocab_major = transformer.cpu_layouts() and logits.shape[0] >= _VOCAB_MAJOR_ROWS
+    vocab_major = cpu.layouts() and logits.shape[0] >= _VOCAB_MAJOR_ROWS
     ax = 0 if vocab_major else 1
     logits = logits.T if vocab_major else logits
     pick = lambda x: jnp.take_along_axis(x, token, axis=ax).reshape(-1)  # noqa: E731

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spiral_jax.models import transformer
+from spiral_jax.models import cpu, transformer
 from spiral_jax.models.config import ModelConfig
 from spiral_jax.models.params import check_params, param_shardings
 from spiral_jax.models.transformer import KVCache, decoder, positions_from_mask, unembed, unembed_table
@@ -175,7 +175,7 @@ class Sampler:
         once per table and kept, at the table's size in memory, until a one-row call brings another
         table; it holds no reference to the table it was made from.
         """
-        if batch != 1 or self.rules is not None or not transformer.cpu_layouts():
+        if batch != 1 or self.rules is not None or not cpu.layouts():
             return None
         table = unembed_table(params, self.cfg)
         source, table_t = self._table_t

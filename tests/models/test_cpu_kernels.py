@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from spiral_jax.models import cpu_kernels
-from spiral_jax.models.transformer import _MASKED, _decode_attention, dense
+from spiral_jax.models.cpu import decode_attention
+from spiral_jax.models.transformer import MASKED, dense
 
 
 def test_kernel_builds_on_this_machine():
@@ -96,8 +97,9 @@ def test_decode_attention_equals_xla(rows, slots, window, kv, group, hd):
     allowed[:, 0] = True
     allowed[-1] = rows == 1  # the last row: nothing allowed (unless it is the only one)
     kernel = jax.jit(lambda q, k, v, layer, allowed: cpu_kernels.decode_attention(
-        q, k, v, layer, allowed, scale=hd ** -0.5, masked=_MASKED))
+        q, k, v, layer, allowed, scale=hd ** -0.5, masked=MASKED))
     for layer in range(layers):
         got = np.asarray(kernel(q, k, v, layer, allowed))
-        want = np.asarray(_decode_attention(q[:, None], k[layer, :, :window], v[layer, :, :window], allowed))[:, 0]
+        want = np.asarray(decode_attention(q[:, None], k[layer, :, :window], v[layer, :, :window], allowed,
+                                            MASKED))[:, 0]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -1,9 +1,11 @@
-"""`dense`, the one product behind every projection: the same result in every layout it picks."""
+"""`dense`, the one product behind every projection: the same result in every layout it picks, on the
+accelerator path and in each of the CPU layouts (`cpu.dense`)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from spiral_jax.models import cpu
 from spiral_jax.models.transformer import dense
 
 # (row shape, weight shape, n_in): one row (batch-1 decode, grouped on CPU), a few rows (decode,
@@ -13,17 +15,29 @@ CASES = [((), (6, 8, 32), 1), ((1,), (48, 32), 1), ((1, 1), (32, 6, 8), 2), ((1,
          ((3,), (6, 8, 32), 1), ((2, 5), (32, 6, 8), 2), ((70,), (48, 32), 1)]
 
 
-@pytest.mark.parametrize("rows,w_shape,n_in", CASES)
-@pytest.mark.parametrize("weight_major", [None, True, False])
-def test_dense_equals_einsum(rows, w_shape, n_in, weight_major, layouts):
+def _einsum_case(rows, w_shape, n_in):
     kx, kw = jax.random.split(jax.random.key(0))
     in_shape = w_shape[len(w_shape) - n_in:]
     x = jax.random.normal(kx, rows + in_shape)
     w = jax.random.normal(kw, w_shape)
     letters = "abcdefgh"
     r, o, i = letters[:len(rows)], letters[3:3 + len(w_shape) - n_in], letters[6:6 + n_in]
-    want = jnp.einsum(f"{r}{i},{o}{i}->{r}{o}", x, w, precision=jax.lax.Precision.HIGHEST)
-    got = jax.jit(lambda x, w: dense(x, w, n_in, weight_major))(x, w)
+    return x, w, jnp.einsum(f"{r}{i},{o}{i}->{r}{o}", x, w, precision=jax.lax.Precision.HIGHEST)
+
+
+@pytest.mark.parametrize("rows,w_shape,n_in", CASES)
+def test_dense_equals_einsum(rows, w_shape, n_in, layouts):
+    x, w, want = _einsum_case(rows, w_shape, n_in)
+    got = jax.jit(lambda x, w: dense(x, w, n_in))(x, w)
+    assert got.shape == rows + w_shape[:len(w_shape) - n_in]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows,w_shape,n_in", CASES)
+@pytest.mark.parametrize("weight_major", [None, True, False])
+def test_cpu_dense_equals_einsum(rows, w_shape, n_in, weight_major):
+    x, w, want = _einsum_case(rows, w_shape, n_in)
+    got = jax.jit(lambda x, w: cpu.dense(x, w, n_in, weight_major))(x, w)
     assert got.shape == rows + w_shape[:len(w_shape) - n_in]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 

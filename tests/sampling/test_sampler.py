@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from spiral_jax.compilation import compile_count
-from spiral_jax.models import KVCache, decoder, forward, load_pretrained, transformer
+from spiral_jax.models import KVCache, cpu, cpu_kernels, decoder, forward, load_pretrained
 from spiral_jax.sampling import Sampler, SamplingParams, sample_token
 from spiral_jax.sampling import logits as logits_module
 from spiral_jax.sampling import sampler as sampler_module
@@ -42,7 +42,7 @@ def test_layouts_fixture_switches_code_paths(qwen3, layouts, monkeypatch):
     kernel is not built): the `layouts` fixture reaches the model."""
     cfg, params = qwen3
     calls = []
-    for module, name in ((transformer, "_decode_attention"), (transformer.cpu_kernels, "decode_attention")):
+    for module, name in ((cpu, "decode_attention"), (cpu_kernels, "decode_attention")):
         original = getattr(module, name)
         spy = functools.partial(lambda f, *a, **kw: calls.append(1) or f(*a, **kw), original)
         monkeypatch.setattr(module, name, spy)
@@ -57,7 +57,7 @@ def test_cpu_kernels_off_gives_the_same_output(qwen3, monkeypatch):
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(16)]  # 16 rows: the matmul kernel's batch too
     sp = SamplingParams(max_new_tokens=12)
     on = Sampler(cfg).generate(params, prompts, sp, seed=5)
-    monkeypatch.setattr(transformer.cpu_kernels, "available", lambda: False)
+    monkeypatch.setattr(cpu_kernels, "available", lambda: False)
     off = Sampler(cfg).generate(params, prompts, sp, seed=5)
     for a, b, la, lb in zip(on.tokens, off.tokens, on.logprobs, off.logprobs):
         assert a == b
