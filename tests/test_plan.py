@@ -85,7 +85,7 @@ def test_estimate_matches_what_jax_measures_on_cpu():
     row_ids = np.arange(GAMES, dtype=np.uint32)
     program = sampler._program.lower(sample_params, None, prompt, prompt, jax.random.key(0), row_ids, np.int32(NEW),
                                      np.float32(1.0), np.int32(0), np.float32(1.0), np.full((8,), -1, np.int32),
-                                     slots=slots, greedy=False, truncated=False, plain=True).compile()
+                                     slots=slots, mode="plain").compile()
 
     temp, temp_double = train_temp(MICRO), train_temp(2 * MICRO)
     double = P.estimate(cfg, tc, dataclasses.replace(plan.work, micro_batch=2 * MICRO), plan.mesh, hw).parts

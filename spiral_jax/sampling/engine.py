@@ -247,7 +247,7 @@ def _programs(cfg, rules, sampling: SamplingParams, slots: int, cache_len: int, 
     with rollouts; their programs must not recompile)."""
     sp = sampling
     pick = functools.partial(sample_token, temperature=np.float32(sp.temperature), top_k=np.int32(sp.top_k),
-                             top_p=np.float32(sp.top_p), greedy=sp.greedy, truncated=sp.truncated, plain=sp.plain)
+                             top_p=np.float32(sp.top_p), mode=sp.mode)
     stop_ids = sp.stop_array()
 
     def is_stop(token):

@@ -25,6 +25,7 @@ from spiral_jax.models import cpu
 
 
 _BLOCK = 128
+MODES = ("greedy", "plain", "tempered", "truncated")
 _VOCAB_MAJOR_ROWS = 16  # on CPU, batches of at least this many rows are sampled vocabulary-major
 
 
@@ -117,24 +118,29 @@ def truncate(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array, ax: int) -> 
     return jnp.where(scaled >= threshold, scaled, -jnp.inf)
 
 
-def sample_token(logits, keys, temperature, top_k, top_p, *, greedy: bool, truncated: bool,
-                 plain: bool = False):
+def sample_token(logits, keys, temperature, top_k, top_p, *, mode: str):
     """Pick one token per row of logits [B, V]. Returns (token [B], behaviour log-prob [B], raw log-prob [B]).
 
-    The behaviour log-prob is under the distribution actually sampled from (tempered, truncated);
-    the raw log-prob is under temperature 1 and the full vocabulary. Greedy decoding reports the raw
-    log-prob for both. plain=True promises temperature 1 and no truncation (the caller checks).
+    mode (static, one of MODES; `SamplingParams.mode` picks it): "greedy" takes the argmax; "plain"
+    samples the raw distribution and promises temperature 1 and no truncation (the caller checks), which
+    saves a pass over the vocabulary; "tempered" divides by the temperature; "truncated" also applies
+    top-k and top-p. The behaviour log-prob is under the distribution actually sampled from; the raw
+    log-prob is under temperature 1 and the full vocabulary. Greedy decoding reports the raw log-prob
+    for both.
     """
+    if mode not in MODES:
+        raise ValueError(f"sampling mode {mode!r}; use one of {', '.join(MODES)}")
     vocab_major = cpu.layouts() and logits.shape[0] >= _VOCAB_MAJOR_ROWS
     ax = 0 if vocab_major else 1
     logits = logits.T if vocab_major else logits
     pick = lambda x: jnp.take_along_axis(x, token, axis=ax).reshape(-1)  # noqa: E731
-    if greedy:
+    if mode == "greedy":
         token = argmax(logits, ax)
         lp = pick(logits) - jax.nn.logsumexp(logits, axis=ax)
         return token.reshape(-1), lp, lp
+    plain = mode == "plain"
     scaled = logits if plain else logits / temperature
-    if truncated:
+    if mode == "truncated":
         scaled = truncate(scaled, top_k, top_p, ax)
     top = jnp.max(scaled, axis=ax, keepdims=True)
     u = jax.vmap(lambda k: jax.random.uniform(k, dtype=jnp.float32))(keys)

@@ -67,14 +67,15 @@ class SamplingParams:
             raise ValueError(f"at most {_MAX_STOP_IDS} stop token ids, got {len(self.stop_token_ids)}")
 
     @property
-    def truncated(self) -> bool:
-        """Whether top-k or top-p cuts the distribution sampled from."""
-        return not self.greedy and (self.top_k > 0 or self.top_p < 1.0)
-
-    @property
-    def plain(self) -> bool:
-        """Sampling from the raw distribution: temperature 1, no truncation."""
-        return not self.greedy and not self.truncated and self.temperature == 1.0
+    def mode(self) -> str:
+        """The sampling program these parameters need (`sampling.logits.MODES`): "greedy" (argmax),
+        "plain" (the raw distribution: temperature 1, no truncation), "tempered" (temperature only) or
+        "truncated" (top-k or top-p cuts the tempered distribution)."""
+        if self.greedy:
+            return "greedy"
+        if self.top_k > 0 or self.top_p < 1.0:
+            return "truncated"
+        return "plain" if self.temperature == 1.0 else "tempered"
 
     def stop_array(self) -> np.ndarray:
         """The stop ids as the compiled programs take them: a fixed-size int32 array, -1 padded."""
@@ -187,13 +188,13 @@ class Sampler:
     def _compile_program(self):
         cfg, rules = self.cfg, self.rules
 
-        @functools.partial(jax.jit, static_argnames=("slots", "greedy", "truncated", "plain"))
+        @functools.partial(jax.jit, static_argnames=("slots", "mode"))
         def program(params, table_t, prompt, prompt_mask, key, row_ids, max_new, temperature, top_k, top_p,
-                    stop_ids, *, slots, greedy, truncated, plain):
+                    stop_ids, *, slots, mode):
             batch, plen = prompt.shape
             budget = slots - plen  # output buffer length (the new-token bucket)
             pick = functools.partial(sample_token, temperature=temperature, top_k=top_k, top_p=top_p,
-                                     greedy=greedy, truncated=truncated, plain=plain)
+                                     mode=mode)
             keys = jax.vmap(jax.random.fold_in, (None, 0))(key, row_ids)
             step_keys = lambda step: jax.vmap(jax.random.fold_in, (0, None))(keys, step)  # noqa: E731
             is_stop = lambda tok: jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)  # noqa: E731
@@ -303,7 +304,7 @@ class Sampler:
         out, lp, raw, lengths = self._program(
             params, self._one_row_table(params, batch), prompt, mask, jax.random.key(seed), ids,
             np.int32(sp.max_new_tokens), np.float32(sp.temperature), np.int32(sp.top_k), np.float32(sp.top_p),
-            sp.stop_array(), slots=slots, greedy=sp.greedy, truncated=sp.truncated, plain=sp.plain)
+            sp.stop_array(), slots=slots, mode=sp.mode)
         out, lp, raw, lengths = jax.device_get((out, lp, raw, lengths))
         _check_finite(raw[:n], lengths[:n])
         result = SampleOutput([], [], [], [], batch)

@@ -131,8 +131,8 @@ def test_sampling_frequencies_match_target(temperature, top_k, top_p):
     n = 40000
     keys = jax.random.split(jax.random.key(0), n)
     draw = jax.jit(jax.vmap(lambda k: sample_token(
-        logits, k[None], temperature, jnp.int32(top_k), jnp.float32(top_p), greedy=False,
-        truncated=top_k > 0 or top_p < 1)[0][0]))
+        logits, k[None], temperature, jnp.int32(top_k), jnp.float32(top_p), 
+        mode=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p).mode)[0][0]))
     counts = np.bincount(np.asarray(draw(keys)), minlength=8)
     target = np.exp(_truncated_logprobs(np.asarray(logits), temperature, top_k, top_p)[0])
     support = target > 0
@@ -143,29 +143,29 @@ def test_sampling_frequencies_match_target(temperature, top_k, top_p):
 
 
 def test_plain_path_equals_general_path_at_temperature_one():
-    """plain=True (temperature 1, no truncation: one exp pass) draws the same tokens and log-probs."""
+    """The plain mode (temperature 1, no truncation: one exp pass) draws the same tokens and log-probs
+    as the tempered one at temperature 1."""
     logits = jax.random.normal(jax.random.key(1), (16, 1000)) * 3
     keys = jax.random.split(jax.random.key(2), 16)
     args = (logits, keys, jnp.float32(1.0), jnp.int32(0), jnp.float32(1.0))
-    general = sample_token(*args, greedy=False, truncated=False)
-    plain = sample_token(*args, greedy=False, truncated=False, plain=True)
+    general = sample_token(*args, mode="tempered")
+    plain = sample_token(*args, mode="plain")
     np.testing.assert_array_equal(general[0], plain[0])
     np.testing.assert_allclose(general[1], plain[1], atol=1e-6)
     np.testing.assert_allclose(general[2], plain[2], atol=1e-6)
     np.testing.assert_allclose(plain[1], jax.nn.log_softmax(logits)[jnp.arange(16), plain[0]], atol=1e-5)
 
 
-@pytest.mark.parametrize("mode", [dict(greedy=True, truncated=False), dict(greedy=False, truncated=False, plain=True),
-                                  dict(greedy=False, truncated=False), dict(greedy=False, truncated=True)])
+@pytest.mark.parametrize("mode", ["greedy", "plain", "tempered", "truncated"])
 def test_vocab_major_and_row_major_sampling_agree(monkeypatch, mode):
     """Large CPU batches are sampled vocabulary-major, small ones row-major: same tokens, same log-probs."""
     logits = jax.random.normal(jax.random.key(3), (16, 1000)) * 3
     keys = jax.random.split(jax.random.key(4), 16)
-    args = (logits, keys, jnp.float32(0.8 if not mode.get("plain") else 1.0), jnp.int32(40), jnp.float32(0.9))
+    args = (logits, keys, jnp.float32(1.0 if mode == "plain" else 0.8), jnp.int32(40), jnp.float32(0.9))
     out = {}
     for rows in (1, 10**6):  # the smallest batch sampled vocabulary-major
         monkeypatch.setattr(logits_module, "_VOCAB_MAJOR_ROWS", rows)
-        out[rows] = jax.jit(functools.partial(sample_token, **mode))(*args)
+        out[rows] = jax.jit(functools.partial(sample_token, mode=mode))(*args)
     np.testing.assert_array_equal(out[1][0], out[10**6][0])
     np.testing.assert_allclose(out[1][1], out[10**6][1], atol=1e-5)
     np.testing.assert_allclose(out[1][2], out[10**6][2], atol=1e-5)
