@@ -51,10 +51,14 @@ flags.DEFINE_integer("kuhn_samples", 0, "eval kuhn: responses per information se
                      "the answers, for templates without reasoning).")
 flags.DEFINE_list("bench", [], "eval bench: NAME=items.jsonl, items.jsonl (named after the file), or NAME "
                   "(MATH500, AIME24, ...) to download it from the hub (needs the network and the eval extra).")
-flags.DEFINE_integer("samples", 4, "eval bench: samples per item (pass@1 = first sample; mean over all).")
+flags.DEFINE_integer("samples", 0, "eval bench: samples per item (pass@1 = first sample; mean over all); "
+                     "default eval.math.samples.")
 flags.DEFINE_string("shots_file", "", "eval bench: JSONL of worked examples for few-shot prompts.")
 flags.DEFINE_integer("shots", 0, "eval bench: how many of them (0: zero-shot).")
-flags.DEFINE_integer("limit", 0, "eval bench: items per benchmark (0: all).")
+flags.DEFINE_integer("limit", 0, "eval bench: items per benchmark (default eval.math.limit; 0: all).")
+flags.DEFINE_enum("protocol", "", ["", "reference"], "eval: the reference's offline settings (games: temperature "
+                  "0.7, top-p 0.9, 8192 new tokens, 512 games; bench: temperature 0.6, top-p 0.95, 8192 new "
+                  "tokens, 4 samples, the instruction before the question) instead of the config's.")
 flags.DEFINE_string("hardware", "", "plan: a hardware preset (v4-8, v5e-8, v5p-8, v6e-8, 8xH100); "
                     "default: the devices JAX sees here.")
 flags.DEFINE_integer("devices", 0, "plan: the device count, instead of --hardware.")
@@ -68,7 +72,8 @@ COMMANDS = {
               ("config", "resume", "overwrite")),
     "eval": ("Evaluate the newest checkpoint in out_dir (or model.path): games, transfer, kuhn, crossplay "
              "or bench.", ("config", "games", "suite", "eval_out", "opponents", "env_ids", "players",
-                           "crossplay_env", "kuhn_samples", "bench", "samples", "shots_file", "shots", "limit")),
+                           "crossplay_env", "kuhn_samples", "bench", "samples", "shots_file", "shots", "limit",
+                           "protocol")),
     "export": ("Write the newest checkpoint as a Hugging Face folder (safetensors, config, tokenizer).",
                ("config", "out", "overwrite", "dtype", "max_shard_gib")),
     "plan": ("Memory per device of a config on some hardware, before a run; exit status 1 if it does not fit.",
@@ -241,7 +246,7 @@ def _run(command: str, c) -> int:
         raise ValueError(f"--out {FLAGS.out} is not empty; pass an empty or new folder, or --overwrite to "
                          f"replace everything in it")
     # eval / export: the newest checkpoint's parameters in out_dir, else the weights at model.path.
-    from spiral_jax.config import build_tokenizer, eval_sampling, load_policy
+    from spiral_jax.config import build_tokenizer, eval_sampling, load_policy, math_sampling, with_protocol
     from spiral_jax.distributed import host_local_mesh, initialize
     from spiral_jax.sharding import make_mesh
 
@@ -253,7 +258,9 @@ def _run(command: str, c) -> int:
     if command == "eval":
         from spiral_jax.eval.command import run_eval
         from spiral_jax.eval.suite import EvalContext
-        print(run_eval(EvalContext.from_config(c, cfg, params, tokenizer, mesh, eval_sampling(c)), c, FLAGS))
+        c = with_protocol(c, FLAGS.protocol)
+        ctx = EvalContext.from_config(c, cfg, params, tokenizer, mesh, eval_sampling(c), math_sampling(c))
+        print(run_eval(ctx, c, FLAGS))
         return 0
     return _export(c, cfg, params, tokenizer)
 

@@ -66,6 +66,12 @@ def base_config() -> ConfigDict:
     c.eval = ConfigDict(dict(env_ids=(), opponents=("random", "scripted"), games=64, final_games=200, temperature=0.6,
                              top_p=0.95, max_new_tokens=4096, invalid_rewards=(-1.0, 1.0),
                              kuhn_samples=-1))  # Kuhn exploitability: -1 off, 0 exact scoring, k samples
+    # Math benchmarks: `spiral-jax eval --suite bench`, and during training at step 0, every `every`
+    # steps and at the end (0: never; the reference runs them every 16 steps). files: "NAME=items.jsonl"
+    # (format: spiral_jax/eval/benchmarks.py). samples per item; limit: items per file (0: all);
+    # instruction_first: the instruction before the question, as the reference asks (else after it).
+    c.eval.math = ConfigDict(dict(every=0, files=(), samples=4, limit=0, temperature=0.6, top_p=0.95,
+                                  max_new_tokens=4096, instruction_first=False))
     # Imitation before RL, for random tiny models only (real checkpoints skip it). teacher: random,
     # hashed (random move distributions per observation, hash_uniform of them uniform), legal (any
     # legal move, the model's own choice): the answer format, no strategy; or scripted (imitation of
@@ -103,6 +109,38 @@ def eval_sampling(c: ConfigDict) -> SamplingParams:
     """How evaluation games are sampled (no top-k: the reference evaluates with top-p only)."""
     e = c.eval
     return SamplingParams(e.max_new_tokens, e.temperature, 0, e.top_p)
+
+
+def math_sampling(c: ConfigDict) -> SamplingParams:
+    """How math benchmark answers are sampled (top-p only, as the reference)."""
+    m = c.eval.math
+    return SamplingParams(m.max_new_tokens, m.temperature, 0, m.top_p)
+
+
+# The reference's offline evaluation settings, for `spiral-jax eval --protocol reference`: games at
+# temperature 0.7, top-p 0.9, 8192 new tokens, 512 games; math at temperature 0.6, top-p 0.95, 8192
+# new tokens, 4 samples per item, the instruction before the question.
+EVAL_PROTOCOLS = {
+    "reference": {"eval.temperature": 0.7, "eval.top_p": 0.9, "eval.max_new_tokens": 8192, "eval.final_games": 512,
+                  "eval.math.temperature": 0.6, "eval.math.top_p": 0.95, "eval.math.max_new_tokens": 8192,
+                  "eval.math.samples": 4, "eval.math.instruction_first": True},
+}
+
+
+def with_protocol(c: ConfigDict, name: str) -> ConfigDict:
+    """A copy of `c` with an evaluation protocol's settings (EVAL_PROTOCOLS); "" leaves it as it is."""
+    if not name:
+        return c
+    if name not in EVAL_PROTOCOLS:
+        raise ValueError(f"unknown evaluation protocol {name!r}; use one of {', '.join(EVAL_PROTOCOLS)}")
+    c = ConfigDict(c.to_dict())
+    for key, value in EVAL_PROTOCOLS[name].items():
+        *path, last = key.split(".")
+        node = c
+        for part in path:
+            node = node[part]
+        node[last] = value
+    return c
 
 
 def _runtime(c: ConfigDict) -> dict:

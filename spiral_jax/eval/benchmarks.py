@@ -65,21 +65,36 @@ def load_items(path, limit: int | None = None) -> list[Item]:
     return items
 
 
-def question_text(item: Item) -> str:
-    """The question with its choices and the instruction (our wording)."""
+def question_text(item: Item, instruction_first: bool = False) -> str:
+    """The question with its choices and the instruction (our wording), after the question or, as the
+    reference asks, before it."""
     text = f"Question: {item.problem}"
     if item.choices:
         text += "\n" + "\n".join(f"({LETTERS[i]}) {c}" for i, c in enumerate(item.choices))
-    return f"{text}\n\n{CHOICE_INSTRUCTION if item.choices else MATH_INSTRUCTION}"
+    instruction = CHOICE_INSTRUCTION if item.choices else MATH_INSTRUCTION
+    return f"{instruction}\n\n{text}" if instruction_first else f"{text}\n\n{instruction}"
 
 
-def prompt_text(item: Item, shots: Sequence[Item] = ()) -> str:
+def prompt_text(item: Item, shots: Sequence[Item] = (), instruction_first: bool = False) -> str:
     """Zero-shot, or `shots` worked examples first (their solution, plus the boxed answer when the
     solution has no box)."""
     def worked(s: Item) -> str:
         answer = s.solution if "\\boxed" in s.solution else f"{s.solution} The answer is \\boxed{{{s.answer}}}."
-        return f"{question_text(s)}\nAnswer: {answer.strip()}"
-    return "\n\n".join([worked(s) for s in shots] + [question_text(item)])
+        return f"{question_text(s, instruction_first)}\nAnswer: {answer.strip()}"
+    return "\n\n".join([worked(s) for s in shots] + [question_text(item, instruction_first)])
+
+
+def local_files(specs: Sequence[str]) -> dict[str, str]:
+    """{name: path} from "NAME=items.jsonl" or "items.jsonl" (named after the file), each checked to
+    exist, so a typo fails before any model runs."""
+    files = {}
+    for spec in specs:
+        name, _, path = spec.partition("=")
+        name, path = (name, path) if path else (Path(spec).stem, spec)
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"benchmark {spec!r}: no such file {path} (give NAME=items.jsonl)")
+        files[name] = path
+    return files
 
 
 class Response(NamedTuple):
@@ -124,12 +139,12 @@ def grade(item: Item, response: str, timeout: float) -> tuple[str | None, bool, 
 
 
 def run_benchmark(name: str, items: Sequence[Item], generate: GenerateFn, k: int, out_dir,
-                  shots: Sequence[Item] = (), settings: dict | None = None, timeout: float = 5.0
-                  ) -> BenchmarkResult:
+                  shots: Sequence[Item] = (), settings: dict | None = None, timeout: float = 5.0,
+                  instruction_first: bool = False) -> BenchmarkResult:
     """Ask every item k times, grade, save `<name>.items.jsonl`, and return the summary."""
     if k < 1 or not items:
         raise ValueError(f"need k >= 1 and at least one item (k={k}, {len(items)} items)")
-    prompts = [prompt_text(item, shots) for item in items]
+    prompts = [prompt_text(item, shots, instruction_first) for item in items]
     start = time.perf_counter()
     outputs = generate(prompts, k)
     seconds = time.perf_counter() - start
@@ -154,6 +169,7 @@ def run_benchmark(name: str, items: Sequence[Item], generate: GenerateFn, k: int
                                 "graded_by": [g for _, _, g in graded], "first_correct": graded[0][1],
                                 "mean_correct": float(np.mean([ok for _, ok, _ in graded]))}) + "\n")
     settings = {"k": k, "prompt": f"{len(shots)}-shot" if shots else "zero-shot",
+                "instruction": "before the question" if instruction_first else "after the question",
                 "grader": "math-verify, the normaliser where it cannot parse" if math_verify_available()
                 else "the normaliser only (math-verify not installed)",
                 "grader_timeout_s": timeout, "seconds": seconds, **(settings or {})}
@@ -208,14 +224,15 @@ def markdown(results: Sequence[BenchmarkResult]) -> str:
     return "\n".join(lines) + f"\n\nSettings: {json.dumps(shown)}\n"
 
 
-def write_results(results: Sequence[BenchmarkResult], out_dir, writer=None, step: int = 0) -> Path:
-    """results.json and results.md in `out_dir`; scalars to a `MetricsWriter` when given."""
+def write_results(results: Sequence[BenchmarkResult], out_dir, writer=None, step: int = 0,
+                  prefix: str = "bench") -> Path:
+    """results.json and results.md in `out_dir`; scalars (under `prefix`) to a `MetricsWriter` when given."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
     (out_dir / "results.md").write_text(markdown(results))
     if writer is not None:
         for r in results:
-            writer.scalars(step, r.scalars())
+            writer.scalars(step, r.scalars(prefix))
         writer.flush()
     return out_dir / "results.json"

@@ -5,7 +5,8 @@ suite ("games", "transfer", "kuhn", "crossplay", "bench"), games (per pair; 0: e
 eval_out (the report folder; default <out_dir>/eval/<suite>), opponents and env_ids (lists; default the config's), players
 (crossplay: HF folders, "name=path" or "path"), crossplay_env, kuhn_samples (0: exact scoring),
 bench ("NAME=file.jsonl", "file.jsonl" named after the file, or "NAME" to download it from the hub
-first), samples, shots_file, shots, limit (0: all items).
+first), samples (0: eval.math.samples), shots_file, shots, limit (0: eval.math.limit, then all items).
+Benchmarks are sampled and prompted as `eval.math` says (`--protocol reference`: as the reference).
 """
 from __future__ import annotations
 
@@ -54,16 +55,13 @@ def run_eval(ctx: suite.EvalContext, c, args) -> str:
         scripted = [o for o in args.opponents if o in ("random", "scripted")]
         suite.run_crossplay(ctx, out, players, args.crossplay_env, n, scripted)
         return (out / "crossplay.md").read_text()
-    files = {}
-    for spec in args.bench:
-        name, path = spec.partition("=")[::2]
-        if not path and (spec.endswith(".jsonl") or Path(spec).is_file()):
-            name, path = Path(spec).stem, spec  # a local file given without a name: named after it
-        if path and not Path(path).is_file():
-            raise FileNotFoundError(f"--bench {spec}: no such file {path}")
-        files[name] = path or hub.download(name, out / "data" / f"{name}.jsonl")
+    files, m = {}, c.eval.math
+    for spec in args.bench or m.files:
+        local = "=" in spec or spec.endswith(".jsonl") or Path(spec).is_file()
+        files.update(benchmarks.local_files([spec]) if local else {spec: hub.download(spec, out / "data" / f"{spec}.jsonl")})
     if not files:
-        raise ValueError("--bench needs NAME=file.jsonl (or NAME, to download from the hub) entries")
-    results = suite.run_benchmarks(ctx, out, files, args.samples, args.shots_file or None, args.shots,
-                                   args.limit or None)
+        raise ValueError("--bench needs NAME=file.jsonl (or NAME, to download from the hub) entries, "
+                         "or eval.math.files in the config")
+    results = suite.run_benchmarks(ctx, out, files, args.samples or m.samples, args.shots_file or None, args.shots,
+                                   args.limit or m.limit or None, instruction_first=m.instruction_first)
     return benchmarks.markdown(results)

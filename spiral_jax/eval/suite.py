@@ -31,17 +31,18 @@ class EvalContext:
     mesh: object = None
     max_in_flight: int | None = None  # games at once per host (the training batch's games_per_batch)
     schedule: str = "rounds"  # the rollout schedule (rollout.schedule)
+    math_sampling: SamplingParams | None = None  # benchmarks (eval.math); None: `sampling`
 
     @classmethod
-    def from_config(cls, c, cfg, params, tokenizer, mesh, sampling: SamplingParams, sampler=None) -> "EvalContext":
+    def from_config(cls, c, cfg, params, tokenizer, mesh, sampling: SamplingParams,
+                    math_sampling: SamplingParams | None = None, sampler=None) -> "EvalContext":
         """The context a run's config describes (its eval settings and sizes); `params` in the
         sampler's layout on `mesh`. Without `sampler`, one sized like the trainer's is built."""
         r, e = c.rollout, c.eval
         if sampler is None:
-            slots = cache_slots(bucket_length(r.max_prompt_len), max(r.max_new_tokens, e.max_new_tokens))
-            sampler = Sampler(cfg, mesh, max_prompt_len=r.max_prompt_len, max_cache_len=slots)
+            sampler = Sampler(cfg, mesh, max_prompt_len=r.max_prompt_len, max_cache_len=cache_size(c))
         return cls(cfg, params, tokenizer, sampler, sampling, tuple(e.invalid_rewards), c.games.max_turns,
-                   c.seed, mesh, r.max_in_flight or r.games_per_batch, r.schedule)
+                   c.seed, mesh, r.max_in_flight or r.games_per_batch, r.schedule, math_sampling)
 
     @property
     def rollout(self) -> Rollout:
@@ -58,6 +59,14 @@ class EvalContext:
     def load_weights(self, source: str):
         """Weights of another model with the same architecture: an HF folder (sampler layout)."""
         return load_policy_weights(source, self.cfg, self.mesh)
+
+
+def cache_size(c) -> int:
+    """KV cache slots a run's sampler needs: the longest prompt plus the most new tokens of training
+    games, evaluation games and (when configured) math benchmarks."""
+    r, e = c.rollout, c.eval
+    new = max(r.max_new_tokens, e.max_new_tokens, e.math.max_new_tokens if e.math.every or e.math.files else 0)
+    return cache_slots(bucket_length(r.max_prompt_len), new)
 
 
 def run_games(ctx: EvalContext, out_dir, env_ids: Sequence[str], opponents: Sequence[str], n_games: int,
@@ -118,13 +127,16 @@ def run_crossplay(ctx: EvalContext, out_dir, players: Mapping[str, object], env_
 
 def run_benchmarks(ctx: EvalContext, out_dir, files: Mapping[str, str], k: int = 4,
                    shots_file: str | None = None, n_shots: int = 0, limit: int | None = None,
-                   writer=None, step: int = 0):
-    """Each benchmark from its JSONL file; per-item outputs, results.json / results.md."""
+                   writer=None, step: int = 0, instruction_first: bool = False, prefix: str = "bench"):
+    """Each benchmark from its JSONL file, sampled with `ctx.math_sampling`; per-item outputs,
+    results.json / results.md, and scalars under `prefix` when a writer is given."""
     shots = benchmarks.load_items(shots_file, n_shots) if shots_file and n_shots else []
-    generate = benchmarks.model_generate_fn(ctx.sampler, ctx.tokenizer, ctx.params, ctx.sampling, ctx.seed)
+    sampling = ctx.math_sampling or ctx.sampling
+    generate = benchmarks.model_generate_fn(ctx.sampler, ctx.tokenizer, ctx.params, sampling, ctx.seed)
+    settings = dataclasses.replace(ctx, sampling=sampling).settings()
     results = [benchmarks.run_benchmark(name, benchmarks.load_items(path, limit), generate, k, out_dir,
-                                        shots, ctx.settings())
+                                        shots, settings, instruction_first=instruction_first)
                for name, path in files.items()]
-    benchmarks.write_results(results, out_dir, writer, step)
+    benchmarks.write_results(results, out_dir, writer, step, prefix)
     return results
 

@@ -25,13 +25,14 @@ from tqdm import tqdm
 
 from spiral_jax.checkpoint import Checkpointer
 from spiral_jax.compilation import compile_count
-from spiral_jax.config import (build_model, build_tokenizer, eval_sampling, rae_config, rollout_sampling,
+from spiral_jax.config import (build_model, build_tokenizer, eval_sampling, math_sampling, rae_config, rollout_sampling,
                                train_config)
 from spiral_jax.distributed import host_local_mesh, initialize, is_leader, to_host_local
 from spiral_jax.envs import make
 from spiral_jax.eval.games import TABLE_HEADER, evaluate, summarize
 from spiral_jax.eval.kuhn_policy import ENV_ID as KUHN_ENV_ID
-from spiral_jax.eval.suite import EvalContext, run_kuhn
+from spiral_jax.eval.benchmarks import local_files
+from spiral_jax.eval.suite import EvalContext, cache_size, run_benchmarks, run_kuhn
 from spiral_jax.eval.transcripts import write_transcripts
 from spiral_jax.metrics import MetricsWriter
 from spiral_jax.models import load_policy_weights
@@ -42,7 +43,7 @@ from spiral_jax.rl.samples import pack, shard_batch
 from spiral_jax.rl.step_metrics import step_metrics
 from spiral_jax.rl.train_step import TrainConfig, init_train_state, make_update
 from spiral_jax.rollout import PlayedGame, Rollout
-from spiral_jax.sampling import Sampler, bucket_length, cache_slots
+from spiral_jax.sampling import Sampler, bucket_length
 from spiral_jax.sampling.scoring import sequence_logprobs
 from spiral_jax.sharding import batch_shards, make_mesh
 
@@ -85,6 +86,10 @@ class Trainer:
         for env_id in (*c.games.env_ids, *c.eval.env_ids):
             make(env_id)  # unknown ids fail here, before anything is compiled
         self._check_opponents(c)
+        if c.eval.math.every and not c.eval.math.files:
+            raise ValueError("eval.math.every needs eval.math.files: the benchmarks to run, as "
+                             "(\"NAME=items.jsonl\", ...)")
+        self.math_files = local_files(c.eval.math.files) if c.eval.math.every else {}  # checked now, not mid-run
         weights = np.asarray(c.games.weights, float)
         if not (np.all(np.isfinite(weights)) and np.all(weights >= 0) and weights.sum() > 0):
             raise ValueError(f"games.weights={tuple(c.games.weights)}: the mixture weights must be "
@@ -106,8 +111,7 @@ class Trainer:
                 f"optim.micro_batch_size={micro} must be a multiple of the data x fsdp mesh size "
                 f"({shards}) and divide rollout.samples_per_step={c.rollout.samples_per_step}")
         r, e = c.rollout, c.eval
-        slots = cache_slots(bucket_length(r.max_prompt_len), max(r.max_new_tokens, e.max_new_tokens))
-        self.sampler = Sampler(self.cfg, self.sample_mesh, max_prompt_len=r.max_prompt_len, max_cache_len=slots)
+        self.sampler = Sampler(self.cfg, self.sample_mesh, max_prompt_len=r.max_prompt_len, max_cache_len=cache_size(c))
         self.rollout = Rollout(self.sampler, self.tokenizer, rollout_sampling(c),
                                invalid_rewards=c.games.invalid_rewards, max_turns=c.games.max_turns,
                                max_in_flight=r.max_in_flight or None, schedule=r.schedule)
@@ -407,11 +411,39 @@ class Trainer:
         self.writer.scalars(self.step, {**scalars, "time/eval": time.perf_counter() - start})
         return results, kuhn
 
+    def evaluate_math(self) -> list:
+        """The math benchmarks of eval.math (none unless eval.math.every), on the leader, logged under
+        eval/math/<name>/ and written to eval/step<N>/math/: [BenchmarkResult]."""
+        if not self.math_files:
+            return []
+        start, m = time.perf_counter(), self.c.eval.math
+        ctx = self.eval_context()  # on every host: the weights are gathered to each host's sampler
+        if not is_leader():
+            return []
+        self.log(f"[eval] step {self.step}: math benchmarks {', '.join(self.math_files)}")
+        results = run_benchmarks(ctx, self.out / "eval" / f"step{self.step}" / "math", self.math_files,
+                                 m.samples, limit=m.limit or None, writer=self.writer, step=self.step,
+                                 instruction_first=m.instruction_first, prefix="eval/math")
+        self.writer.scalars(self.step, {"time/eval_math": time.perf_counter() - start})
+        return results
+
+    def _record_math(self, point: str, results: list) -> None:
+        """Math results at `point` ("step0", "final") go into summary.json's `math` section."""
+        if not results or not is_leader():
+            return
+        summary = self.summary()
+        summary.setdefault("math", {})[point] = {
+            r.name: {"items": r.items, "samples": r.samples_per_item, "pass@1": r.pass_at_1,
+                     "pass@1_ci": list(r.pass_at_1_ci), "mean_accuracy": r.mean_accuracy,
+                     "boxed": r.boxed_rate, "truncated": r.truncated_rate} for r in results}
+        self._write_summary(summary)
+
     def eval_context(self) -> EvalContext:
         """What the evaluation suite needs, as a value: the current weights in the sampler layout,
         the tokenizer, the sampler and the eval settings."""
         return EvalContext.from_config(self.c, self.cfg, self.to_sampler(self.state.params), self.tokenizer,
-                                       self.sample_mesh, eval_sampling(self.c), sampler=self.sampler)
+                                       self.sample_mesh, eval_sampling(self.c), math_sampling(self.c),
+                                       sampler=self.sampler)
 
     @property
     def eval_env_ids(self) -> tuple[str, ...]:
@@ -437,6 +469,10 @@ class Trainer:
         if "step0" in summary["eval"] and "final" in summary["eval"]:
             summary["rl_gain"] = {k: round(v["win"] - summary["eval"]["step0"][k]["win"], 4)
                                   for k, v in summary["eval"]["final"].items() if k in summary["eval"]["step0"]}
+        self._write_summary(summary)
+
+    def _write_summary(self, summary: dict) -> None:
+        """Replace out_dir/summary.json whole (the leader writes; a crash leaves the old one)."""
         if is_leader():
             self.out.mkdir(parents=True, exist_ok=True)
             tmp = self.out / "summary.json.tmp"
@@ -491,6 +527,7 @@ class Trainer:
             if self.step == 0 and "step0" not in self.summary()["eval"]:
                 self.log(f"[eval] step 0, before any RL update: {c.eval.final_games} games per opponent")
                 self._record("step0", *self.evaluate(c.eval.final_games, c.train.transcripts))
+                self._record_math("step0", self.evaluate_math())
             bar = tqdm(total=c.train.steps, initial=self.step, desc="self-play", unit="step",
                        dynamic_ncols=True, disable=not is_leader())
             while self.step < c.train.steps and not self.stop_requested():
@@ -504,6 +541,8 @@ class Trainer:
                                  "s/step": f"{metrics['time/step']:.1f}"})
                 if self.step % c.train.eval_every == 0 and self.step < c.train.steps:  # the last: final
                     self.evaluate(c.eval.games, c.train.transcripts)
+                if c.eval.math.every and self.step % c.eval.math.every == 0 and self.step < c.train.steps:
+                    self.evaluate_math()
                 if self.step % c.train.checkpoint_every == 0:
                     self.save()
                 self.writer.flush()
@@ -513,6 +552,7 @@ class Trainer:
             if self.step % c.train.checkpoint_every:
                 self.save()
             results, kuhn = self.evaluate(c.eval.final_games, c.train.transcripts)
+            self._record_math("final", self.evaluate_math())
             self._record("final", results, kuhn, wall_s=time.perf_counter() - self.started)
             self.log(self.table(results, kuhn))
             self.log(f"done: outputs are in {self.out}: summary.json, checkpoints/ (step {self.step}), "

@@ -31,6 +31,9 @@ def test_load_and_prompts(items_file):
     few = prompt_text(items[0], [shot])
     assert few.index("What is 3 - 1?") < few.index("1 divided by 2")
     assert "3 - 1 = 2. The answer is \\boxed{2}." in few
+    first = prompt_text(items[2], instruction_first=True)  # the reference's order
+    assert first.startswith("Think it through") and first.endswith("(D) 9")
+    assert sorted(first.splitlines()) == sorted(zero.splitlines())  # the same lines, reordered
 
 
 def test_pass_at_1_is_first_sample_and_mean_is_over_samples(items_file, tmp_path):

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from spiral_jax.config import base_config
+from spiral_jax.config import EVAL_PROTOCOLS, base_config, math_sampling, with_protocol
 from spiral_jax.eval.command import run_eval
 
 
@@ -15,7 +15,8 @@ def ctx(tiny_ctx):
 
 def args(**kw):
     base = dict(suite="games", games=2, eval_out="", opponents=[], env_ids=[], players=[],
-                crossplay_env="Nim-v0", kuhn_samples=0, bench=[], samples=1, shots_file="", shots=0, limit=0)
+                crossplay_env="Nim-v0", kuhn_samples=0, bench=[], samples=1, shots_file="", shots=0, limit=0,
+                protocol="")
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -41,3 +42,35 @@ def test_suites(ctx, tmp_path):
         run_eval(ctx, c, args(env_ids=["Nim-v0"], opponents=["nope"]))
     with pytest.raises(ValueError, match="suite"):
         run_eval(ctx, c, args(suite="chess"))
+
+
+def test_bench_samples_and_prompts_as_eval_math_says(ctx, tmp_path):
+    """Without --bench the suite runs eval.math.files; eval.math sets the sampling, the samples, the
+    limit and the prompt order (the context carries its sampling, as the CLI builds it)."""
+    import dataclasses
+
+    items = tmp_path / "toy.jsonl"
+    items.write_text("".join(json.dumps({"problem": f"{i}+1?", "answer": str(i + 1)}) + "\n" for i in range(3)))
+    c = base_config()
+    c.out_dir = str(tmp_path)
+    c.eval.math.update(files=(f"toy={items}",), samples=3, limit=2, temperature=0.8, max_new_tokens=5,
+                       instruction_first=True)
+    ctx = dataclasses.replace(ctx, math_sampling=math_sampling(c))
+    run_eval(ctx, c, args(suite="bench", samples=0, eval_out=str(tmp_path / "o")))
+    rows = [json.loads(line) for line in (tmp_path / "o" / "toy.items.jsonl").open()]
+    assert len(rows) == 2 and all(len(r["responses"]) == 3 for r in rows)
+    assert all(r["prompt"].startswith("Think it through") for r in rows)
+    settings = json.loads((tmp_path / "o" / "results.json").read_text())[0]["settings"]
+    assert settings["temperature"] == 0.8 and settings["max_new_tokens"] == 5 and settings["k"] == 3
+
+
+def test_reference_protocol():
+    c = with_protocol(base_config(), "reference")
+    assert (c.eval.temperature, c.eval.top_p, c.eval.max_new_tokens, c.eval.final_games) == (0.7, 0.9, 8192, 512)
+    m = c.eval.math
+    assert (m.temperature, m.top_p, m.max_new_tokens, m.samples, m.instruction_first) == (0.6, 0.95, 8192, 4, True)
+    assert base_config().eval.final_games == 200  # a copy: the config given is unchanged
+    assert with_protocol(base_config(), "").eval.temperature == base_config().eval.temperature
+    assert set(EVAL_PROTOCOLS) == {"reference"}
+    with pytest.raises(ValueError, match="unknown evaluation protocol 'paper'; use one of reference"):
+        with_protocol(base_config(), "paper")

@@ -1,5 +1,5 @@
-"""A run from a format-only start: step-0 evaluation, summary.json, per-role metrics, and exact Kuhn
-scoring with the token the model ends its turns with."""
+"""A run from a format-only start: step-0 evaluation, summary.json, per-role metrics, exact Kuhn
+scoring with the token the model ends its turns with, and the online math evaluation."""
 import json
 
 import numpy as np
@@ -15,9 +15,14 @@ from tests.trainer.test_trainer import tiny_config
 @pytest.fixture(scope="module")
 def kuhn_run(tmp_path_factory):
     """150 bootstrap steps imitating random legal moves on one-round Kuhn (enough for the format),
-    then 2 self-play steps; Kuhn exploitability by exact scoring at step 0 and at the end."""
+    then 2 self-play steps; Kuhn exploitability by exact scoring at step 0 and at the end; a
+    two-item math file every step."""
     tmp = tmp_path_factory.mktemp("kuhn")
-    c = tiny_config(tmp, **{"games.env_ids": ("KuhnPokerChips-v0",), "train.steps": 2, "train.eval_every": 1,
+    math = tmp / "toy.jsonl"
+    math.write_text('{"problem": "What is 1+1?", "answer": "2"}\n{"problem": "What is 2+5?", "answer": "7"}\n')
+    c = tiny_config(tmp, **{"eval.math.every": 1, "eval.math.files": (f"toy={math}",), "eval.math.samples": 2,
+                            "eval.math.max_new_tokens": 6, "eval.math.temperature": 0.9,
+                            "eval.math.instruction_first": True,"games.env_ids": ("KuhnPokerChips-v0",), "train.steps": 2, "train.eval_every": 1,
                             "eval.kuhn_samples": 0, "eval.final_games": 8, "eval.opponents": ("random",),
                             "bootstrap.enabled": True, "bootstrap.teacher": "random", "bootstrap.steps": 150,
                             "bootstrap.batch_size": 16, "bootstrap.learning_rate": 3e-3,
@@ -58,6 +63,35 @@ def test_step0_evaluation_is_logged_before_any_update(kuhn_run):
     assert [step for step, _ in wins] == [0, 1, 2]
     assert [step for step, _ in scalars["eval/kuhn/exploitability"]] == [0, 1, 2]
     assert [step for step, _ in scalars["train/loss"]] == [1, 2]
+
+
+def test_math_benchmarks_run_at_step0_every_math_every_steps_and_at_the_end(kuhn_run):
+    """eval.math: results per step in eval/step<N>/math/, TensorBoard eval/math/<name>/..., and the step-0
+    and final rows in summary.json, which agree with the graded items on disk; sampled and prompted as
+    eval.math says."""
+    _, _, lines, out = kuhn_run
+    scalars = read_scalars(out / "tensorboard")
+    assert [step for step, _ in scalars["eval/math/toy/pass@1_first_sample"]] == [0, 1, 2]
+    assert sum("math benchmarks toy" in line for line in lines) == 3
+    summary = json.loads((out / "summary.json").read_text())
+    for point, step in (("step0", 0), ("final", 2)):
+        items = [json.loads(line) for line in (out / "eval" / f"step{step}" / "math" / "toy.items.jsonl").open()]
+        assert len(items) == 2 and all(len(item["responses"]) == 2 for item in items)
+        assert all(item["prompt"].startswith("Think it through") for item in items)  # instruction first
+        row = summary["math"][point]["toy"]
+        assert row["items"] == 2 and row["samples"] == 2
+        assert row["pass@1"] == np.mean([item["first_correct"] for item in items])
+        assert row["mean_accuracy"] == np.mean([c for item in items for c in item["correct"]])
+        settings = json.loads((out / "eval" / f"step{step}" / "math" / "results.json").read_text())[0]["settings"]
+        assert settings["temperature"] == 0.9 and settings["max_new_tokens"] == 6
+        assert settings["instruction"] == "before the question"
+
+
+def test_math_every_without_files_or_with_a_missing_file_fails_before_the_run(tmp_path):
+    with pytest.raises(ValueError, match="eval.math.every needs eval.math.files"):
+        Trainer(tiny_config(tmp_path, **{"eval.math.every": 4}))
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        Trainer(tiny_config(tmp_path, **{"eval.math.every": 4, "eval.math.files": ("aime=/no/such.jsonl",)}))
 
 
 def test_per_role_rewards_and_zero_advantage_share_are_logged(kuhn_run):

@@ -27,8 +27,11 @@ def tiny_config(tmp_path, **changes):
     c.train.update(steps=3, eval_every=2, checkpoint_every=2, async_checkpointing=False)
     c.eval.update(games=2, final_games=4, max_new_tokens=8)
     for key, value in changes.items():
-        section, name = key.split(".")
-        c[section][name] = value
+        *sections, name = key.split(".")
+        node = c
+        for section in sections:
+            node = node[section]
+        node[name] = value
     c.lock()
     return c
 
