@@ -32,7 +32,9 @@ setup(
         # grader, the plots and the TextArena adapter against the real package too.
         "test": ["pytest", "pytest-timeout", "hypothesis", "torch==2.13.0", "math-verify", "matplotlib",
                  "textarena"],
-        "tpu": ["jax[tpu]"],
+        # gcsfs: a gs:// out_dir for everything a run writes besides checkpoints (spiral_jax/paths.py).
+        "gcs": ["gcsfs"],
+        "tpu": ["jax[tpu]", "gcsfs"],
         "cuda": ["jax[cuda12]"],
         "eval": ["math-verify", "datasets", "matplotlib"],
         "textarena": ["textarena"],

@@ -1,10 +1,14 @@
 """TensorBoard event files without TensorFlow, written by process 0 only.
 
-Uses tensorboard's own event writer and protos: scalars for numbers, text for game transcripts.
+Uses tensorboard's own event writer and protos: scalars for numbers, text for game transcripts. The
+writer only writes local files: for a remote log folder (gs://) the events go to a local folder first
+and each flush uploads them (`spiral_jax.paths`).
 Optionally the same scalars and texts also go to Weights & Biases (`wandb.enabled`, the `wandb` extra).
 """
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Mapping
@@ -15,6 +19,8 @@ from tensorboard.compat.proto.tensor_pb2 import TensorProto
 from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+from spiral_jax.paths import is_remote, run_path
+
 
 class MetricsWriter:
     """Scalars and text to `logdir`; a no-op on every process but 0 (or when logdir is None)."""
@@ -22,10 +28,14 @@ class MetricsWriter:
     def __init__(self, logdir: str | Path | None, wandb: Mapping | None = None, config: Mapping | None = None):
         """wandb: {"enabled", "project", "entity", "name"} (the config's `wandb` section): mirror every
         scalar and text to a Weights & Biases run, with `config` as its config."""
-        self._writer, self._wandb = None, None
+        self._writer, self._wandb, self._remote, self._local = None, None, None, None
         if logdir is not None and jax.process_index() == 0:
-            Path(logdir).mkdir(parents=True, exist_ok=True)
-            self._writer = EventFileWriter(str(logdir))
+            if is_remote(logdir):  # written here, uploaded at each flush
+                self._remote, self._local = run_path(logdir), tempfile.mkdtemp(prefix="spiral_jax_tb_")
+                self._remote.mkdir(parents=True, exist_ok=True)
+            else:
+                Path(logdir).mkdir(parents=True, exist_ok=True)
+            self._writer = EventFileWriter(self._local or str(logdir))
             if wandb and wandb.get("enabled"):
                 try:
                     import wandb as wandb_module
@@ -62,11 +72,22 @@ class MetricsWriter:
     def flush(self) -> None:
         if self._writer is not None:
             self._writer.flush()
+            self._upload()
+
+    def _upload(self) -> None:
+        """Copy the local event files to the remote log folder (whole files: they are small)."""
+        if self._remote is None:
+            return
+        for f in Path(self._local).iterdir():
+            (self._remote / f.name).write_bytes(f.read_bytes())
 
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+            self._upload()
+            if self._local is not None:
+                shutil.rmtree(self._local, ignore_errors=True)
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None

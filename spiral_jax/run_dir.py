@@ -16,6 +16,8 @@ import os
 import socket
 from pathlib import Path
 
+from spiral_jax.paths import is_remote, run_path
+
 LOCK_NAME = "run.lock"
 # What a run writes into out_dir; --overwrite removes exactly these.
 RUN_FILES = ("checkpoints", "tensorboard", "eval", "summary.json", "config.json")
@@ -23,10 +25,6 @@ RUN_FILES = ("checkpoints", "tensorboard", "eval", "summary.json", "config.json"
 
 class RunDirError(ValueError):
     """out_dir belongs to another run, or another run is using it now."""
-
-
-def _is_remote(out_dir: str) -> bool:
-    return "://" in out_dir
 
 
 def _alive(pid: int) -> bool:
@@ -46,11 +44,11 @@ def leftover_run(out_dir: str) -> str | None:
 
     found = []
     ckpt_dir = f"{out_dir.rstrip('/')}/checkpoints"
-    if _is_remote(out_dir) or Path(ckpt_dir).is_dir():
+    if is_remote(out_dir) or Path(ckpt_dir).is_dir():
         step = Checkpointer(ckpt_dir).latest_step()
         if step is not None:
             found.append(f"checkpoints up to step {step}")
-    if not _is_remote(out_dir):
+    if not is_remote(out_dir):
         root = Path(out_dir)
         found += [name for name in RUN_FILES[1:]
                   if (root / name).exists() and (not (root / name).is_dir() or any((root / name).iterdir()))]
@@ -65,7 +63,7 @@ class RunDir:
         if resume and overwrite:
             raise RunDirError("--resume continues the run in out_dir and --overwrite deletes it; pass one")
         self.out_dir, self.resume, self.overwrite, self.leader, self.log = out_dir, resume, overwrite, leader, log
-        self.lock = None if _is_remote(out_dir) or not leader else Path(out_dir) / LOCK_NAME
+        self.lock = None if is_remote(out_dir) or not leader else Path(out_dir) / LOCK_NAME
 
     def __enter__(self) -> "RunDir":
         if self.lock is not None:
@@ -97,10 +95,8 @@ class RunDir:
                 f"--overwrite to delete it and start over, or --config.out_dir=NEW_FOLDER for a new run")
         if not self.leader:
             return
-        from etils import epath  # local folders and gs:// alike
-
         for name in RUN_FILES:
-            path = epath.Path(self.out_dir) / name
+            path = run_path(self.out_dir) / name
             if path.is_dir():
                 path.rmtree()
             elif path.exists():

@@ -20,6 +20,7 @@ import numpy as np
 
 from spiral_jax.eval.games import wilson_interval
 from spiral_jax.eval.math_grader import grade_choice, judge, last_boxed, math_verify_available
+from spiral_jax.paths import run_path
 
 # name -> kind; all read from local JSONL here.
 BENCHMARKS = {"MATH500": "math", "AIME24": "math", "AIME25": "math", "OlympiadBench": "math",
@@ -148,7 +149,7 @@ def run_benchmark(name: str, items: Sequence[Item], generate: GenerateFn, k: int
     start = time.perf_counter()
     outputs = generate(prompts, k)
     seconds = time.perf_counter() - start
-    out_dir = Path(out_dir)
+    out_dir = run_path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     first, every, boxed, tokens, cut = [], [], [], [], []
     with (out_dir / f"{name}.items.jsonl").open("w") as f:
@@ -227,7 +228,7 @@ def markdown(results: Sequence[BenchmarkResult]) -> str:
 def write_results(results: Sequence[BenchmarkResult], out_dir, writer=None, step: int = 0,
                   prefix: str = "bench") -> Path:
     """results.json and results.md in `out_dir`; scalars (under `prefix`) to a `MetricsWriter` when given."""
-    out_dir = Path(out_dir)
+    out_dir = run_path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
     (out_dir / "results.md").write_text(markdown(results))

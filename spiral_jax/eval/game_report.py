@@ -16,6 +16,7 @@ from typing import Mapping, Sequence
 
 from spiral_jax.eval.games import OUTCOMES, GameStats, evaluate
 from spiral_jax.eval.transcripts import write_transcripts
+from spiral_jax.paths import run_path
 
 TRANSFER_GAMES = ("Snake-v0", "PigDice-v1", "ConnectFour-v0", "Nim-v0", "LiarsDice-v1", "SimpleTak-v0")
 
@@ -35,7 +36,7 @@ def evaluate_games(rollout, params, env_ids: Sequence[str], opponents: Sequence[
             results[env_id, opponent] = stats
             if out_dir is not None:
                 llm = ("model", opponent) if weights is not None else ("model",)
-                write_transcripts(Path(out_dir) / "transcripts" / f"{env_id}_vs_{opponent}.jsonl".replace("/", "_"),
+                write_transcripts(run_path(out_dir) / "transcripts" / f"{env_id}_vs_{opponent}.jsonl".replace("/", "_"),
                                   games, llm, extra={"settings": settings or {}})
     return results
 
@@ -78,7 +79,7 @@ def to_markdown(results: Mapping[tuple[str, str], GameStats], settings: dict | N
 def write_report(results: Mapping[tuple[str, str], GameStats], out_dir, settings: dict | None = None,
                  name: str = "games", title: str = "Game evaluation", writer=None, step: int = 0) -> Path:
     """`<name>.json` and `<name>.md` in `out_dir`; scalars to a `MetricsWriter` when given."""
-    out_dir = Path(out_dir)
+    out_dir = run_path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}.json").write_text(json.dumps(to_json(results, settings), indent=1))
     (out_dir / f"{name}.md").write_text(to_markdown(results, settings, title))

@@ -9,11 +9,11 @@ and tests build one directly.  Each
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Mapping, Sequence
 
 from spiral_jax.eval import benchmarks, crossplay, game_report, kuhn_policy
 from spiral_jax.models import load_policy_weights
+from spiral_jax.paths import run_path
 from spiral_jax.rollout import Rollout
 from spiral_jax.sampling import Sampler, SamplingParams, bucket_length, cache_slots
 
@@ -99,7 +99,7 @@ def run_kuhn(ctx: EvalContext, out_dir, k: int = 0, answer_template: str = "\\bo
         example = kuhn_policy.answer_text("[bet]", answer_template)
         est = kuhn_policy.estimate_exact(probs, env_id, min_coverage=0.5)
         how = f"exact scoring of answers like {example!r}"
-    out = Path(out_dir)
+    out = run_path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "kuhn.md").write_text(f"## Kuhn poker exploitability (one round, {env_id}; {how})\n\n"
                                  + est.markdown())
@@ -114,7 +114,7 @@ def run_crossplay(ctx: EvalContext, out_dir, players: Mapping[str, object], env_
     play = crossplay.rollout_play(ctx.rollout, dict(players), env_id, ctx.seed)
     result = crossplay.cross_play(names, play, games_per_pair)
     ratings = crossplay.rate(result)
-    out = Path(out_dir)
+    out = run_path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "crossplay.md").write_text(f"## Cross-play on {env_id} ({games_per_pair} games per pair)\n\n"
                                       + crossplay.markdown(result, ratings))

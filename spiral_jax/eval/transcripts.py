@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from spiral_jax.eval.games import outcome
+from spiral_jax.paths import run_path
 from spiral_jax.rollout import PlayedGame
 
 
@@ -41,7 +42,7 @@ def game_record(game: PlayedGame, llm_policies: Sequence[str] = ("model",)) -> d
 def write_transcripts(path, games: Iterable[PlayedGame], llm_policies: Sequence[str] = ("model",),
                       extra: dict | None = None) -> Path:
     """Write one line per game (with `extra` fields, e.g. the sampling settings, on every line)."""
-    path = Path(path)
+    path = run_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         for game in games:
@@ -50,5 +51,5 @@ def write_transcripts(path, games: Iterable[PlayedGame], llm_policies: Sequence[
 
 
 def read_transcripts(path) -> list[dict]:
-    with Path(path).open() as f:
+    with run_path(path).open() as f:
         return [json.loads(line) for line in f if line.strip()]

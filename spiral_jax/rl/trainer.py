@@ -36,6 +36,7 @@ from spiral_jax.eval.suite import EvalContext, cache_size, run_benchmarks, run_k
 from spiral_jax.eval.transcripts import write_transcripts
 from spiral_jax.metrics import MetricsWriter
 from spiral_jax.models import load_policy_weights
+from spiral_jax.paths import replace_text, run_path
 from spiral_jax.rl.bootstrap import imitation_samples
 from spiral_jax.rl.rae import baseline_metrics, init_rae_state, label_games
 from spiral_jax.rl.reshard import make_reshard
@@ -98,7 +99,7 @@ class Trainer:
         self.started = time.perf_counter()  # summary.json's wall time counts setup and bootstrap too
         self.c, self.log = c, (log if is_leader() else (lambda *a, **k: None))
         self.config_file = config_file
-        self.out = Path(c.out_dir)
+        self.out = run_path(c.out_dir)  # local or gs://, for every file the run writes
         self.mesh = make_mesh(**c.mesh)
         self.sample_mesh = host_local_mesh(self.mesh)
         self.cfg, params = build_model(c, self.mesh)
@@ -474,10 +475,7 @@ class Trainer:
     def _write_summary(self, summary: dict) -> None:
         """Replace out_dir/summary.json whole (the leader writes; a crash leaves the old one)."""
         if is_leader():
-            self.out.mkdir(parents=True, exist_ok=True)
-            tmp = self.out / "summary.json.tmp"
-            tmp.write_text(json.dumps(summary, indent=1) + "\n")
-            tmp.replace(self.out / "summary.json")
+            replace_text(self.out / "summary.json", json.dumps(summary, indent=1) + "\n")
 
     def summary(self) -> dict:
         """out_dir/summary.json as written so far (a fresh skeleton before the step-0 evaluation)."""
