@@ -4,6 +4,7 @@
     spiral-jax eval   --config configs/tiny_tictactoe.py [--games 200]
                       [--suite games|transfer|kuhn|crossplay|bench] [--eval_out DIR] ...
     spiral-jax export --config configs/tiny_tictactoe.py --out exported/ [--overwrite]   # HF folder
+    spiral-jax serve  --config configs/tiny_tictactoe.py [--port 8000]   # OpenAI-compatible endpoint
     spiral-jax plan   --config configs/X.py [--hardware v5p-8 | --devices 8 --device_memory_gib 16]
                       # memory per device, before a run; exit status 1 when it would not fit
     spiral-jax config --config configs/X.py [--config.a.b=v]   # print the resolved config
@@ -59,6 +60,10 @@ flags.DEFINE_integer("limit", 0, "eval bench: items per benchmark (default eval.
 flags.DEFINE_enum("protocol", "", ["", "reference"], "eval: the reference's offline settings (games: temperature "
                   "0.7, top-p 0.9, 8192 new tokens, 512 games; bench: temperature 0.6, top-p 0.95, 8192 new "
                   "tokens, 4 samples, the instruction before the question) instead of the config's.")
+flags.DEFINE_string("host", "127.0.0.1", "serve: the address to listen on (0.0.0.0: every interface).")
+flags.DEFINE_integer("port", 8000, "serve: the port (0: any free one).")
+flags.DEFINE_string("served_name", "", "serve: the model name clients use (default: out_dir's last part).")
+flags.DEFINE_integer("max_tokens", 4096, "serve: the most new tokens one request may ask for.")
 flags.DEFINE_string("hardware", "", "plan: a hardware preset (v4-8, v5e-8, v5p-8, v6e-8, 8xH100); "
                     "default: the devices JAX sees here.")
 flags.DEFINE_integer("devices", 0, "plan: the device count, instead of --hardware.")
@@ -76,6 +81,9 @@ COMMANDS = {
                            "protocol")),
     "export": ("Write the newest checkpoint as a Hugging Face folder (safetensors, config, tokenizer).",
                ("config", "out", "overwrite", "dtype", "max_shard_gib")),
+    "serve": ("Serve the newest checkpoint in out_dir (or model.path) behind an OpenAI-compatible endpoint "
+              "(GET /v1/models, POST /v1/chat/completions), e.g. as an openai:NAME@URL opponent.",
+              ("config", "host", "port", "served_name", "max_tokens")),
     "plan": ("Memory per device of a config on some hardware, before a run; exit status 1 if it does not fit.",
              ("config", "hardware", "devices", "device_memory_gib")),
     "config": ("Print the resolved config: the file's values with the --config.a.b=v overrides applied.",
@@ -176,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         elif is_disk_full(e):  # metrics, transcripts, an export
             reason = (f"the disk is full ({e}); free space or move out_dir to a bigger disk, then run again "
                       f"(train: with --resume)")
-        elif isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
-            raise
+        elif isinstance(e, OSError) and not isinstance(e, (FileNotFoundError, ConnectionError, PermissionError)):
+            raise  # an unexpected system error keeps its traceback; a missing file or dead endpoint is said
         else:
             reason = f"{type(e).__name__}: {e}"
         print(f"spiral-jax {command}: {reason}", file=sys.stderr)
@@ -245,7 +253,7 @@ def _run(command: str, c) -> int:
     if command == "export" and Path(FLAGS.out).is_dir() and any(Path(FLAGS.out).iterdir()) and not FLAGS.overwrite:
         raise ValueError(f"--out {FLAGS.out} is not empty; pass an empty or new folder, or --overwrite to "
                          f"replace everything in it")
-    # eval / export: the newest checkpoint's parameters in out_dir, else the weights at model.path.
+    # eval / export / serve: the newest checkpoint's parameters in out_dir, else the weights at model.path.
     from spiral_jax.config import build_tokenizer, eval_sampling, load_policy, math_sampling, with_protocol
     from spiral_jax.distributed import host_local_mesh, initialize
     from spiral_jax.sharding import make_mesh
@@ -262,7 +270,36 @@ def _run(command: str, c) -> int:
         ctx = EvalContext.from_config(c, cfg, params, tokenizer, mesh, eval_sampling(c), math_sampling(c))
         print(run_eval(ctx, c, FLAGS))
         return 0
+    if command == "serve":
+        return _serve(c, cfg, params, tokenizer, mesh)
     return _export(c, cfg, params, tokenizer)
+
+
+def _serve(c, cfg, params, tokenizer, mesh) -> int:
+    """Answer chat completions until SIGINT/SIGTERM."""
+    import signal
+
+    from spiral_jax.sampling import Sampler, bucket_length, cache_slots
+    from spiral_jax.serve import ChatServer
+
+    prompt = c.rollout.max_prompt_len
+    sampler = Sampler(cfg, mesh, max_prompt_len=prompt, max_cache_len=cache_slots(bucket_length(prompt), FLAGS.max_tokens))
+    name = FLAGS.served_name or Path(c.out_dir.rstrip("/")).name
+    server = ChatServer(sampler, tokenizer, params, name, FLAGS.host, FLAGS.port, max_rows=c.rollout.games_per_batch,
+                        max_tokens=FLAGS.max_tokens, seed=c.seed)
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    print(f"[serve] {name} at {server.url} (prompts up to {prompt} tokens, answers up to {FLAGS.max_tokens}); "
+          f"as an opponent: --config.eval.opponents='(\"openai:{name}@{server.url}\",)'", file=sys.stderr, flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("[serve] stopped", file=sys.stderr)
+    finally:
+        server.close()
+    return 0
 
 
 def _export(c, cfg, params, tokenizer) -> int:

@@ -78,6 +78,10 @@ def base_config() -> ConfigDict:
     # the game's script). See spiral_jax/rl/bootstrap.py.
     c.bootstrap = ConfigDict(dict(enabled=False, teacher="random", hash_uniform=0.2, steps=200,
                                   batch_size=64, learning_rate=1e-3, warmup_steps=50, explore=0.5))
+    # API opponents, written openai:MODEL@BASE_URL in eval.opponents, rollout.opponent or `eval
+    # --opponents` (spiral_jax/api_player.py): the environment variable holding the key, the time one
+    # request may take, further tries after a failure (waits doubling from 1 s), requests at once.
+    c.api = ConfigDict(dict(key_env="OPENAI_API_KEY", timeout_s=60.0, retries=3, concurrency=8))
     # Weights & Biases (the `wandb` extra): mirrors the TensorBoard scalars when enabled.
     c.wandb = ConfigDict(dict(enabled=False, project="spiral_jax", entity="", name=""))
     c.lock()

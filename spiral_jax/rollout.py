@@ -1,8 +1,9 @@
 """Rollout: many games in flight, their LLM moves sampled in batches.
 
 Each game slot has two seats, each played by a policy: a name in `params` ("model" for the current
-weights, "pool/3" for a frozen snapshot, ...) is sampled by the LLM; anything else is a scripted
-opponent ("random", or "scripted" for the game's strongest script). Responses go through the
+weights, "pool/3" for a frozen snapshot, ...) is sampled by the LLM; `openai:MODEL@URL` is a model
+behind an API (`api_player.py`; its moves in a round are requested concurrently); anything else is a
+scripted opponent ("random", or "scripted" for the game's strongest script). Responses go through the
 trainer-side action rules (an unusable response, or one cut at the token limit, is an invalid move,
 never an exception), and finished games come back with every LLM turn's token ids and log-probs.
 
@@ -35,6 +36,7 @@ from typing import Mapping, Sequence
 import jax
 import numpy as np
 
+from spiral_jax.api_player import ApiPlayer, is_api_spec
 from spiral_jax.distributed import allgather_json, process_slice
 from spiral_jax.envs import BatchRunner, GameRecord, RandomOpponent, Turn, make, scripted_opponent
 from spiral_jax.sampling import Sampler, SamplingParams, batch_bucket
@@ -83,7 +85,8 @@ def make_opponent(name: str, env_id: str, seed: int):
         return RandomOpponent(seed)
     if name == "scripted":
         return scripted_opponent(env_id, seed)
-    raise ValueError(f"unknown opponent {name!r}; use 'random', 'scripted' or a model policy name")
+    raise ValueError(f"unknown opponent {name!r}; use 'random', 'scripted', openai:MODEL@URL or a model "
+                     "policy name")
 
 
 class Rollout:
@@ -91,10 +94,12 @@ class Rollout:
 
     def __init__(self, sampler: Sampler, tokenizer, sampling: SamplingParams, *,
                  invalid_rewards: Sequence[float] = (-1.5, 0.5), max_turns: int | None = 50,
-                 max_in_flight: int | None = None, schedule: str = "rounds"):
+                 max_in_flight: int | None = None, schedule: str = "rounds", api: Mapping | None = None):
         """max_in_flight: play at most this many games at once per host (bounds the sampler's batch and
         KV cache, e.g. for a 512-game evaluation); None: all of them. With the continuous schedule it
-        is the number of decode slots per policy. schedule: "rounds" or "continuous" (module docstring)."""
+        is the number of decode slots per policy. schedule: "rounds" or "continuous" (module docstring).
+        api: settings of API players (the config's `api` section: key_env, timeout_s, retries,
+        concurrency); they sample with `sampling`'s temperature, top-p and token limit."""
         if schedule not in ("rounds", "continuous"):
             raise ValueError(f"unknown rollout schedule {schedule!r}; use 'rounds' or 'continuous'")
         self.sampler, self.tokenizer = sampler, tokenizer
@@ -102,6 +107,7 @@ class Rollout:
         self.sampling = dataclasses.replace(sampling, stop_token_ids=tokenizer.stop_ids)
         self.invalid_rewards, self.max_turns = tuple(invalid_rewards), max_turns
         self.engines: dict[str, DecodeEngine] = {}  # continuous schedule: one per LLM policy, kept warm
+        self.api, self.api_players = dict(api or {}), {}
         # Running totals, for throughput logs: sampling time, tokens generated, decode slot-steps and
         # the tokens generated in them, prompt tokens prefilled and prompt tokens reused from a cache.
         self.sample_seconds, self.generated_tokens = 0.0, 0
@@ -132,8 +138,24 @@ class Rollout:
         runner = BatchRunner([make(e) for e in env_ids], seed=seed, invalid_rewards=self.invalid_rewards,
                              max_turns=self.max_turns, auto_reset=False, first_game=first)
         scripted = {(g, p): make_opponent(seats[g][p], env_ids[g], seed * 7919 + 2 * (first + g) + p)
-                    for g in range(len(env_ids)) for p in (0, 1) if seats[g][p] not in params}
+                    for g in range(len(env_ids)) for p in (0, 1)
+                    if seats[g][p] not in params and not is_api_spec(seats[g][p])}
         return runner, scripted
+
+    def api_player(self, spec: str) -> ApiPlayer:
+        """The client of an `openai:MODEL@URL` seat, made once and kept (its failure count with it)."""
+        if spec not in self.api_players:
+            sp = self.sampling
+            self.api_players[spec] = ApiPlayer.from_spec(spec, temperature=sp.temperature, top_p=sp.top_p,
+                                                         max_tokens=sp.max_new_tokens, **self.api)
+        return self.api_players[spec]
+
+    def _api_moves(self, moves: Mapping[str, list], responses: dict[int, str]) -> None:
+        """Answer each API player's waiting moves ({spec: [request]}), concurrently per player."""
+        for spec, group in moves.items():
+            prompts = [self.tokenizer.template.user_text(r.observation) for r in group]
+            for r, text in zip(group, self.api_player(spec).replies(prompts)):
+                responses[r.game] = text
 
     @staticmethod
     def _turn_seed(seed: int, r) -> int:
@@ -167,13 +189,16 @@ class Rollout:
         finished: list[GameRecord] = []
         while requests := runner.pending():
             responses: dict[int, str] = {}
-            groups = defaultdict(list)
+            groups, api = defaultdict(list), defaultdict(list)
             for r in requests:
                 policy = seats[r.game][r.player]
                 if policy in params:
                     groups[policy].append(r)
+                elif is_api_spec(policy):
+                    api[policy].append(r)
                 else:
                     responses[r.game] = scripted[r.game, r.player].act(runner.envs[r.game])
+            self._api_moves(api, responses)
             for policy, group in sorted(groups.items()):
                 self._sample(policy, group, params[policy], seed, first, responses, turns)
             finished += runner.submit(responses)
@@ -224,16 +249,19 @@ class Rollout:
                     finished.append(record)
                     for key in [k for k in home if k[0] == record.game]:
                         del home[key]  # a finished game's slots are anyone's
-                responses = {}
+                responses, api = {}, defaultdict(list)
                 for r in runner.pending():
                     if r.game in busy:
                         continue
                     policy = seats[r.game][r.player]
-                    if policy not in params:
+                    if is_api_spec(policy):
+                        api[policy].append(r)
+                    elif policy not in params:
                         responses[r.game] = scripted[r.game, r.player].act(runner.envs[r.game])
                     elif (prompt := self._prompt(policy, r, responses, turns)) is not None:
                         waiting[policy].append((r, prompt))
                         busy.add(r.game)
+                self._api_moves(api, responses)
                 if not responses:
                     break
             if not any(waiting.values()) and not any(e.live for e in engines.values()):

@@ -32,16 +32,25 @@ class Template:
         if self.name not in TEMPLATES:
             raise ValueError(f"unknown template {self.name!r}; use one of {', '.join(TEMPLATES)}")
 
+    def user_text(self, observation: str) -> str:
+        """The user message of one turn: the instruction, the observation and the suffix."""
+        return f"{self.instruction}{observation}{self.suffix}"
+
     def render(self, observation: str, tokenizer=None) -> str:
         """The prompt text for one turn. `chat` needs the HF tokenizer (for its chat template)."""
-        user = f"{self.instruction}{observation}{self.suffix}"
+        return self.render_chat([{"role": "user", "content": self.user_text(observation)}], tokenizer)
+
+    def render_chat(self, messages, tokenizer=None) -> str:
+        """A conversation ([{"role": ..., "content": ...}], the user's turn last) as the prompt text,
+        an assistant turn left open: a game turn is one user message (`render`); `spiral-jax serve`
+        renders what its clients send."""
         if self.name == "qwen_raw":
-            return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+            turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+            return f"{turns}<|im_start|>assistant\n"
         if self.name == "plain":
-            return f"{user}\n\nAnswer: "
+            return "\n\n".join(m["content"] for m in messages) + "\n\nAnswer: "
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise ValueError("template 'chat' needs a tokenizer with a chat_template; use 'qwen_raw' or "
                              "'plain' for tokenizers without one")
-        return tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
-                                             add_generation_prompt=True,
+        return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True,
                                              enable_thinking=self.enable_thinking)

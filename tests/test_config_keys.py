@@ -9,7 +9,7 @@ from spiral_jax.config import base_config
 PACKAGE = Path(__file__).resolve().parents[1] / "spiral_jax"
 # Sections handed over whole, whose keys are read as fields of the object they become.
 WHOLE = {"model.random": "ModelConfig fields", "optim": "TrainConfig fields", "mesh": "make_mesh(**c.mesh)",
-         "wandb": "MetricsWriter(wandb=c.wandb.to_dict())"}
+         "wandb": "MetricsWriter(wandb=c.wandb.to_dict())", "api": "Rollout(api=c.api.to_dict())"}
 
 
 def _keys(c: ConfigDict, prefix=""):

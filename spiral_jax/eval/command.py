@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from spiral_jax.api_player import is_api_spec
 from spiral_jax.eval import benchmarks, game_report, hub, suite
 
 SUITES = ("games", "transfer", "kuhn", "crossplay", "bench")
@@ -34,11 +35,15 @@ def run_eval(ctx: suite.EvalContext, c, args) -> str:
         for spec in args.opponents or c.eval.opponents:
             if spec in ("random", "scripted", "self"):
                 opponents.append(spec)
+            elif is_api_spec(spec):  # reached now: a dead endpoint fails before any game
+                ctx.rollout.api_player(spec).check()
+                opponents.append(spec)
             else:  # a model folder
                 name, path = _named(spec)
                 if not Path(path).is_dir():
-                    raise FileNotFoundError(f"--opponents {spec}: not random, scripted or self, and no model "
-                                            f"folder {path} exists (name=path/to/hf_folder for a model)")
+                    raise FileNotFoundError(f"--opponents {spec}: not random, scripted, self or "
+                                            f"openai:MODEL@URL, and no model folder {path} exists "
+                                            "(name=path/to/hf_folder for a model)")
                 extra[name] = ctx.load_weights(path)
                 opponents.append(name)
         results = suite.run_games(ctx, out, args.env_ids or c.games.env_ids, opponents, n, extra)

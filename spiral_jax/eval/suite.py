@@ -32,6 +32,7 @@ class EvalContext:
     max_in_flight: int | None = None  # games at once per host (the training batch's games_per_batch)
     schedule: str = "rounds"  # the rollout schedule (rollout.schedule)
     math_sampling: SamplingParams | None = None  # benchmarks (eval.math); None: `sampling`
+    api: dict = dataclasses.field(default_factory=dict)  # API opponents' settings (the config's `api`)
 
     @classmethod
     def from_config(cls, c, cfg, params, tokenizer, mesh, sampling: SamplingParams,
@@ -42,12 +43,13 @@ class EvalContext:
         if sampler is None:
             sampler = Sampler(cfg, mesh, max_prompt_len=r.max_prompt_len, max_cache_len=cache_size(c))
         return cls(cfg, params, tokenizer, sampler, sampling, tuple(e.invalid_rewards), c.games.max_turns,
-                   c.seed, mesh, r.max_in_flight or r.games_per_batch, r.schedule, math_sampling)
+                   c.seed, mesh, r.max_in_flight or r.games_per_batch, r.schedule, math_sampling, c.api.to_dict())
 
     @property
     def rollout(self) -> Rollout:
         return Rollout(self.sampler, self.tokenizer, self.sampling, invalid_rewards=self.invalid_rewards,
-                       max_turns=self.max_turns, max_in_flight=self.max_in_flight, schedule=self.schedule)
+                       max_turns=self.max_turns, max_in_flight=self.max_in_flight, schedule=self.schedule,
+                       api=self.api)
 
     def settings(self, **more) -> dict:
         """The sampling settings every report records."""

@@ -23,6 +23,7 @@ import numpy as np
 from ml_collections import ConfigDict
 from tqdm import tqdm
 
+from spiral_jax.api_player import ApiPlayer, is_api_spec
 from spiral_jax.checkpoint import Checkpointer
 from spiral_jax.compilation import compile_count
 from spiral_jax.config import (build_model, build_tokenizer, eval_sampling, math_sampling, rae_config, rollout_sampling,
@@ -87,6 +88,7 @@ class Trainer:
         for env_id in (*c.games.env_ids, *c.eval.env_ids):
             make(env_id)  # unknown ids fail here, before anything is compiled
         self._check_opponents(c)
+        self._check_api_opponents(c)
         if c.eval.math.every and not c.eval.math.files:
             raise ValueError("eval.math.every needs eval.math.files: the benchmarks to run, as "
                              "(\"NAME=items.jsonl\", ...)")
@@ -115,10 +117,11 @@ class Trainer:
         self.sampler = Sampler(self.cfg, self.sample_mesh, max_prompt_len=r.max_prompt_len, max_cache_len=cache_size(c))
         self.rollout = Rollout(self.sampler, self.tokenizer, rollout_sampling(c),
                                invalid_rewards=c.games.invalid_rewards, max_turns=c.games.max_turns,
-                               max_in_flight=r.max_in_flight or None, schedule=r.schedule)
+                               max_in_flight=r.max_in_flight or None, schedule=r.schedule, api=c.api.to_dict())
         self.eval_rollout = Rollout(self.sampler, self.tokenizer, eval_sampling(c),
                                     invalid_rewards=e.invalid_rewards, max_turns=c.games.max_turns,
-                                    max_in_flight=r.max_in_flight or r.games_per_batch, schedule=r.schedule)
+                                    max_in_flight=r.max_in_flight or r.games_per_batch, schedule=r.schedule,
+                                    api=c.api.to_dict())
         self.rae = rae_config(c)
         self.update = make_update(self.cfg, self.tc, self.mesh)
         self.to_sample_layout = make_reshard(self.cfg, self.mesh)
@@ -153,15 +156,26 @@ class Trainer:
                                  f"{env_id} does not; evaluate it against model players only (e.g. "
                                  f"--config.eval.opponents='()' and `spiral-jax eval --opponents self`)")
 
+    @staticmethod
+    def _check_api_opponents(c: ConfigDict) -> None:
+        """Reach every API opponent (openai:MODEL@URL) once: a dead endpoint or a refused key is an error
+        before anything is compiled, not a run of invalid moves."""
+        specs = {o for o in c.eval.opponents if is_api_spec(o)}
+        if c.rollout.mode == "fixed_opponent" and is_api_spec(c.rollout.opponent):
+            specs.add(c.rollout.opponent)
+        for spec in sorted(specs):
+            ApiPlayer.from_spec(spec, **c.api.to_dict()).check()
+
     def _frozen_opponent(self) -> dict:
         """{"frozen": params} when the fixed opponent is a model folder (loaded once, never trained)."""
         r = self.c.rollout
-        if r.mode != "fixed_opponent" or r.opponent in ("random", "scripted"):
+        if r.mode != "fixed_opponent" or r.opponent in ("random", "scripted") or is_api_spec(r.opponent):
             return {}
         if not Path(r.opponent).is_dir():
-            raise FileNotFoundError(f"rollout.opponent={r.opponent!r} is neither 'random', 'scripted' nor a "
-                                    "model folder; give a Hugging Face checkpoint folder with the model's "
-                                    "architecture (e.g. one written by spiral-jax export)")
+            raise FileNotFoundError(f"rollout.opponent={r.opponent!r} is neither 'random', 'scripted', an API "
+                                    "model (openai:MODEL@URL) nor a model folder; give a Hugging Face "
+                                    "checkpoint folder with the model's architecture (e.g. one written by "
+                                    "spiral-jax export)")
         return {"frozen": load_policy_weights(r.opponent, self.cfg, self.sample_mesh)}
 
     # ----------------------------------------------------------------------------- checkpoints
@@ -392,10 +406,14 @@ class Trainer:
                    disable=not is_leader())
         for env_id, opponent in bar:
             bar.set_postfix_str(f"{env_id} vs {opponent}, {n_games} games")
+            api = self.eval_rollout.api_player(opponent) if is_api_spec(opponent) else None
+            failed = api.failures if api else 0
             stats, games = evaluate(self.eval_rollout, params, env_id, opponent, n_games,
                                     seed=self.c.seed * 31 + self.step)
             results[env_id, opponent] = stats
             scalars.update(stats.scalars(f"eval/{env_id}/{opponent}"))
+            if api:  # moves the API did not answer (each one that player's invalid move)
+                scalars[f"eval/{env_id}/{opponent}/api_failures"] = api.failures - failed
             if is_leader():
                 write_transcripts(self.out / "eval" / f"step{self.step}" / f"{env_id}_vs_{opponent}.jsonl",
                                   games, extra={"step": self.step, "settings": settings})

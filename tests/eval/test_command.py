@@ -38,7 +38,7 @@ def test_suites(ctx, tmp_path):
     assert "| toy | 1 |" in md  # a file without NAME= is named after itself
     with pytest.raises(FileNotFoundError, match="no such file .*missing.jsonl"):
         run_eval(ctx, c, args(suite="bench", bench=[str(tmp_path / "missing.jsonl")]))
-    with pytest.raises(FileNotFoundError, match="not random, scripted or self, and no model folder nope"):
+    with pytest.raises(FileNotFoundError, match="not random, scripted, self or openai:MODEL@URL, and no model folder nope"):
         run_eval(ctx, c, args(env_ids=["Nim-v0"], opponents=["nope"]))
     with pytest.raises(ValueError, match="suite"):
         run_eval(ctx, c, args(suite="chess"))

@@ -92,8 +92,35 @@ def test_fixed_opponent_can_be_a_frozen_model_folder(tmp_path):
     assert samples and all(tuple(s.response_ids) in model_responses for s in samples)
     trainer.train_step()
     assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(frozen, jax.tree.leaves(trainer.frozen["frozen"])))
-    with pytest.raises(FileNotFoundError, match="neither 'random', 'scripted' nor a model folder"):
+    with pytest.raises(FileNotFoundError, match="neither 'random', 'scripted', an API model .* nor a model folder"):
         Trainer(tiny_config(tmp_path / "c", **{"rollout.mode": "fixed_opponent", "rollout.opponent": "nope"}))
+
+
+def test_fixed_opponent_can_be_an_api_model(tmp_path, tiny_model):
+    """An openai:NAME@URL fixed opponent (here a model served by spiral-jax serve) plays its seat in
+    every training game; only the trained model's turns become samples. A dead endpoint is an error
+    before the run."""
+    from spiral_jax.sampling import Sampler
+    from spiral_jax.serve import ChatServer
+
+    cfg, params, tokenizer = tiny_model
+    server = ChatServer(Sampler(cfg, None, max_prompt_len=512, max_cache_len=640), tokenizer, params, "other",
+                        port=0, max_tokens=8)
+    server.start()
+    try:
+        spec = f"openai:other@{server.url}"
+        trainer = Trainer(tiny_config(tmp_path / "a", **{"rollout.mode": "fixed_opponent", "rollout.opponent": spec}),
+                          log=lambda *_: None)
+        samples, games = trainer.collect(trainer.to_sampler(trainer.state.params))
+        assert all(sorted(g.seats) == sorted(["model", spec]) for g in games)
+        api_turns = [t for g in games for t in g.record.turns if g.seats[t.player] == spec]
+        assert api_turns and all(t.response for t in api_turns)  # the served model's text
+        assert all(t.policy == "model" for g in games for t in g.model_turns) and samples
+        assert trainer.rollout.api_player(spec).calls == len(api_turns) and server.rows_sampled >= len(api_turns)
+    finally:
+        server.close()
+    with pytest.raises(ConnectionError, match="cannot reach the API opponent"):
+        Trainer(tiny_config(tmp_path / "b", **{"eval.opponents": ("openai:m@http://127.0.0.1:9/v1",)}))
 
 
 def _params(trainer):
