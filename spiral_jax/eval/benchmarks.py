@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
 from spiral_jax.eval.games import wilson_interval
 from spiral_jax.eval.math_grader import grade_choice, judge, last_boxed, math_verify_available
@@ -199,7 +200,8 @@ def model_generate_fn(sampler, tokenizer, params, sampling, seed: int = 0, batch
                 out[i].append(Response("", 0, "prompt_too_long"))
             else:
                 live.append((r, i, ids))
-        for b in range(0, len(live), batch_size):
+        for b in tqdm(range(0, len(live), batch_size), desc="bench", unit="batch", dynamic_ncols=True,
+                      leave=False):
             chunk = live[b:b + batch_size]
             res = sampler.generate(params, [ids for _, _, ids in chunk], sp, seed=seed,
                                    row_ids=[r for r, _, _ in chunk])

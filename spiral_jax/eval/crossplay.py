@@ -14,6 +14,7 @@ import math
 from typing import Callable, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
 from spiral_jax.eval.games import outcome
 
@@ -44,18 +45,18 @@ def cross_play(names: Sequence[str], play: PlayFn, games_per_pair: int) -> Cross
         raise ValueError(f"games_per_pair must be even and >= 2 (both seats), got {games_per_pair}")
     n = len(names)
     score, games, seat_score = np.zeros((n, n)), np.zeros((n, n)), np.zeros((2, n, n))
-    for i, j in itertools.combinations(range(n), 2):
-        for first, second in ((i, j), (j, i)):
-            outcomes = list(play(names[first], names[second], games_per_pair // 2))
-            if len(outcomes) != games_per_pair // 2:
-                raise ValueError(f"play returned {len(outcomes)} outcomes, expected {games_per_pair // 2}")
-            pts = sum(_SCORE[o] for o in outcomes)
-            score[first, second] += pts
-            score[second, first] += len(outcomes) - pts
-            seat_score[0, first, second] += pts
-            seat_score[1, second, first] += len(outcomes) - pts
-            games[first, second] += len(outcomes)
-            games[second, first] += len(outcomes)
+    pairs = [(first, second) for i, j in itertools.combinations(range(n), 2) for first, second in ((i, j), (j, i))]
+    for first, second in tqdm(pairs, desc="cross-play", unit="pairing", dynamic_ncols=True, leave=False):
+        outcomes = list(play(names[first], names[second], games_per_pair // 2))
+        if len(outcomes) != games_per_pair // 2:
+            raise ValueError(f"play returned {len(outcomes)} outcomes, expected {games_per_pair // 2}")
+        pts = sum(_SCORE[o] for o in outcomes)
+        score[first, second] += pts
+        score[second, first] += len(outcomes) - pts
+        seat_score[0, first, second] += pts
+        seat_score[1, second, first] += len(outcomes) - pts
+        games[first, second] += len(outcomes)
+        games[second, first] += len(outcomes)
     return CrossPlay(list(names), score, games, seat_score)
 
 

@@ -14,6 +14,9 @@ import json
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from tqdm import tqdm
+
+from spiral_jax.distributed import is_leader
 from spiral_jax.eval.games import OUTCOMES, GameStats, evaluate
 from spiral_jax.eval.transcripts import write_transcripts
 from spiral_jax.paths import run_path
@@ -29,15 +32,17 @@ def evaluate_games(rollout, params, env_ids: Sequence[str], opponents: Sequence[
         raise ValueError(f"n_games must be even and >= 2 (both seats equally), got {n_games}")
     extra = dict(opponent_params or {})
     results = {}
-    for e, env_id in enumerate(env_ids):
-        for o, opponent in enumerate(opponents):
-            weights = params if opponent == "self" else extra.get(opponent)
-            stats, games = evaluate(rollout, params, env_id, opponent, n_games, seed + 1000 * e + o, weights)
-            results[env_id, opponent] = stats
-            if out_dir is not None:
-                llm = ("model", opponent) if weights is not None else ("model",)
-                write_transcripts(run_path(out_dir) / "transcripts" / f"{env_id}_vs_{opponent}.jsonl".replace("/", "_"),
-                                  games, llm, extra={"settings": settings or {}})
+    pairs = [(e, env_id, o, opponent) for e, env_id in enumerate(env_ids) for o, opponent in enumerate(opponents)]
+    bar = tqdm(pairs, desc="eval", unit="matchup", dynamic_ncols=True, leave=False, disable=not is_leader())
+    for e, env_id, o, opponent in bar:
+        bar.set_postfix_str(f"{env_id} vs {opponent}, {n_games} games")
+        weights = params if opponent == "self" else extra.get(opponent)
+        stats, games = evaluate(rollout, params, env_id, opponent, n_games, seed + 1000 * e + o, weights)
+        results[env_id, opponent] = stats
+        if out_dir is not None:
+            llm = ("model", opponent) if weights is not None else ("model",)
+            write_transcripts(run_path(out_dir) / "transcripts" / f"{env_id}_vs_{opponent}.jsonl".replace("/", "_"),
+                              games, llm, extra={"settings": settings or {}})
     return results
 
 
