@@ -6,15 +6,16 @@ safetensors slice (`jax.make_array_from_callback`), so every host of a pod reads
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 from pathlib import Path
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from safetensors import SafetensorError, safe_open
-from safetensors.numpy import save_file
 
 from spiral_jax.models.config import CheckpointError, ModelConfig
 from spiral_jax.models.params import (ParamSpec, hf_shape, hf_slice, hf_tensor, is_spec, layer_spec,
@@ -132,6 +133,47 @@ def load_pretrained(path, mesh=None, dtype=jnp.float32, rules: str = "train", **
     return cfg, jax.tree.map(build, specs, is_leaf=is_spec)
 
 
+@dataclasses.dataclass
+class _Tensor:
+    """One tensor of an export: its HF name and shape, and how to make it (when it is written)."""
+
+    name: str
+    shape: tuple[int, ...]
+    itemsize: int
+    make: Callable[[], np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * self.itemsize
+
+
+def _hf_array(spec: ParamSpec, value, layer: int | None, dtype) -> np.ndarray:
+    """One HF tensor from our array (one layer of a stacked one), in the export's dtype."""
+    ours = value if layer is None else value[layer]
+    return hf_tensor(spec, np.asarray(jax.device_get(ours), np.float32)).astype(dtype)
+
+
+def _write_safetensors(path: Path, tensors: list[_Tensor], dtype: str) -> None:
+    """A safetensors file written tensor by tensor. The format is an 8-byte little-endian header
+    length, a JSON header (each tensor's dtype, shape and byte range in the data; padded with spaces to
+    a multiple of 8) and the tensors' bytes in that order. The header needs only the shapes, so each
+    tensor is made just before it is written and dropped after."""
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for t in tensors:
+        header[t.name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(path, "wb") as f:
+        f.write(len(blob).to_bytes(8, "little"))
+        f.write(blob)
+        for t in tensors:
+            array = np.ascontiguousarray(t.make())
+            if array.shape != t.shape or array.nbytes != t.nbytes:
+                raise ValueError(f"{t.name}: made {array.shape} ({array.nbytes} bytes), expected {t.shape}")
+            f.write(array.reshape(-1).view(np.uint8).data)  # raw bytes (bf16 has no buffer format)
+
+
 def save_pretrained(cfg: ModelConfig, params, path, extra_config: dict | None = None, dtype: str = "float32",
                     max_shard_bytes: int = 5 * 2**30, generation_config: dict | None = None) -> Path:
     """Write config.json and safetensors in the layout transformers and vLLM load.
@@ -141,7 +183,8 @@ def save_pretrained(cfg: ModelConfig, params, path, extra_config: dict | None = 
     model.safetensors.index.json, as Hugging Face shards them; below, one model.safetensors.
     generation_config: written to generation_config.json when given (e.g. the EOS ids to stop at).
     Files of an earlier save in `path` that the new one does not write are removed, so no loader
-    mixes the two."""
+    mixes the two. Tensors are converted and written one at a time (`_write_safetensors`): besides the
+    parameters themselves, the export holds one tensor in memory, not a second copy of the model."""
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype={dtype!r}; export float32 or bfloat16")
     import ml_dtypes
@@ -150,24 +193,24 @@ def save_pretrained(cfg: ModelConfig, params, path, extra_config: dict | None = 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     specs = param_specs(cfg)
-    tensors: dict[str, np.ndarray] = {}
     flat_specs = jax.tree.leaves(specs, is_leaf=is_spec)
     flat_params = jax.tree.leaves(params)
     if len(flat_specs) != len(flat_params):
         raise ValueError(f"params do not match the config: {len(flat_params)} arrays, "
                          f"expected {len(flat_specs)} for this {cfg.model_type} config")
+    tensors: list[_Tensor] = []
     for spec, value in zip(flat_specs, flat_params):
-        value = np.asarray(jax.device_get(value), dtype=np.float32)
-        if value.shape != spec.shape:
+        if tuple(value.shape) != tuple(spec.shape):
             raise ValueError(f"{spec.hf_name}: array shape {list(value.shape)} != {list(spec.shape)}")
         stacked = "{i}" in spec.hf_name
         for i, s in enumerate(_per_layer(cfg, spec)):
-            tensors[s.hf_name] = np.ascontiguousarray(hf_tensor(s, value[i] if stacked else value).astype(np_dtype))
-    shards: list[dict[str, np.ndarray]] = [{}]
-    for name, tensor in tensors.items():
-        if shards[-1] and sum(t.nbytes for t in shards[-1].values()) + tensor.nbytes > max_shard_bytes:
-            shards.append({})
-        shards[-1][name] = tensor
+            make = functools.partial(_hf_array, s, value, i if stacked else None, np_dtype)
+            tensors.append(_Tensor(s.hf_name, hf_shape(s), np.dtype(np_dtype).itemsize, make))
+    shards: list[list[_Tensor]] = [[]]
+    for tensor in tensors:
+        if shards[-1] and sum(t.nbytes for t in shards[-1]) + tensor.nbytes > max_shard_bytes:
+            shards.append([])
+        shards[-1].append(tensor)
     names = (["model.safetensors"] if len(shards) == 1 else
              [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))])
     for stale in [*path.glob("model*.safetensors"), path / "model.safetensors.index.json"]:
@@ -176,11 +219,11 @@ def save_pretrained(cfg: ModelConfig, params, path, extra_config: dict | None = 
     written = list(names)
     for name, shard in zip(names, shards):
         tmp = path / f"{name}.tmp"
-        save_file(shard, str(tmp), metadata={"format": "pt"})
+        _write_safetensors(tmp, shard, "F32" if dtype == "float32" else "BF16")
         tmp.replace(path / name)
     if len(shards) > 1:
-        index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())},
-                 "weight_map": {n: name for name, shard in zip(names, shards) for n in shard}}
+        index = {"metadata": {"total_size": sum(t.nbytes for t in tensors)},
+                 "weight_map": {t.name: name for name, shard in zip(names, shards) for t in shard}}
         (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
         written.append("model.safetensors.index.json")
     hf = cfg.to_hf_dict()
