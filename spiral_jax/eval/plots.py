@@ -1,17 +1,27 @@
 """Learning curves as PNG, read back from a run's TensorBoard event files (needs matplotlib).
 
+    python -m spiral_jax.eval.plots runs/tiny_tictactoe [--out curves.png] [--panel 'eval/*/win_rate' ...]
+
 Each pattern (shell-style, e.g. "eval/*/scripted/win_rate") is one panel with a line per matching
-tag, so a report shows what the run logged without TensorBoard.
+tag, so a report shows what the run logged without TensorBoard. The default panels are what a
+self-play run is judged by: win and invalid rates per game and opponent, each role's mean reward,
+the RAE baselines, the Kuhn exploitability and math scores where they were logged, and the loss.
+
+No line hides another: series that are equal at every step are drawn once and labelled with every
+tag they stand for, and a flat series gets a visible y range instead of one magnified to noise.
 """
 from __future__ import annotations
 
+import argparse
 import fnmatch
 from pathlib import Path
 from typing import Sequence
 
 from spiral_jax.metrics import read_scalars
 
-DEFAULT_PANELS = ("eval/*/win_rate", "eval/*/invalid_rate", "train/loss", "rollout/all/response_tokens")
+DEFAULT_PANELS = ("eval/*/win_rate", "eval/*/invalid_rate", "rollout/*/role*/reward", "rae/baseline/*",
+                  "eval/kuhn/exploitability", "eval/math/*/pass@1_first_sample", "train/loss",
+                  "rollout/all/response_tokens")
 
 
 def _pyplot():
@@ -24,26 +34,74 @@ def _pyplot():
     return plt
 
 
+def merge_equal(series: dict[str, list[tuple[int, float]]]) -> list[tuple[str, list[tuple[int, float]]]]:
+    """Series that are equal at every step, as one line labelled "a = b": drawn apart, the later
+    would hide the earlier."""
+    merged: list[tuple[list[str], list[tuple[int, float]]]] = []
+    for tag, points in series.items():
+        same = next((m for m in merged if m[1] == points), None)
+        if same is None:
+            merged.append(([tag], points))
+        else:
+            same[0].append(tag)
+    return [(" =\n".join(tags), points) for tags, points in merged]
+
+
+def _label(tag: str, pattern: str) -> str:
+    """The tag without the pattern's fixed head and tail (the panel's title says those)."""
+    wild = [i for i, c in enumerate(pattern) if c in "*?["]
+    if not wild:
+        return tag
+    head, tail = pattern[:wild[0]], pattern[wild[-1] + 1:].lstrip("]")
+    core = tag[len(head):len(tag) - len(tail)] if tag.startswith(head) and tag.endswith(tail) else tag
+    return core or tag
+
+
 def learning_curves(logdir, path, panels: Sequence[str] = DEFAULT_PANELS) -> Path:
     """One panel per pattern; patterns that match nothing are left out (an error if all are)."""
     scalars = read_scalars(logdir)
-    found = [(p, sorted(t for t in scalars if fnmatch.fnmatchcase(t, p))) for p in panels]
+    # Per-seat evaluation tags (.../seat0/...) only where a pattern asks for seats: the panels show
+    # each opponent's overall rate.
+    found = [(p, sorted(t for t in scalars if fnmatch.fnmatchcase(t, p) and ("/seat" not in t or "seat" in p)))
+             for p in panels]
     found = [(p, tags) for p, tags in found if tags]
     if not found:
         raise ValueError(f"no scalar in {logdir} matches any of {list(panels)}")
     plt = _pyplot()
-    fig, axes = plt.subplots(len(found), 1, figsize=(7, 2.6 * len(found)), squeeze=False)
+    fig, axes = plt.subplots(len(found), 1, figsize=(8, 2.6 * len(found)), squeeze=False, sharex=True)
     for ax, (pattern, tags) in zip(axes[:, 0], found):
-        for tag in tags:
-            steps, values = zip(*scalars[tag])
-            ax.plot(steps, values, marker="." if len(steps) < 30 else None, label=tag)
+        lines = merge_equal({_label(t, pattern): scalars[t] for t in tags})
+        for label, points in lines:
+            steps, values = zip(*points)
+            ax.plot(steps, values, marker="." if len(steps) < 30 else None, label=label)
+        low = min(v for _, points in lines for _, v in points)
+        high = max(v for _, points in lines for _, v in points)
+        if high - low < 1e-6 + 0.02 * max(abs(low), abs(high)):  # flat: show it flat, not its noise
+            pad = max(0.05, 0.1 * abs(high))
+            ax.set_ylim(low - pad, high + pad)
         ax.set_title(pattern, fontsize=9)
-        ax.set_xlabel("step")
-        if len(tags) > 1:
-            ax.legend(fontsize=7)
+        if len(lines) > 1 or lines[0][0] != pattern:
+            ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    axes[-1, 0].set_xlabel("step")
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="Learning curves of a run as one PNG.")
+    p.add_argument("run", help="the run's out_dir (or its tensorboard/ folder)")
+    p.add_argument("--out", default="", help="the PNG to write (default <run>/curves.png)")
+    p.add_argument("--panel", action="append", default=[], help="a tag pattern per panel (repeatable)")
+    args = p.parse_args(argv)
+    run = Path(args.run)
+    logdir = run / "tensorboard" if (run / "tensorboard").is_dir() else run
+    path = learning_curves(logdir, args.out or run / "curves.png", args.panel or DEFAULT_PANELS)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,4 +1,4 @@
-"""Learning curves read back from event files."""
+"""Learning curves read back from event files: every logged series shows, none hides another."""
 import pytest
 
 from spiral_jax.metrics import MetricsWriter
@@ -6,15 +6,29 @@ from spiral_jax.metrics import MetricsWriter
 
 def test_learning_curves_png(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is the optional `eval` extra; plots untested")
-    from spiral_jax.eval.plots import learning_curves
+    from spiral_jax.eval.plots import learning_curves, main
 
-    writer = MetricsWriter(tmp_path / "tb")
+    writer = MetricsWriter(tmp_path / "run" / "tensorboard")
     for step in range(1, 5):
         writer.scalars(step, {"eval/TicTacToe-v0/random/win_rate": step / 10,
-                              "eval/KuhnPoker-v1/random/win_rate": 0.5, "train/loss": 1 / step})
+                              "eval/KuhnPoker-v1/random/win_rate": 0.5, "train/loss": 1 / step,
+                              "rollout/TicTacToe-v0/role0/reward": 0.2, "rollout/TicTacToe-v0/role1/reward": -0.2})
     writer.close()
-    path = learning_curves(tmp_path / "tb", tmp_path / "curves.png",
+    path = learning_curves(tmp_path / "run" / "tensorboard", tmp_path / "curves.png",
                            ["eval/*/win_rate", "train/loss", "nothing/*"])
     assert path.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError, match="matches"):
-        learning_curves(tmp_path / "tb", tmp_path / "none.png", ["nothing/*"])
+        learning_curves(tmp_path / "run" / "tensorboard", tmp_path / "none.png", ["nothing/*"])
+    main([str(tmp_path / "run")])  # the default panels, next to the run
+    assert (tmp_path / "run" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_equal_series_are_drawn_once_with_every_label():
+    from spiral_jax.eval.plots import _label, merge_equal
+
+    a, b = [(0, 0.0), (1, 0.0)], [(0, 0.0), (1, 0.5)]
+    assert merge_equal({"x/scripted": a, "y/scripted": a, "z/random": b}) == [("x/scripted =\ny/scripted", a),
+                                                                            ("z/random", b)]
+    assert _label("eval/TicTacToe-v0/random/win_rate", "eval/*/win_rate") == "TicTacToe-v0/random"
+    assert _label("rollout/Nim-v0/role1/reward", "rollout/*/role*/reward") == "Nim-v0/role1"
+    assert _label("train/loss", "train/loss") == "train/loss"
