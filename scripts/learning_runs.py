@@ -6,8 +6,9 @@ RAE, over several seeds; a table of the final numbers and RL gains, and a plot.
     python scripts/learning_runs.py --report-only         # redo the table from finished runs
 
 Each run is `spiral-jax train` into runs/learning/<config>/rae_<on|off>/seed<k>/; its summary.json
-holds the step-0 and final evaluations. The table goes to docs/learning_ablation.md and the plot
-to docs/learning_ablation.png. Runs are sequential (each uses every core).
+holds the step-0 and final evaluations. The table is printed; it goes to docs/learning_ablation.md
+and the plot to docs/learning_ablation.png after the whole default set or with --report-only (which
+reads every finished run), never after a subset. Runs are sequential (each uses every core).
 """
 from __future__ import annotations
 
@@ -123,12 +124,15 @@ def main() -> None:
                 for seed in args.seeds:
                     train(config, rae, seed)
     table, curves = report(args.configs, args.seeds)
+    print(table)
+    subset = [args.configs, args.seeds, args.rae] != [p.get_default(k) for k in ("configs", "seeds", "rae")]
+    if subset and not args.report_only:
+        return
     (ROOT / "docs").mkdir(exist_ok=True)
     (ROOT / "docs" / "learning_ablation.md").write_text(
         "# RAE ablation on the tiny configs\n\nMade by `python scripts/learning_runs.py` "
         "(mean ± sample standard deviation over seeds, then each seed).\n\n" + table)
     plot(curves, ROOT / "docs" / "learning_ablation.png")
-    print(table)
 
 
 if __name__ == "__main__":
