@@ -43,6 +43,9 @@ def test_crossplay_with_a_model_folder(ctx, tmp_path):
     result, ratings = run_crossplay(ctx, tmp_path, {"model": ctx.params, "copy": other}, "TicTacToe-v0",
                                     2, scripted=("random",))
     assert result.names == ["model", "copy", "random"] and result.games[0, 1] == 2
-    assert np.all(np.isfinite(ratings.elo))
+    # Elo follows the scores: whoever scored more against the others rates higher
+    share = np.nansum(result.score, axis=1) / np.nansum(result.games, axis=1)
+    assert all((ratings.elo[i] - ratings.elo[j]) * (share[i] - share[j]) >= 0
+               for i in range(3) for j in range(3) if abs(share[i] - share[j]) > 1e-9)
     assert "| model |" in (tmp_path / "crossplay.md").read_text()
 
