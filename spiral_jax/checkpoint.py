@@ -62,7 +62,7 @@ class Checkpointer:
         if pool:
             items["pool"] = ocp.args.StandardSave(list(pool))
         # An async save fails in the background; its error comes up at the next call.
-        with self._full_disk_reported(self._pending):
+        with self._background_failure_reported(self._pending):
             self._manager.check_for_errors()
         if step in self._manager.all_steps():  # step 0 again: the bootstrap's part-way state, now whole
             self.wait()
@@ -79,6 +79,24 @@ class Checkpointer:
             if not is_disk_full(e):
                 raise
             raise DiskFullError(errno.ENOSPC, self._disk_full_message(step)) from e
+
+    @contextlib.contextmanager
+    def _background_failure_reported(self, step: int | None):
+        """An async save's failure, whatever it was, said as what it means for the run: which step
+        is lost and which complete one a resumed run starts from."""
+        try:
+            with self._full_disk_reported(step):
+                yield
+        except DiskFullError:
+            raise
+        except Exception as e:
+            self._pending = None
+            complete = [s for s in self._manager.all_steps() if s != step]
+            newest = f"the newest complete checkpoint is step {max(complete)}" if complete else \
+                "no checkpoint is complete yet"
+            reason = " ".join(str(e).split())[:300] or type(e).__name__
+            raise CheckpointError(f"the checkpoint of step {step} could not be written in the background "
+                                  f"({reason}); {newest}: fix the cause, then run again with --resume") from e
 
     def _disk_full_message(self, step: int | str | None) -> str:
         what = "a checkpoint" if step is None else f"the checkpoint of step {step}"
@@ -166,8 +184,9 @@ class Checkpointer:
         return restored["state"], list(restored.get("pool") or []), meta
 
     def wait(self) -> None:
-        with self._full_disk_reported(self._pending):
+        with self._background_failure_reported(self._pending):
             self._manager.wait_until_finished()
+            self._manager.check_for_errors()
         self._pending = None
 
     def close(self) -> None:

@@ -360,3 +360,36 @@ def test_resume_replaces_a_checkpoint_left_incomplete(tmp_path):
     assert again.step == 3 and again.ckpt.latest_step() == 3
     for a, b in zip(_params(resumed), _params(again)):  # step 3 is the new save, not the leftover
         np.testing.assert_array_equal(a, b)
+
+
+def test_an_async_save_that_fails_in_the_background_is_reported_with_the_step_to_resume_from(tmp_path):
+    """The save call returns; the write behind it fails later (here: a file-size limit makes the
+    array's file unwritable, as a full or failing disk would). The next wait says which step is lost
+    and which complete one a resumed run starts from; the failed step is not taken for a checkpoint."""
+    import resource
+
+    import jax.numpy as jnp
+
+    from spiral_jax.checkpoint import Checkpointer
+
+    state = {"w": jnp.arange(256 * 1024, dtype=jnp.float32).reshape(256, 1024)}  # a 1 MiB file
+    meta = dict(step=0, rae={}, pool_steps=[])
+    ckpt = Checkpointer(tmp_path / "checkpoints", async_save=True)
+    ckpt.save(1, state, [], meta)
+    ckpt.wait()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, hard))
+    try:
+        ckpt.save(2, jax.tree.map(lambda x: x + 1, state), [], meta)  # returns; the write goes on behind it
+        with pytest.raises(CheckpointError, match="step 2 could not be written in the background .*"
+                                                  "newest complete checkpoint is step 1.*--resume"):
+            ckpt.wait()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+    ckpt.close()
+    again = Checkpointer(tmp_path / "checkpoints", async_save=True)
+    assert again.latest_step() == 1
+    restored, _, _ = again.restore(None, state, None)
+    np.testing.assert_array_equal(np.asarray(restored["w"]), np.asarray(state["w"]))
