@@ -8,6 +8,7 @@ already says what was played.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -53,3 +54,35 @@ def write_transcripts(path, games: Iterable[PlayedGame], llm_policies: Sequence[
 def read_transcripts(path) -> list[dict]:
     with run_path(path).open() as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+
+def _shown(turns: Sequence[dict]) -> list[str]:
+    """What to show of each move's observation: a player's first in full, its later ones without the
+    lines that all of its observations start with (the game's rules)."""
+    heads = {}
+    for player in {t["player"] for t in turns}:
+        seen = [t["observation"] for t in turns if t["player"] == player]
+        head = os.path.commonprefix(seen) if len(seen) > 1 else ""
+        heads[player] = head[:head.rfind("\n") + 1]
+    first, out = set(), []
+    for t in turns:
+        cut = len(heads[t["player"]]) if t["player"] in first else 0
+        first.add(t["player"])
+        out.append(t["observation"][cut:].strip())
+    return out
+
+
+def to_markdown(lines: Sequence[dict], games: int = 3) -> str:
+    """The first `games` transcripts as readable markdown: seats and result, then every move with what
+    the player saw (`_shown`), its response and the action read from it."""
+    out = []
+    for line in lines[:games]:
+        outcome_text = ", ".join(f"seat {s}: {o}" for s, o in line["outcomes"].items())
+        out.append(f"### {line['env_id']}, seed {line['seed']}: {' vs '.join(line['seats'])}\n\n"
+                   f"For the model, {outcome_text}; rewards {line['rewards']} ({line['reason']})\n")
+        for t, seen in zip(line["turns"], _shown(line["turns"])):
+            out.append(f"player {t['player']} ({t['policy']}) sees\n\n```\n{seen}\n```\n\nand answers "
+                       f"`{t['response'].strip()[:200]}` -> {t['action'] or '(no move)'}"
+                       f"{'' if t['valid'] else ' (invalid)'}\n")
+    return "\n".join(out)

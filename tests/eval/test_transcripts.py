@@ -32,3 +32,20 @@ def test_every_game_written_and_no_box_is_invalid(tmp_path):
     assert all(line["temperature"] == 0.6 and line["top_p"] == 0.95 for line in lines)
     stats = summarize([no_box, won])
     assert stats.counts == {"win": 1, "draw": 0, "loss": 0, "invalid": 1}
+
+
+def test_markdown_shows_each_move_past_the_repeated_rules(tmp_path):
+    from spiral_jax.eval.show import main
+    from spiral_jax.eval.transcripts import to_markdown
+
+    rules = "Rules line one.\nRules line two.\n"
+    turns = [Turn(0, rules + "Board A", "\\boxed{1}", "[1]", True), Turn(1, rules + "Board B", "[2]", "[2]", True),
+             Turn(0, rules + "Board C", "oops", "", False)]
+    game = _game(0, ("model", "random"), turns, {0: -1.5, 1: 0.5},
+                 [ModelTurn(0, "model", [1], [2], np.zeros(1), "stop"), ModelTurn(0, "model", [1], [3], np.zeros(1), "stop")])
+    path = write_transcripts(tmp_path / "g.jsonl", [game])
+    text = to_markdown(read_transcripts(path))
+    assert text.count("Rules line one.") == 2  # each player's first view in full
+    assert "```\nBoard C\n```" in text and "`oops` -> (no move) (invalid)" in text
+    assert "For the model, seat 0: invalid" in text
+    main([str(path), "--games", "1"])
