@@ -227,7 +227,8 @@ class Trainer:
         and the end of the bootstrap is checkpointed as step 0, so a resumed run never redoes it."""
         b, c = self.c.bootstrap, self.c
         tc = train_config(c.optim, learning_rate=b.learning_rate, normaliser="token_mean", epochs=1,
-                          warmup_steps=b.warmup_steps, micro_batch_size=0)
+                          warmup_steps=b.warmup_steps, micro_batch_size=0, schedule=b.schedule,
+                          decay_steps=max(b.steps - b.warmup_steps, 1), final_lr_fraction=0.0)
         update = make_update(self.cfg, tc, self.mesh)
         if self.bootstrap_done == 0:  # the optimiser's tree is the RL one's, so both share a checkpoint slot
             self.bootstrap_state = init_train_state(self.bootstrap_state.params, self.cfg, tc, self.mesh)

@@ -36,9 +36,6 @@ from spiral_jax.models.transformer import KVCache, decoder, unembed
 from spiral_jax.sampling.logits import sample_token
 from spiral_jax.sampling.sampler import Sampler, SamplingParams, _check_finite, bucket_length
 
-_MIN_STEPS = 32  # decode steps a window leaves room for, unless the cache ends first
-
-
 class EngineState(NamedTuple):
     """Everything the compiled programs carry between calls, one row per slot."""
 
@@ -84,10 +81,12 @@ class DecodeEngine:
         left running); None: an eighth of the slots. Fewer means more host round trips, more means
         finished slots idle longer before new prompts take them.
     max_steps: `decode` returns after at most this many steps even if no row has finished.
+    min_steps: decode steps a call's attention window leaves room for (unless the cache ends first).
+        Fewer means smaller windows but shorter calls; each window size compiles its own program.
     """
 
     def __init__(self, sampler: Sampler, sampling: SamplingParams, slots: int, *,
-                 min_finished: int | None = None, max_steps: int = 256):
+                 min_finished: int | None = None, max_steps: int = 256, min_steps: int = 32):
         if slots < 1:
             raise ValueError(f"the engine needs at least one slot, got {slots}")
         shards = sampler.min_batch_bucket
@@ -96,7 +95,7 @@ class DecodeEngine:
         self.sampler, self.cfg, self.rules = sampler, sampler.cfg, sampler.rules
         self.sampling, self.slots = sampling, slots
         self.min_finished = max(1, slots // 8) if min_finished is None else min_finished
-        self.max_steps = max_steps
+        self.max_steps, self.min_steps = max_steps, min_steps
         self.budget = bucket_length(sampling.max_new_tokens, 1)
         self.cache_len = bucket_length(sampler.max_prompt_len, sampler.min_prompt_bucket) + self.budget
         # Prefill and decode attend over the first `window` cache slots, the smallest size on this
@@ -200,7 +199,7 @@ class DecodeEngine:
         live = self.live
         longest = max(self.lengths[s] for s, r in enumerate(self.busy) if r is not None)
         # The next token goes to slot `longest`; leave room for a few steps before the window is full.
-        window = self._window(longest + _MIN_STEPS)
+        window = self._window(longest + self.min_steps)
         max_steps = min(self.max_steps, window - longest)
         self.state, steps = self._programs.decode(params, self.state, np.int32(self.sampling.max_new_tokens),
                                                  np.int32(min(self.min_finished, live)), np.int32(max_steps),

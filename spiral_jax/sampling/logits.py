@@ -26,7 +26,7 @@ from spiral_jax.models import cpu
 
 _BLOCK = 128
 MODES = ("greedy", "plain", "tempered", "truncated")
-_VOCAB_MAJOR_ROWS = 16  # on CPU, batches of at least this many rows are sampled vocabulary-major
+VOCAB_MAJOR_ROWS = 16  # on CPU, batches of at least this many rows are sampled vocabulary-major
 
 
 def _blocks(x: jax.Array, ax: int, fill: float) -> jax.Array:
@@ -118,7 +118,7 @@ def truncate(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array, ax: int) -> 
     return jnp.where(scaled >= threshold, scaled, -jnp.inf)
 
 
-def sample_token(logits, keys, temperature, top_k, top_p, *, mode: str):
+def sample_token(logits, keys, temperature, top_k, top_p, *, mode: str, vocab_major: bool | None = None):
     """Pick one token per row of logits [B, V]. Returns (token [B], behaviour log-prob [B], raw log-prob [B]).
 
     mode (static, one of MODES; `SamplingParams.mode` picks it): "greedy" takes the argmax; "plain"
@@ -126,11 +126,13 @@ def sample_token(logits, keys, temperature, top_k, top_p, *, mode: str):
     saves a pass over the vocabulary; "tempered" divides by the temperature; "truncated" also applies
     top-k and top-p. The behaviour log-prob is under the distribution actually sampled from; the raw
     log-prob is under temperature 1 and the full vocabulary. Greedy decoding reports the raw log-prob
-    for both.
+    for both. vocab_major (static): work on the transposed [V, B] logits, which XLA:CPU reduces faster
+    at many rows; None decides by platform and batch size. Both layouts pick the same tokens.
     """
     if mode not in MODES:
         raise ValueError(f"sampling mode {mode!r}; use one of {', '.join(MODES)}")
-    vocab_major = cpu.layouts() and logits.shape[0] >= _VOCAB_MAJOR_ROWS
+    if vocab_major is None:
+        vocab_major = cpu.layouts() and logits.shape[0] >= VOCAB_MAJOR_ROWS
     ax = 0 if vocab_major else 1
     logits = logits.T if vocab_major else logits
     pick = lambda x: jnp.take_along_axis(x, token, axis=ax).reshape(-1)  # noqa: E731

@@ -35,9 +35,7 @@ from spiral_jax.sampling.logits import sample_token
 from spiral_jax.sharding import Rules, batch_shards
 
 _MAX_STOP_IDS = 8
-# Decode stages (see attention_windows): new-token slots the first one attends over, and the factor
-# each next one grows by. Each stage compiles one more copy of the decode step.
-_FIRST_WINDOW = 256
+# Decode stages (see attention_windows): the factor each window grows by over the one before.
 _WINDOW_GROWTH = 4
 _transpose = jax.jit(jnp.transpose)
 
@@ -126,15 +124,16 @@ def cache_slots(prompt_bucket: int, max_new_tokens: int) -> int:
     return prompt_bucket + bucket_length(max_new_tokens, 1)
 
 
-def attention_windows(prompt_bucket: int, slots: int) -> list[int]:
+def attention_windows(prompt_bucket: int, slots: int, first: int = 256) -> list[int]:
     """Cache slots each decode stage attends over, in order; the last is the whole cache.
 
     Decode step s attends over slots [0, prompt_bucket + s); a stage of window w runs the steps with
     prompt_bucket + s <= w. Reading the unfilled rest of the cache would cost memory traffic only: for
     Qwen3-0.6B at 64 rows the keys and values of a 6k-slot cache are 45 GB a step against 1.2 GB of
-    bf16 weights. Budgets up to _FIRST_WINDOW new tokens run as a single stage.
+    bf16 weights. Budgets up to `first` new tokens run as a single stage; each further stage compiles
+    one more copy of the decode step.
     """
-    windows, new = [], _FIRST_WINDOW
+    windows, new = [], first
     while prompt_bucket + new < slots:
         windows.append(prompt_bucket + new)
         new *= _WINDOW_GROWTH
@@ -151,12 +150,15 @@ class Sampler:
     """Generates continuations for many prompts at once with one compiled program per bucket.
 
     max_prompt_len / max_cache_len bound the prompt and prompt+generation lengths (after bucketing);
-    they default to the model's max_position_embeddings.
+    they default to the model's max_position_embeddings. first_window: new-token slots the first
+    decode stage attends over (see `attention_windows`).
     """
 
     def __init__(self, cfg: ModelConfig, mesh=None, max_prompt_len: int | None = None,
-                 max_cache_len: int | None = None, min_prompt_bucket: int = 16, min_batch_bucket: int = 1):
+                 max_cache_len: int | None = None, min_prompt_bucket: int = 16, min_batch_bucket: int = 1,
+                 first_window: int = 256):
         self.cfg = cfg.replace(remat=False)
+        self.first_window = first_window
         self.rules = Rules.create(mesh, "sample")
         self.max_cache_len = max_cache_len or cfg.max_position_embeddings
         self.max_prompt_len = max_prompt_len or self.max_cache_len
@@ -240,7 +242,7 @@ class Sampler:
 
                 return jax.lax.while_loop(cond, body, state)
 
-            for window in attention_windows(plen, slots):
+            for window in attention_windows(plen, slots, self.first_window):
                 state = decode(state, window)
             return state.tokens, state.logprobs, state.raw_logprobs, state.lengths
 

@@ -8,7 +8,6 @@ import pytest
 from spiral_jax.compilation import compile_count
 from spiral_jax.models import ModelConfig, init_params
 from spiral_jax.sampling import Sampler, SamplingParams
-from spiral_jax.sampling import engine as engine_module
 from spiral_jax.sampling.engine import DecodeEngine, Request
 from spiral_jax.sharding import make_mesh
 
@@ -49,14 +48,13 @@ def _assert_same(got, ref, ids):
 
 
 @pytest.mark.parametrize("slots,min_finished,min_steps", [(4, 1, 32), (8, 3, 2), (32, None, 32)])
-def test_engine_samples_what_generate_samples(params, slots, min_finished, min_steps, monkeypatch):
+def test_engine_samples_what_generate_samples(params, slots, min_finished, min_steps):
     """min_steps=2: decode calls stop a few steps short of each window's end, so rows cross
     windows (64, 96 and 128 cache slots) while others are decoding."""
-    monkeypatch.setattr(engine_module, "_MIN_STEPS", min_steps)
     prompts, ids = _prompts(24), list(range(100, 124))
     sampler = Sampler(CFG, max_prompt_len=64, max_cache_len=128)
     ref = sampler.generate(params, prompts, SP, seed=9, row_ids=ids)
-    engine = DecodeEngine(sampler, SP, slots, min_finished=min_finished)
+    engine = DecodeEngine(sampler, SP, slots, min_finished=min_finished, min_steps=min_steps)
     assert engine.windows == [64, 96, 128]
     got = _run(engine, params, [Request(p, 9, i) for p, i in zip(prompts, ids)])
     _assert_same(got, ref, ids)

@@ -10,7 +10,6 @@ import torch
 from spiral_jax.compilation import compile_count
 from spiral_jax.models import KVCache, cpu, cpu_kernels, decoder, forward, load_pretrained
 from spiral_jax.sampling import Sampler, SamplingParams, sample_token
-from spiral_jax.sampling import logits as logits_module
 from spiral_jax.sampling import sampler as sampler_module
 from spiral_jax.sharding import make_mesh
 
@@ -157,18 +156,17 @@ def test_plain_path_equals_general_path_at_temperature_one():
 
 
 @pytest.mark.parametrize("mode", ["greedy", "plain", "tempered", "truncated"])
-def test_vocab_major_and_row_major_sampling_agree(monkeypatch, mode):
+def test_vocab_major_and_row_major_sampling_agree(mode):
     """Large CPU batches are sampled vocabulary-major, small ones row-major: same tokens, same log-probs."""
     logits = jax.random.normal(jax.random.key(3), (16, 1000)) * 3
     keys = jax.random.split(jax.random.key(4), 16)
     args = (logits, keys, jnp.float32(1.0 if mode == "plain" else 0.8), jnp.int32(40), jnp.float32(0.9))
     out = {}
-    for rows in (1, 10**6):  # the smallest batch sampled vocabulary-major
-        monkeypatch.setattr(logits_module, "_VOCAB_MAJOR_ROWS", rows)
-        out[rows] = jax.jit(functools.partial(sample_token, mode=mode))(*args)
-    np.testing.assert_array_equal(out[1][0], out[10**6][0])
-    np.testing.assert_allclose(out[1][1], out[10**6][1], atol=1e-5)
-    np.testing.assert_allclose(out[1][2], out[10**6][2], atol=1e-5)
+    for vocab_major in (True, False):
+        out[vocab_major] = jax.jit(functools.partial(sample_token, mode=mode, vocab_major=vocab_major))(*args)
+    np.testing.assert_array_equal(out[True][0], out[False][0])
+    np.testing.assert_allclose(out[True][1], out[False][1], atol=1e-5)
+    np.testing.assert_allclose(out[True][2], out[False][2], atol=1e-5)
 
 
 def test_row_is_independent_of_batch(qwen3):
@@ -278,15 +276,14 @@ def test_prefill_of_the_last_position_only(qwen3, remat):
         np.testing.assert_array_equal(a, b)
 
 
-def test_staged_decode_equals_one_stage(qwen3, monkeypatch):
+def test_staged_decode_equals_one_stage(qwen3):
     """300 new tokens run as two stages (256 + 512 new-token windows): the same tokens and log-probs
     as attending over the whole cache at every step, and still the teacher-forced log-probs."""
     cfg, params = qwen3
     prompts = PROMPTS[:2]
     sp = SamplingParams(max_new_tokens=300, temperature=1.0)
     staged = Sampler(cfg).generate(params, prompts, sp, seed=4)
-    monkeypatch.setattr(sampler_module, "_FIRST_WINDOW", 10**6)
-    whole = Sampler(cfg).generate(params, prompts, sp, seed=4)
+    whole = Sampler(cfg, first_window=10**6).generate(params, prompts, sp, seed=4)
     assert [len(t) for t in staged.tokens] == [300, 300]
     assert staged.tokens == whole.tokens
     for a, b in zip(staged.logprobs + staged.raw_logprobs, whole.logprobs + whole.raw_logprobs):
@@ -337,14 +334,13 @@ def test_sharded_sampler_matches_single_device(hf_model, mesh_shape, layouts):
     assert sharded.tokens == single.tokens
 
 
-def test_sharded_staged_decode_matches_single_device(qwen3, monkeypatch, layouts):
+def test_sharded_staged_decode_matches_single_device(qwen3, layouts):
     """Under a 2x2x2 mesh, 16 new tokens decoded in two stages (a first window of 4 new slots, then all):
     the same greedy tokens and log-probs as one device attending over the whole cache."""
     cfg, params = qwen3
     sp = SamplingParams(max_new_tokens=16, greedy=True)
     single = Sampler(cfg).generate(params, PROMPTS, sp)
-    monkeypatch.setattr(sampler_module, "_FIRST_WINDOW", 4)
-    sharded = Sampler(cfg, mesh=make_mesh(data=2, fsdp=2, tensor=2)).generate(params, PROMPTS, sp)
+    sharded = Sampler(cfg, mesh=make_mesh(data=2, fsdp=2, tensor=2), first_window=4).generate(params, PROMPTS, sp)
     assert sharded.tokens == single.tokens
     for a, b in zip(sharded.raw_logprobs, single.raw_logprobs):
         np.testing.assert_allclose(a, b, atol=1e-5)
