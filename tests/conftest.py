@@ -26,7 +26,7 @@ if not jax.config.jax_compilation_cache_dir:
 import pytest  # noqa: E402
 
 from spiral_jax.models import cpu  # noqa: E402
-from tests.tiny_models import FAMILIES, make_hf_model  # noqa: E402
+from tests.tiny_models import FAMILIES, TINY_RUN, make_hf_model  # noqa: E402
 
 
 # Optional test dependencies (the test extra installs them). Locally a missing one skips its tests;
@@ -68,8 +68,7 @@ def tiny_model():
     from spiral_jax.config import base_config, build_model, build_tokenizer
 
     c = base_config()
-    c.model.random.update(vocab_size=2048, hidden_size=32, intermediate_size=64, num_layers=2,
-                          num_heads=2, num_kv_heads=1, head_dim=16, max_position_embeddings=1024)
+    c.model.random.update(TINY_RUN, max_position_embeddings=1024)
     c.tokenizer.path = "embedded"
     c.lock()
     cfg, params = build_model(c)

@@ -1,6 +1,16 @@
-"""Tiny random transformers models covering every architecture option spiral_jax supports."""
-import torch
-import transformers
+"""The tests' tiny models: random transformers models covering every architecture option spiral_jax
+supports, the tiny spiral_jax model of the tests that need no tokenizer, and the one a run config
+builds with the embedded tokenizer. Tests with other sizes say why next to them."""
+from spiral_jax.models import ModelConfig
+
+# Qwen3-style (q/k norm, tied embeddings, GQA); every dimension splits over a (2, 2, 2) mesh.
+TINY = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                   num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True, tie_word_embeddings=True)
+
+# `model.random` of the tiny run configs (trainer, CLI, multi-host tests): sized for the embedded
+# 2048-token tokenizer, with 512 positions for prompts of up to 256 tokens.
+TINY_RUN = dict(vocab_size=2048, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
+                num_kv_heads=1, head_dim=16, max_position_embeddings=512)
 
 # Each family switches on the options it is meant to exercise.
 FAMILIES = {
@@ -23,6 +33,9 @@ FAMILIES = {
 
 def make_hf_model(family: str, path=None, seed: int = 0, **overrides):
     """A random fp32 model whose logits are of order 1; saved to `path` when given."""
+    import torch  # here, so that the spiral_jax sizes above import without PyTorch
+    import transformers
+
     spec = {**FAMILIES[family], **overrides}
     config = getattr(transformers, spec.pop("cls"))(**spec, attn_implementation="eager")
     torch.manual_seed(seed)

@@ -22,12 +22,14 @@ from jax.experimental import multihost_utils  # noqa: E402
 from spiral_jax.config import base_config  # noqa: E402
 from spiral_jax.rl.trainer import Trainer  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for the tests' tiny sizes
+from tests.tiny_models import TINY_RUN  # noqa: E402
+
 
 def config():
     c = base_config()
     c.out_dir = str(Path(out) / "run")
-    c.model.random.update(vocab_size=2048, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                          num_kv_heads=2, head_dim=8, max_position_embeddings=512)
+    c.model.random.update(TINY_RUN)
     c.tokenizer.path = "embedded"
     c.mesh.update(data=2, fsdp=4, tensor=1)
     if count > 1:

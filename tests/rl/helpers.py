@@ -2,12 +2,8 @@
 import jax
 import numpy as np
 
-from spiral_jax.models import ModelConfig
 from spiral_jax.rl.samples import TurnSample
-
-# Qwen3-style (q/k norm, tied embeddings, GQA); every dimension splits over a (2, 2, 2) mesh.
-TINY = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
-                   num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True, tie_word_embeddings=True)
+from tests.tiny_models import TINY
 
 
 def random_samples(n, seed=0, vocab=TINY.vocab_size, max_prompt=12, max_response=10, game_id="g"):

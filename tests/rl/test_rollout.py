@@ -3,6 +3,7 @@ from types import SimpleNamespace
 
 from spiral_jax.rollout import Rollout
 from spiral_jax.sampling import SamplingParams
+from tests.tiny_models import TINY
 
 
 def _games(max_in_flight):
@@ -89,12 +90,10 @@ def test_continuous_schedule_plays_the_rounds_games():
     import numpy as np
 
     from spiral_jax.compilation import compile_count
-    from spiral_jax.models import ModelConfig, init_params
+    from spiral_jax.models import init_params
     from spiral_jax.sampling import Sampler
 
-    cfg = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
-                      num_heads=2, num_kv_heads=1, head_dim=16, tie_word_embeddings=True,
-                      max_position_embeddings=1024)
+    cfg = TINY.replace(max_position_embeddings=1024)
     params = {"model": init_params(cfg, jax.random.key(0)), "frozen": init_params(cfg, jax.random.key(1))}
     sampler = Sampler(cfg, max_prompt_len=512, max_cache_len=1024)
     seats = [("model", "model")] * 4 + [("model", "random"), ("random", "model")] * 2 + [("frozen", "model")] * 4

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from spiral_jax.compilation import compile_count
-from spiral_jax.models import ModelConfig, init_params
+from spiral_jax.models import init_params
 from spiral_jax.sampling import Sampler, SamplingParams
 from spiral_jax.sampling.engine import DecodeEngine, Request
 from spiral_jax.sharding import make_mesh
+from tests.tiny_models import TINY
 
 # A random model whose 2 stop tokens of 64 end a response after about 30 tokens: lengths vary a lot.
-CFG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
-                  num_heads=4, num_kv_heads=2, head_dim=8, tie_word_embeddings=True, max_position_embeddings=512)
+CFG = TINY.replace(max_position_embeddings=512)
 SP = SamplingParams(max_new_tokens=64, temperature=0.9, top_p=0.95, stop_token_ids=frozenset({0, 1}))
 
 

@@ -12,6 +12,7 @@ from spiral_jax.cli import main as cli_main
 from spiral_jax.config import base_config, config_from_file
 from spiral_jax.models import CheckpointError, forward, load_pretrained
 from spiral_jax.rl.trainer import Trainer
+from tests.tiny_models import TINY_RUN
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -19,8 +20,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def tiny_config(tmp_path, **changes):
     c = base_config()
     c.out_dir = str(tmp_path / "run")
-    c.model.random.update(vocab_size=2048, hidden_size=32, intermediate_size=64, num_layers=2,
-                          num_heads=2, num_kv_heads=1, head_dim=16, max_position_embeddings=512)
+    c.model.random.update(TINY_RUN)
     c.tokenizer.path = "embedded"
     c.rollout.update(games_per_batch=4, samples_per_step=16, max_new_tokens=8, max_prompt_len=256)
     c.optim.update(learning_rate=1e-3, micro_batch_size=8, logprob_chunk=64)  # 8 fake devices
@@ -192,8 +192,7 @@ def test_kuhn_paper_config_runs_one_step_with_tiny_sizes(tmp_path):
     c.out_dir = str(tmp_path)
     c.model.path = ""  # random weights, same architecture (qwen3, tied, q/k norm), tiny sizes
     c.model.update(compute_dtype="float32")
-    c.model.random.update(vocab_size=2048, hidden_size=32, intermediate_size=64, num_layers=2,
-                          num_heads=4, num_kv_heads=2, head_dim=16)
+    c.model.random.update(TINY_RUN, max_position_embeddings=1024)
     c.tokenizer.path = "embedded"
     c.rollout.update(games_per_batch=4, samples_per_step=8, max_new_tokens=16, max_prompt_len=512)
     c.optim.update(micro_batch_size=8)
