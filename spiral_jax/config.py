@@ -75,11 +75,12 @@ def base_config() -> ConfigDict:
     # Imitation before RL, for random tiny models only (real checkpoints skip it). teacher: random,
     # hashed (random move distributions per observation, hash_uniform of them uniform), legal (any
     # legal move, the model's own choice): the answer format, no strategy; or scripted (imitation of
-    # the game's script). See spiral_jax/rl/bootstrap.py. schedule: the learning rate after warm-up,
-    # constant or cosine (decaying to 0 at the last step: the imitation ends converged, not mid-step).
-    c.bootstrap = ConfigDict(dict(enabled=False, teacher="random", hash_uniform=0.2, steps=200,
-                                  batch_size=64, learning_rate=1e-3, warmup_steps=50, schedule="constant",
-                                  explore=0.5))
+    # the game's script). See spiral_jax/rl/bootstrap.py. targets: sampled (the teacher's move) or
+    # distribution (every legal move, weighted by the teacher's probability); batch_size counts turns.
+    # schedule: the learning rate after warm-up, constant or cosine (decaying to 0 at the last step).
+    c.bootstrap = ConfigDict(dict(enabled=False, teacher="random", hash_uniform=0.2, targets="sampled",
+                                  steps=200, batch_size=64, learning_rate=1e-3, warmup_steps=50,
+                                  schedule="constant", explore=0.5))
     # API opponents, written openai:MODEL@BASE_URL in eval.opponents, rollout.opponent or `eval
     # --opponents` (spiral_jax/api_player.py): the environment variable holding the key, the time one
     # request may take, further tries after a failure (waits doubling from 1 s), requests at once.

@@ -41,6 +41,7 @@ def imitation_teacher(env_id: str, seed: int):
 
 
 TEACHERS = ("random", "hashed", "legal", "scripted")
+TARGETS = ("sampled", "distribution")
 
 
 class HashedRandomPlayer:
@@ -71,8 +72,8 @@ class HashedRandomPlayer:
 
 def _teacher_turns(env_ids, weights, rng: np.random.Generator, explore: float, teacher: str, hash_seed: int,
                    hash_uniform: float):
-    """Endless (env id, env, turn, action): each teacher move of freshly played games, yielded
-    before it is played (the env shows the state the move is chosen in)."""
+    """Endless (env id, env, turn, action, demonstrator): each teacher move of freshly played games,
+    yielded before it is played (the env shows the state the move is chosen in)."""
     p = np.asarray(weights, float) / np.sum(weights)
     while True:
         env_id = env_ids[rng.choice(len(env_ids), p=p)]
@@ -87,41 +88,54 @@ def _teacher_turns(env_ids, weights, rng: np.random.Generator, explore: float, t
                 env.step(explorer.act(env))
             else:
                 action = demonstrator.act(env)
-                yield env_id, env, turn, action
+                yield env_id, env, turn, action, demonstrator
                 env.step(action)
             turn += 1
 
 
 def imitation_samples(env_ids, weights, tokenizer, n: int, seed: int, explore: float,
                       teacher: str = "random", score=None, hash_seed: int = 0,
-                      hash_uniform: float = 0.2) -> list[TurnSample]:
+                      hash_uniform: float = 0.2, targets: str = "sampled") -> list[TurnSample]:
     """Imitation samples (advantage = target weight) from `n` teacher turns of freshly played games.
 
-    "random" and "scripted" give one sample per turn, the teacher's move, with weight 1. "legal"
-    gives one sample per legal answer, weighted by the model's own probability of that answer
-    among the legal ones (`score(pairs)` -> log p(answer | prompt) per (prompt, answer) pair): the
-    gradient of log P(some legal answer), which teaches the format and legality while leaving the
-    model's preferences among legal moves, and what it reads from the prompt, to RL.
+    targets="sampled": one sample per turn, the teacher's move, with weight 1. targets="distribution"
+    (random and hashed teachers): one sample per legal answer, weighted by the teacher's probability
+    of it. Both have the same expected gradient, the cross-entropy to the teacher's move distribution;
+    the second without the sampling noise, and with every legal move pushed up at every turn, which
+    teaches legality in fewer turns (at about as many samples per turn as there are legal moves).
+    "legal" gives one sample per legal answer, weighted by the model's own probability of that
+    answer among the legal ones (`score(pairs)` -> log p(answer | prompt) per (prompt, answer) pair):
+    the gradient of log P(some legal answer), which teaches the format and legality while leaving
+    the model's preferences among legal moves, and what it reads from the prompt, to RL.
     """
     if teacher not in TEACHERS:
         raise ValueError(f"bootstrap.teacher={teacher!r}; use one of {', '.join(TEACHERS)}")
+    if targets not in TARGETS:
+        raise ValueError(f"bootstrap.targets={targets!r}; use one of {', '.join(TARGETS)}")
+    if targets == "distribution" and teacher not in ("random", "hashed"):
+        raise ValueError(f"bootstrap.targets='distribution' needs a random or hashed teacher (one with a move "
+                         f"distribution), not {teacher!r}; use targets='sampled'")
     if teacher == "legal" and score is None:
         raise ValueError("the 'legal' teacher weighs answers by the model's probabilities: pass score")
     rng = np.random.default_rng(seed)
     eos = tokenizer.end_of_turn_id
     samples: list[TurnSample] = []
-    for _, (env_id, env, turn, action) in zip(range(n), _teacher_turns(env_ids, weights, rng, explore, teacher,
-                                                                   hash_seed, hash_uniform)):
+    turns = _teacher_turns(env_ids, weights, rng, explore, teacher, hash_seed, hash_uniform)
+    for _, (env_id, env, turn, action, demonstrator) in zip(range(n), turns):
         player = env.current_player()
         prompt = tokenizer.prompt_ids(env.observation(player))
-        moves = env.legal_actions() if teacher == "legal" else [action]
+        every_move = teacher == "legal" or targets == "distribution"
+        moves = env.legal_actions() if every_move else [action]
         answers = [tokenizer.encode(boxed(m)) + [eos] for m in moves]
         if teacher == "legal":
             logp = np.asarray(score([(prompt, r) for r in answers]), np.float64)
-            targets = np.exp(logp - logp.max())
-            targets /= targets.sum()
+            weight = np.exp(logp - logp.max())
+            weight /= weight.sum()
+        elif every_move:
+            weight = (demonstrator.distribution(env) if teacher == "hashed" else
+                      np.full(len(moves), 1.0 / len(moves)))
         else:
-            targets = np.ones(1)
+            weight = np.ones(1)
         samples += [TurnSample(prompt, r, np.zeros(len(r), np.float32), env_id, player, turn, advantage=float(w))
-                    for r, w in zip(answers, targets)]
+                    for r, w in zip(answers, weight)]
     return samples

@@ -251,7 +251,7 @@ class Trainer:
             samples = imitation_samples(c.games.env_ids, c.games.weights, self.tokenizer, b.batch_size,
                                         seed=c.seed * 1_000_003 + i, explore=b.explore,
                                         teacher=b.teacher, score=score, hash_seed=c.seed,
-                                        hash_uniform=b.hash_uniform)
+                                        hash_uniform=b.hash_uniform, targets=b.targets)
             multiple = self._row_multiple(tc)
             rows = -(-bucket_length(len(samples), 1) // multiple) * multiple  # few shapes, few compiles
             batch = shard_batch(pack(samples, rows=rows, row_multiple=multiple), self.mesh)

@@ -83,6 +83,46 @@ def test_legal_teacher_weighs_each_legal_answer_by_the_models_probability(tok):
         assert aggressive == pytest.approx(0.75) and sum(weights.values()) == pytest.approx(1.0)
 
 
+def test_distribution_targets_weigh_every_legal_move_by_the_teachers_probability(tok):
+    """targets='distribution': per turn, one sample per legal move, weighted by the hashed teacher's
+    distribution for that observation (the same turns as targets='sampled' with the same seed)."""
+    kw = dict(seed=3, explore=0.0, teacher="hashed", hash_seed=5, hash_uniform=0.5)
+    sampled = imitation_samples(["TicTacToe-v0"], [1.0], tok, 12, **kw)
+    full = imitation_samples(["TicTacToe-v0"], [1.0], tok, 12, targets="distribution", **kw)
+    teacher, start = HashedRandomPlayer(seed=5, uniform=0.5), 0
+    for one in sampled:
+        board = tok.decode(one.prompt_ids)
+        free = board.split("Free cells: ")[1].split("\n")[0].split(", ")
+        group, start = full[start:start + len(free)], start + len(free)
+        assert all(s.prompt_ids == one.prompt_ids for s in group)
+        assert sorted(_moves(tok, group)) == sorted(free)  # every legal move, once
+        env = _replay(board)
+        want = dict(zip(env.legal_actions(), teacher.distribution(env)))
+        assert {m: s.advantage for m, s in zip(_moves(tok, group), group)} == pytest.approx(want)
+    assert start == len(full)
+    uniform = imitation_samples(["TicTacToe-v0"], [1.0], tok, 3, seed=0, explore=0.0, teacher="random",
+                                targets="distribution")
+    assert [s.advantage for s in uniform[:9]] == pytest.approx([1 / 9] * 9)  # the empty board
+    with pytest.raises(ValueError, match="needs a random or hashed teacher"):
+        imitation_samples(["TicTacToe-v0"], [1.0], tok, 3, seed=0, explore=0.0, teacher="scripted",
+                          targets="distribution")
+
+
+def _replay(board_text: str):
+    """A TicTacToe env in the position an observation shows (the marks read off its board)."""
+    rows = board_text.split("free cells show their numbers):\n")[1].split("\n")[:3]
+    cells = " ".join(rows).split()
+    env = make("TicTacToe-v0")
+    env.reset(0)
+    o = [i for i, c in enumerate(cells) if c == "O"]
+    x = [i for i, c in enumerate(cells) if c == "X"]
+    for a, b in zip(o + [None], x + [None]):
+        for move in (a, b):
+            if move is not None:
+                env.step(f"[{move}]")
+    return env
+
+
 def test_unknown_teacher_and_missing_score_are_clear_errors(tok):
     with pytest.raises(ValueError, match="bootstrap.teacher='minimax'"):
         imitation_samples(["TicTacToe-v0"], [1.0], tok, 4, seed=0, explore=0.0, teacher="minimax")
