@@ -59,7 +59,7 @@ EXACT = ("parameters", "optimizer state", "sampler params", "KV cache")
 LIVE = "live arrays (params, Adam, sampler copy, KV cache)"  # plus the train state's scalar counters
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
 def test_estimate_matches_what_jax_measures_on_cpu(dtype):
     """fp32, and bf16 compute as the 4B/8B presets run it (fp32 master weights and Adam state, a
     bf16 sampler copy and KV cache)."""

@@ -93,6 +93,7 @@ def test_sampling_a_mixed_policy_intervals_cover():
     assert np.max(np.abs(errors)) < 0.05
 
 
+@pytest.mark.slow
 def test_llm_exact_scoring_matches_token_by_token(tiny_model):
     cfg, params, tok = tiny_model
     from spiral_jax.models import forward

@@ -1,6 +1,8 @@
 """Rollout: every game is seeded by its global index, so playing in chunks changes nothing."""
 from types import SimpleNamespace
 
+import pytest
+
 from spiral_jax.rollout import Rollout
 from spiral_jax.sampling import SamplingParams
 from tests.tiny_models import TINY
@@ -83,6 +85,7 @@ class _ByteTokenizer:
         return "\\boxed{%d}" % (sum(ids) % 9)
 
 
+@pytest.mark.slow
 def test_continuous_schedule_plays_the_rounds_games():
     """Same games, same tokens, log-probs equal to rounding: self-play, scripted seats and a second
     frozen policy, with fewer decode slots than games (games wait for a slot) and with one per game."""

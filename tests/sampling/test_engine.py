@@ -47,7 +47,8 @@ def _assert_same(got, ref, ids):
         np.testing.assert_allclose(got[row].raw_logprobs, ref.raw_logprobs[i], atol=1e-5)
 
 
-@pytest.mark.parametrize("slots,min_finished,min_steps", [(4, 1, 32), (8, 3, 2), (32, None, 32)])
+@pytest.mark.parametrize("slots,min_finished,min_steps", [pytest.param(4, 1, 32, marks=pytest.mark.slow), (8, 3, 2),
+                                                         (32, None, 32)])
 def test_engine_samples_what_generate_samples(params, slots, min_finished, min_steps):
     """min_steps=2: decode calls stop a few steps short of each window's end, so rows cross
     windows (64, 96 and 128 cache slots) while others are decoding."""
@@ -100,6 +101,7 @@ def test_no_recompilation_after_warm_up(params):
     assert compile_count() == before
 
 
+@pytest.mark.slow
 def test_sharded_engine_matches_single_device(params):
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
     prompts, ids = _prompts(12, seed=4), list(range(12))

@@ -134,6 +134,7 @@ def test_a_stop_in_the_bootstrap_saves_it_and_the_resumed_run_is_exact(tmp_path)
     assert again.bootstrap_state is None and again.step == 1  # the finished bootstrap is not redone
 
 
+@pytest.mark.slow
 def test_sigterm_during_the_bootstrap_exits_75_with_a_checkpoint(tmp_path):
     config = tmp_path / "cfg.py"
     config.write_text(
@@ -282,6 +283,7 @@ def test_eval_reads_the_newest_checkpoint_or_says_there_is_nothing(tmp_path, cap
     assert f"[eval] the weights at model.path={exported}" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bf16_sharded_export_loads_in_transformers(tmp_path):
     import ml_dtypes
     import torch

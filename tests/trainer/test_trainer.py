@@ -40,9 +40,10 @@ def tiny_config(tmp_path, **changes):
     {},
     {"rollout.mode": "fixed_opponent", "rollout.opponent": "random"},
     {"rollout.mode": "pool", "rollout.pool_every": 1, "rollout.pool_self_weight": 0.0},
-    {"games.env_ids": ("TicTacToe-v0", "KuhnPoker-v1"), "games.weights": (1.0, 1.0),
-     "rollout.selection": "all", "eval.kuhn_samples": 0},
-    {"rollout.mode": "pool", "rollout.pool_every": 1, "rollout.schedule": "continuous", "rollout.max_in_flight": 2},
+    pytest.param({"games.env_ids": ("TicTacToe-v0", "KuhnPoker-v1"), "games.weights": (1.0, 1.0),
+                  "rollout.selection": "all", "eval.kuhn_samples": 0}, marks=pytest.mark.slow),
+    pytest.param({"rollout.mode": "pool", "rollout.pool_every": 1, "rollout.schedule": "continuous",
+                  "rollout.max_in_flight": 2}, marks=pytest.mark.slow),
 ], ids=["self_play", "fixed_opponent", "pool", "two_games", "continuous"])
 def test_three_steps_in_every_mode(tmp_path, changes):
     """A random model writes garbage: every game still ends (invalid moves), nothing crashes."""
@@ -187,6 +188,7 @@ def test_export_loads_in_transformers(tmp_path, capsys):
     assert load_pretrained(out)[0] == trainer.cfg.replace(remat=True)  # strict: no tensor missing
 
 
+@pytest.mark.slow
 def test_kuhn_paper_config_runs_one_step_with_tiny_sizes(tmp_path):
     c = config_from_file(os.path.join(REPO, "configs", "spiral_kuhn_qwen3_4b.py"))
     c.out_dir = str(tmp_path)
@@ -276,7 +278,7 @@ def test_tokenizer_that_does_not_fit_the_model(tmp_path):
     # bf16 compute rounds activations to 8 bits of mantissa (relative 2^-8 = 4e-3); the sampler and the
     # learner run different programs (cached decode against one full forward), so their log-probs may
     # differ by a few such roundings of the logits.
-    ("bfloat16", 5e-2),
+    pytest.param("bfloat16", 5e-2, marks=pytest.mark.slow),
 ])
 def test_sampler_and_learner_logprobs_agree_and_nothing_recompiles(tmp_path, dtype, tolerance):
     """The learner's log-probs of the sampled tokens equal the sampler's (train/drift_max, measured
@@ -306,6 +308,7 @@ def test_main_job_config_bootstraps_and_trains_one_step(tmp_path):
     assert trainer.summary()["bootstrap"] == {"teacher": "hashed", "steps": 3}
 
 
+@pytest.mark.slow
 def test_textarena_self_play_and_evaluation(tmp_path):
     """A TextArena game (one of the paper's evaluation games) in a self-play step and an evaluation
     against the model itself: the env's own rules judge the free-text moves."""
