@@ -102,6 +102,15 @@ def train_config(optim: ConfigDict, **changes) -> TrainConfig:
     return TrainConfig(**fields)
 
 
+def bootstrap_train_config(c: ConfigDict) -> TrainConfig:
+    """The bootstrap's optimiser: `optim` with the bootstrap's learning rate and schedule, plain
+    token-mean maximum likelihood (one epoch, no micro-batching)."""
+    b = c.bootstrap
+    return train_config(c.optim, learning_rate=b.learning_rate, normaliser="token_mean", epochs=1,
+                        warmup_steps=b.warmup_steps, micro_batch_size=0, schedule=b.schedule,
+                        decay_steps=max(b.steps - b.warmup_steps, 1), final_lr_fraction=0.0)
+
+
 def rae_config(c: ConfigDict) -> RAEConfig:
     return RAEConfig(c.rae.decay, c.rae.enabled, c.rae.drop_zero, c.rae.games_per_shard)
 

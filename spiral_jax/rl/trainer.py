@@ -26,8 +26,8 @@ from tqdm import tqdm
 from spiral_jax.api_player import ApiPlayer, is_api_spec
 from spiral_jax.checkpoint import Checkpointer
 from spiral_jax.compilation import compile_count
-from spiral_jax.config import (build_model, build_tokenizer, eval_sampling, math_sampling, rae_config, rollout_sampling,
-                               train_config)
+from spiral_jax.config import (bootstrap_train_config, build_model, build_tokenizer, eval_sampling, math_sampling,
+                               rae_config, rollout_sampling, train_config)
 from spiral_jax.distributed import host_local_mesh, initialize, is_leader, to_host_local
 from spiral_jax.envs import make
 from spiral_jax.eval.games import TABLE_HEADER, evaluate, summarize
@@ -226,9 +226,7 @@ class Trainer:
         A stop request saves the bootstrap's state part-way (the checkpoint's phase "bootstrap"),
         and the end of the bootstrap is checkpointed as step 0, so a resumed run never redoes it."""
         b, c = self.c.bootstrap, self.c
-        tc = train_config(c.optim, learning_rate=b.learning_rate, normaliser="token_mean", epochs=1,
-                          warmup_steps=b.warmup_steps, micro_batch_size=0, schedule=b.schedule,
-                          decay_steps=max(b.steps - b.warmup_steps, 1), final_lr_fraction=0.0)
+        tc = bootstrap_train_config(c)
         update = make_update(self.cfg, tc, self.mesh)
         if self.bootstrap_done == 0:  # the optimiser's tree is the RL one's, so both share a checkpoint slot
             self.bootstrap_state = init_train_state(self.bootstrap_state.params, self.cfg, tc, self.mesh)

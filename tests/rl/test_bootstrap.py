@@ -133,3 +133,19 @@ def test_unknown_teacher_and_missing_score_are_clear_errors(tok):
 def test_boxed_round_trips_through_the_action_rules():
     for action in ("[4]", "[bet]", "[0 2]"):
         assert extract_action(boxed(action)) == action
+
+
+@pytest.mark.parametrize("schedule", ["constant", "cosine"])
+def test_bootstrap_learning_rate_schedule(schedule):
+    """Warm-up to bootstrap.learning_rate, then constant, or a cosine that reaches 0 at the last step."""
+    from spiral_jax.config import bootstrap_train_config
+    from spiral_jax.rl.train_step import make_schedule
+
+    c = base_config()
+    c.bootstrap.update(steps=300, warmup_steps=50, learning_rate=2e-3, schedule=schedule)
+    lr = make_schedule(bootstrap_train_config(c))
+    assert float(lr(0)) == 0.0 and float(lr(50)) == pytest.approx(2e-3)
+    if schedule == "constant":
+        assert float(lr(300)) == pytest.approx(2e-3)
+    else:
+        assert float(lr(175)) == pytest.approx(1e-3, rel=1e-4) and float(lr(300)) == pytest.approx(0.0, abs=1e-9)
