@@ -17,7 +17,7 @@ from spiral_jax.rl.reshard import make_reshard
 from spiral_jax.rl.samples import TurnSample, pack, shard_batch
 from spiral_jax.rl.train_step import init_train_state, make_train_step
 from spiral_jax.config import train_config
-from spiral_jax.sampling import Sampler
+from spiral_jax.sampling import Sampler, SamplingParams
 from spiral_jax.sharding import MeshError, Rules, make_mesh
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -91,11 +91,7 @@ def test_estimate_matches_what_jax_measures_on_cpu(dtype):
         return step.lower(state, batch).compile().memory_analysis().temp_size_in_bytes
 
     sampler = Sampler(cfg, mesh, max_prompt_len=PROMPT, max_cache_len=slots)
-    prompt = jax.device_put(np.ones((GAMES, PROMPT), np.int32), rules.sharding(("batch", "seq"), (GAMES, PROMPT)))
-    row_ids = np.arange(GAMES, dtype=np.uint32)
-    program = sampler._program.lower(sample_params, None, prompt, prompt, jax.random.key(0), row_ids, np.int32(NEW),
-                                     np.float32(1.0), np.int32(0), np.float32(1.0), np.full((8,), -1, np.int32),
-                                     slots=slots, mode="plain").compile()
+    program = sampler.lower(sample_params, [[1] * PROMPT] * GAMES, SamplingParams(NEW, temperature=1.0)).compile()
 
     temp, temp_double = train_temp(MICRO), train_temp(2 * MICRO)
     double = P.estimate(cfg, tc, dataclasses.replace(plan.work, micro_batch=2 * MICRO), plan.mesh, hw).parts

@@ -283,7 +283,31 @@ class Sampler:
     def generate(self, params, prompts: Sequence[Sequence[int]], sampling_params: SamplingParams,
                  seed: int = 0, row_ids: Sequence[int] | None = None) -> SampleOutput:
         """Sample a continuation of every prompt. row_ids (default 0..n-1) key each row's randomness."""
-        sp = sampling_params
+        sp, n = sampling_params, len(prompts)
+        args, static = self._arguments(params, prompts, sp, seed, row_ids)
+        out, lp, raw, lengths = jax.device_get(self._program(*args, **static))
+        batch = args[2].shape[0]
+        _check_finite(raw[:n], lengths[:n])
+        result = SampleOutput([], [], [], [], batch)
+        for i in range(n):
+            k = int(lengths[i])
+            result.tokens.append(out[i, :k].tolist())
+            result.logprobs.append(lp[i, :k])
+            result.raw_logprobs.append(raw[i, :k])
+            stopped = k > 0 and int(out[i, k - 1]) in sp.stop_token_ids
+            result.finish_reasons.append("stop" if stopped else "length")
+        return result
+
+
+    def lower(self, params, prompts: Sequence[Sequence[int]], sampling_params: SamplingParams) -> jax.stages.Lowered:
+        """The program `generate` runs for these prompts, lowered (not run): for its compiled memory
+        analysis or cost, e.g. to check a memory plan against XLA."""
+        args, static = self._arguments(params, prompts, sampling_params, 0, None)
+        return self._program.lower(*args, **static)
+
+    def _arguments(self, params, prompts, sp: SamplingParams, seed: int, row_ids):
+        """The sampling program's arguments for these prompts: left-aligned into their buckets, placed
+        on the mesh; (positional, static keyword) arguments."""
         check_params(self.cfg, params)
         self.check_prompts(prompts)
         plen, slots = self._buckets(prompts, sp)
@@ -303,21 +327,10 @@ class Sampler:
             params = jax.device_put(params, self.params_sharding)
             rows = self.rules.sharding(("batch", "seq"), prompt.shape)
             prompt, mask = jax.device_put(prompt, rows), jax.device_put(mask, rows)
-        out, lp, raw, lengths = self._program(
-            params, self._one_row_table(params, batch), prompt, mask, jax.random.key(seed), ids,
-            np.int32(sp.max_new_tokens), np.float32(sp.temperature), np.int32(sp.top_k), np.float32(sp.top_p),
-            sp.stop_array(), slots=slots, mode=sp.mode)
-        out, lp, raw, lengths = jax.device_get((out, lp, raw, lengths))
-        _check_finite(raw[:n], lengths[:n])
-        result = SampleOutput([], [], [], [], batch)
-        for i in range(n):
-            k = int(lengths[i])
-            result.tokens.append(out[i, :k].tolist())
-            result.logprobs.append(lp[i, :k])
-            result.raw_logprobs.append(raw[i, :k])
-            stopped = k > 0 and int(out[i, k - 1]) in sp.stop_token_ids
-            result.finish_reasons.append("stop" if stopped else "length")
-        return result
+        args = (params, self._one_row_table(params, batch), prompt, mask, jax.random.key(seed), ids,
+                np.int32(sp.max_new_tokens), np.float32(sp.temperature), np.int32(sp.top_k), np.float32(sp.top_p),
+                sp.stop_array())
+        return args, dict(slots=slots, mode=sp.mode)
 
 
 def _check_finite(raw_logprobs: np.ndarray, lengths: np.ndarray) -> None:
