@@ -617,7 +617,7 @@ class Trainer:
                  f"top-p {self.c.eval.top_p}, both seats; invalid = lost by an invalid move)",
                  TABLE_HEADER]
         for (env_id, opp), stats in results.items():
-            before = start.get(f"{env_id}/{opp}")
+            before = start.get(f"{env_id}/{opp}") if self.step else None  # a run of 0 steps: one row
             if before:
                 lo, hi = before["win_ci"]
                 lines.append(f"| {env_id} vs {opp}, step 0 | {before['games']} | {100 * before['win']:5.1f}% "

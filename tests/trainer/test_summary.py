@@ -126,3 +126,14 @@ def test_exact_kuhn_scoring_uses_the_end_of_turn_token(kuhn_run):
     probs = kuhn_policy.model_prob_fn(ctx.params, ctx.cfg, tok, end_ids=[other])
     with pytest.raises(ValueError, match="exact Kuhn scoring"):
         kuhn_policy.estimate_exact(probs, "KuhnPokerChips-v0", min_coverage=0.5)
+
+
+def test_a_run_of_no_steps_prints_each_evaluation_once(tmp_path):
+    """train.steps=0 (a bootstrap-only run): the step-0 and final evaluations are the same point, one row each."""
+    c = tiny_config(tmp_path, **{"train.steps": 0, "eval.final_games": 2, "eval.opponents": ("random",)})
+    lines = []
+    Trainer(c, log=lines.append).run()
+    table = lines[-2]
+    assert table.count("TicTacToe-v0 vs random, step 0") == 1 and "after 0 steps" in table
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert set(summary["eval"]) == {"step0", "final"} and summary["steps"] == 0
