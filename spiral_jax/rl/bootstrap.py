@@ -120,11 +120,11 @@ def imitation_samples(env_ids, weights, tokenizer, n: int, seed: int, explore: f
     rng = np.random.default_rng(seed)
     eos = tokenizer.end_of_turn_id
     samples: list[TurnSample] = []
+    every_move = teacher == "legal" or targets == "distribution"
     turns = _teacher_turns(env_ids, weights, rng, explore, teacher, hash_seed, hash_uniform)
     for _, (env_id, env, turn, action, demonstrator) in zip(range(n), turns):
         player = env.current_player()
         prompt = tokenizer.prompt_ids(env.observation(player))
-        every_move = teacher == "legal" or targets == "distribution"
         moves = env.legal_actions() if every_move else [action]
         answers = [tokenizer.encode(boxed(m)) + [eos] for m in moves]
         if teacher == "legal":

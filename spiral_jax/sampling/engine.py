@@ -36,6 +36,7 @@ from spiral_jax.models.transformer import KVCache, decoder, unembed
 from spiral_jax.sampling.logits import sample_token
 from spiral_jax.sampling.sampler import Sampler, SamplingParams, _check_finite, bucket_length
 
+
 class EngineState(NamedTuple):
     """Everything the compiled programs carry between calls, one row per slot."""
 

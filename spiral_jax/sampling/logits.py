@@ -26,7 +26,7 @@ from spiral_jax.models import cpu
 
 _BLOCK = 128
 MODES = ("greedy", "plain", "tempered", "truncated")
-VOCAB_MAJOR_ROWS = 16  # on CPU, batches of at least this many rows are sampled vocabulary-major
+_VOCAB_MAJOR_ROWS = 16  # on CPU, batches of at least this many rows are sampled vocabulary-major
 
 
 def _blocks(x: jax.Array, ax: int, fill: float) -> jax.Array:
@@ -132,7 +132,7 @@ def sample_token(logits, keys, temperature, top_k, top_p, *, mode: str, vocab_ma
     if mode not in MODES:
         raise ValueError(f"sampling mode {mode!r}; use one of {', '.join(MODES)}")
     if vocab_major is None:
-        vocab_major = cpu.layouts() and logits.shape[0] >= VOCAB_MAJOR_ROWS
+        vocab_major = cpu.layouts() and logits.shape[0] >= _VOCAB_MAJOR_ROWS
     ax = 0 if vocab_major else 1
     logits = logits.T if vocab_major else logits
     pick = lambda x: jnp.take_along_axis(x, token, axis=ax).reshape(-1)  # noqa: E731

@@ -286,7 +286,7 @@ class Sampler:
         sp, n = sampling_params, len(prompts)
         args, static = self._arguments(params, prompts, sp, seed, row_ids)
         out, lp, raw, lengths = jax.device_get(self._program(*args, **static))
-        batch = args[2].shape[0]
+        batch = args[2].shape[0]  # rows of the padded prompt
         _check_finite(raw[:n], lengths[:n])
         result = SampleOutput([], [], [], [], batch)
         for i in range(n):
@@ -297,7 +297,6 @@ class Sampler:
             stopped = k > 0 and int(out[i, k - 1]) in sp.stop_token_ids
             result.finish_reasons.append("stop" if stopped else "length")
         return result
-
 
     def lower(self, params, prompts: Sequence[Sequence[int]], sampling_params: SamplingParams) -> jax.stages.Lowered:
         """The program `generate` runs for these prompts, lowered (not run): for its compiled memory
