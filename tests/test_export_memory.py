@@ -64,7 +64,11 @@ def _export_peak_bytes(out, width: int, layers: int) -> int:
     # One CPU device: the tests' 8 fake devices would hold 8 replicas of the weights in host memory,
     # where 8 real accelerators hold them in their own.
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(env, JAX_PLATFORMS="cpu"))
+    # A fixed mmap threshold makes glibc hand every large buffer back to the kernel when it is freed;
+    # with its default sliding threshold, freed restore buffers may stay in the heap, and the resident
+    # size measures the allocator's timing, which varies from run to run, instead of what the export holds.
+    env.update(JAX_PLATFORMS="cpu", MALLOC_MMAP_THRESHOLD_=str(2**20))
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     line = result.stdout.strip().splitlines()[-1].split()
     assert line[0] == "GREW" and line[-1] == "0", result.stderr[-2000:]
     return int(line[1])
@@ -78,5 +82,5 @@ def test_export_peak_memory_is_about_one_copy_of_the_weights(tmp_path):
     extra = _export_peak_bytes(tmp_path / "big", 512, 8) - _export_peak_bytes(tmp_path / "small", 64, 4)
     print(f"export of {weights / 1e6:.0f} MB of weights: peak memory {extra / 1e6:.0f} MB above the tiny "
           f"model's ({extra / weights:.2f} copies)")
-    assert extra < 1.6 * weights
+    assert extra < 1.5 * weights
     assert (tmp_path / "big" / "exported" / "model.safetensors").stat().st_size > weights
