@@ -104,10 +104,10 @@ def train_config(optim: ConfigDict, **changes) -> TrainConfig:
 
 def bootstrap_train_config(c: ConfigDict) -> TrainConfig:
     """The bootstrap's optimiser: `optim` with the bootstrap's learning rate and schedule, plain
-    token-mean maximum likelihood (one epoch, no micro-batching)."""
+    token-mean maximum likelihood (one epoch), micro-batched like the RL update."""
     b = c.bootstrap
     return train_config(c.optim, learning_rate=b.learning_rate, normaliser="token_mean", epochs=1,
-                        warmup_steps=b.warmup_steps, micro_batch_size=0, schedule=b.schedule,
+                        warmup_steps=b.warmup_steps, schedule=b.schedule,
                         decay_steps=max(b.steps - b.warmup_steps, 1), final_lr_fraction=0.0)
 
 
