@@ -15,7 +15,8 @@ import collections
 import json
 import sys
 
-LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
+from spiral_jax.envs.tictactoe import LINES
+
 BOARD_HEADER = "Board (free cells show their numbers):\n"
 
 
