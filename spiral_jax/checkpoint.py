@@ -56,11 +56,14 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
-    def save(self, step: int, state, pool: list, meta: dict) -> None:
-        meta = {**meta, "param_layout": PARAM_LAYOUT}
+    def save(self, step: int, state, pool: list, meta: dict, reference=None) -> None:
+        """Write `step` in the background. `reference`: the frozen policy of a KL penalty, if any."""
+        meta = {**meta, "param_layout": PARAM_LAYOUT, "reference": reference is not None}
         items = dict(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         if pool:
             items["pool"] = ocp.args.StandardSave(list(pool))
+        if reference is not None:
+            items["reference"] = ocp.args.StandardSave(reference)
         # An async save fails in the background; its error comes up at the next call.
         with self._background_failure_reported(self._pending):
             self._manager.check_for_errors()
@@ -118,6 +121,15 @@ class Checkpointer:
         if step is not None:
             return self._restore(step, like_state, like_params)
         return self._newest_readable(lambda s: self._restore(s, like_state, like_params), log)
+
+    def restore_reference(self, step: int, like_params):
+        """The KL reference saved with `step`, shaped and sharded like `like_params`; None when that
+        checkpoint holds none."""
+        meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        if not meta.get("reference"):
+            return None
+        item = ocp.args.StandardRestore(_abstract(like_params))
+        return self._manager.restore(step, args=ocp.args.Composite(reference=item))["reference"]
 
     def restore_params(self, like_params, log=print) -> tuple[dict, int]:
         """(parameters, step) of the newest readable checkpoint, and nothing else: no optimiser

@@ -53,13 +53,16 @@ def base_config() -> ConfigDict:
         temperature=1.0, top_p=1.0, top_k=0, max_prompt_len=2048, schedule="rounds", max_in_flight=0))
     # games_per_shard > 0: baselines per shard of that many games a step (the reference: 2; rl/rae.py)
     c.rae = ConfigDict(dict(enabled=True, decay=0.95, drop_zero=True, games_per_shard=0))
-    # Fields of spiral_jax.rl.TrainConfig (optimiser, loss, micro-batching).
+    # Fields of spiral_jax.rl.TrainConfig (optimiser, loss, micro-batching). kl_coef > 0: a KL penalty
+    # to the policy RL started from (after any bootstrap), kept frozen and checkpointed: one more copy
+    # of the parameters. The reference recipe has none.
     c.optim = ConfigDict(dict(
         learning_rate=1e-6, schedule="constant", warmup_steps=0, decay_steps=0, final_lr_fraction=0.0,
         b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, max_grad_norm=1.0, epochs=1, clip=0.2,
         normaliser="constant", normaliser_constant=4096.0, tis_cap=0.0, kl_coef=0.0,
         micro_batch_size=0, logprob_chunk=512))
     # max_skipped_in_a_row: updates skipped for a non-finite loss/gradients that stop the run (0: never).
+    # eval_every 0: the step-0 and final evaluations only; checkpoint_every 0: the final checkpoint only.
     c.train = ConfigDict(dict(steps=400, eval_every=16, checkpoint_every=16, keep=3,
                               async_checkpointing=True, transcripts=2, max_skipped_in_a_row=5))
     # env_ids: the games evaluated (empty: the training games), each against every opponent, both seats.
@@ -104,9 +107,11 @@ def train_config(optim: ConfigDict, **changes) -> TrainConfig:
 
 def bootstrap_train_config(c: ConfigDict) -> TrainConfig:
     """The bootstrap's optimiser: `optim` with the bootstrap's learning rate and schedule, plain
-    token-mean maximum likelihood (one epoch), micro-batched like the RL update."""
+    token-mean maximum likelihood (one epoch, no KL penalty or importance weights), micro-batched
+    like the RL update."""
     b = c.bootstrap
     return train_config(c.optim, learning_rate=b.learning_rate, normaliser="token_mean", epochs=1,
+                        kl_coef=0.0, tis_cap=0.0,
                         warmup_steps=b.warmup_steps, schedule=b.schedule,
                         decay_steps=max(b.steps - b.warmup_steps, 1), final_lr_fraction=0.0)
 

@@ -4,8 +4,9 @@
 It prints, per device, the bytes of everything the trainer keeps or builds, and the peak of each
 phase of a step against the device's memory:
 
-- train step: parameters + Adam state + the sampler's copy (still referenced) + gradients (one
-  micro-batch's, plus the fp32 accumulator) + weights all-gathered for compute + activations;
+- train step: parameters + Adam state + the sampler's copy (still referenced) + the KL reference
+  (with optim.kl_coef) + gradients (one micro-batch's, plus the fp32 accumulator) + weights
+  all-gathered for compute + activations;
 - rollout / evaluation: parameters + Adam state + the sampler's copy + the KV cache of one
   `Sampler.generate` call + the prefill's transients. Rollout plays `rollout.games_per_batch` games
   in one call; evaluation (the trainer's periodic and final evals, `spiral-jax eval`) plays its games
@@ -369,6 +370,7 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
         "optimizer": _optimizer_bytes(cfg, tc, mesh),
         "sampler_params": 0 if same_layout else sample_params,
         "snapshots": work.snapshots * sample_params,
+        "kl_reference": params if tc.kl_coef else 0,
         "gradients": 2 * params,
         "weights_in_flight": _weights_in_flight(cfg, mesh),
         "activations": _activations(cfg, work, mesh),
@@ -378,11 +380,13 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
         "optimizer": "optimizer state (AdamW mu + nu, fp32)",
         "sampler_params": "sampler's copy of the parameters (sample layout)",
         "snapshots": f"opponent weights ({work.snapshots}: pool or frozen, sample layout)",
+        "kl_reference": "the KL penalty's frozen reference policy (train layout)",
         "gradients": "gradients: one micro-batch's + the fp32 accumulator",
         "weights_in_flight": "weights all-gathered/cast for compute, their grads",
         "activations": f"activations of one micro-batch ({'remat' if cfg.remat else 'no remat'})",
     }
-    resident = parts["params"] + parts["optimizer"] + parts["sampler_params"] + parts["snapshots"]
+    resident = (parts["params"] + parts["optimizer"] + parts["sampler_params"] + parts["snapshots"]
+                + parts["kl_reference"])
     phases = {"train step": resident + parts["gradients"] + parts["weights_in_flight"] + parts["activations"]}
     calls = {}  # (games, new-token bucket) -> the phases that make such a sampler call
     for name, games, new in [("rollout", work.rollout_games, work.rollout_new),
@@ -399,6 +403,8 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
         phases[f"{name} ({games} games at once)"] = resident + cache + prefill
     if not work.snapshots:
         del parts["snapshots"]
+    if not tc.kl_coef:
+        del parts["kl_reference"]
     notes = []
     if same_layout:
         notes.append("train and sample layouts agree (fsdp 1): the sampler reads the train state, no copy")

@@ -269,3 +269,14 @@ def test_opponent_weights_are_counted():
     assert P.plan(c, hw).parts["snapshots"] == sample_copy
     c.rollout.opponent = "random"
     assert "snapshots" not in P.plan(c, hw).parts
+
+
+def test_the_kl_reference_is_counted():
+    c = tiny_config()
+    hw = P.custom_hardware(8, None)
+    before = P.plan(c, hw)
+    assert "kl_reference" not in before.parts
+    c.optim.kl_coef = 0.1
+    after = P.plan(c, hw)
+    assert after.parts["kl_reference"] == after.parts["params"]
+    assert after.phases["train step"] == before.phases["train step"] + after.parts["params"]

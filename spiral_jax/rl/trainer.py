@@ -126,6 +126,7 @@ class Trainer:
         self.update = make_update(self.cfg, self.tc, self.mesh)
         self.to_sample_layout = make_reshard(self.cfg, self.mesh)
         self.state = init_train_state(params, self.cfg, self.tc, self.mesh)
+        self.reference = None  # with optim.kl_coef: the frozen policy RL started from (_kl_reference)
         self.rae_state, self.pool, self.pool_steps, self.step = init_rae_state(), [], [], 0
         self.totals = {"games": 0, "sampled_tokens": 0, "trained_tokens": 0}  # since step 0, resumes included
         self.writer = MetricsWriter(self.out / "tensorboard", wandb=c.wandb.to_dict(), config=c.to_dict())
@@ -187,6 +188,11 @@ class Trainer:
         self.rae_state, self.pool_steps, self.step = meta["rae"], meta["pool_steps"], meta["step"]
         self.totals = meta.get("totals", self.totals)
         self.saved_step = self.step
+        if self.tc.kl_coef and meta.get("phase") != "bootstrap":
+            self.reference = self.ckpt.restore_reference(self.step, self.state.params)
+            if self.reference is None:
+                self.log(f"checkpoint step {self.step} holds no KL reference (it was written with "
+                         f"optim.kl_coef=0): the KL penalty is taken against the policy of step {self.step}")
         if meta.get("phase") == "bootstrap":  # stopped during the bootstrap: `state` is its state
             self.bootstrap_state, self.bootstrap_done = state, meta["bootstrap_step"]
             self.log(f"resumed from {self.ckpt.directory} in the bootstrap, after {self.bootstrap_done} "
@@ -201,9 +207,17 @@ class Trainer:
                     bootstrap_step=bootstrap_step or 0)
         state = self.state if bootstrap_step is None else self.bootstrap_state
         start = time.perf_counter()
-        self.ckpt.save(self.step, state, self.pool, meta)
+        reference = self._kl_reference() if bootstrap_step is None else None
+        self.ckpt.save(self.step, state, self.pool, meta, reference)
         self.writer.scalars(self.step, {"time/checkpoint": time.perf_counter() - start})  # async: the blocking part
         self.saved_step = self.step
+
+    def _kl_reference(self):
+        """The frozen policy of the KL penalty (None without one): a copy of the parameters the first
+        time RL needs it, i.e. the policy at step 0; a resumed run restores it from the checkpoint."""
+        if self.tc.kl_coef and self.reference is None:
+            self.reference = jax.tree.map(lambda x: x.copy(), self.state.params)
+        return self.reference
 
     def stop_requested(self) -> bool:
         """Whether any host was asked to stop: every host stops at the same step, so the checkpoint
@@ -346,7 +360,7 @@ class Trainer:
         rows = None if self.c.rollout.selection == "exact" else \
             -(-bucket_length(len(samples), 1) // multiple) * multiple
         batch = shard_batch(pack(samples, rows=rows, row_multiple=multiple), self.mesh)
-        self.state, epochs = self.update(self.state, batch)
+        self.state, epochs = self.update(self.state, batch, self._kl_reference())
         metrics = {f"train/{k}": float(v) for k, v in jax.device_get(epochs[-1]).items()}
         t_update = time.perf_counter() - t1
 
@@ -554,17 +568,17 @@ class Trainer:
                                  "invalid": f"{metrics['rollout/all/invalid_rate']:.2f}",
                                  "tokens": f"{metrics['rollout/all/response_tokens']:.0f}",
                                  "s/step": f"{metrics['time/step']:.1f}"})
-                if self.step % c.train.eval_every == 0 and self.step < c.train.steps:  # the last: final
+                if c.train.eval_every and self.step % c.train.eval_every == 0 and self.step < c.train.steps:
                     self.evaluate(c.eval.games, c.train.transcripts)
                 if c.eval.math.every and self.step % c.eval.math.every == 0 and self.step < c.train.steps:
                     self.evaluate_math()
-                if self.step % c.train.checkpoint_every == 0:
+                if c.train.checkpoint_every and self.step % c.train.checkpoint_every == 0:
                     self.save()
                 self.writer.flush()
             bar.close()
             if self._stop:
                 return self._stopped()
-            if self.step % c.train.checkpoint_every:
+            if self.saved_step != self.step:
                 self.save()
             results, kuhn = self.evaluate(c.eval.final_games, c.train.transcripts)
             self._record_math("final", self.evaluate_math())

@@ -141,6 +141,26 @@ def test_resume_continues_exactly(tmp_path):
     assert full.rae_state == resumed.rae_state
 
 
+def test_kl_penalty_is_taken_against_the_policy_rl_started_from(tmp_path):
+    """optim.kl_coef: the reference is the step-0 policy, frozen, and a resumed run restores it from
+    the checkpoint rather than taking the policy it resumes with."""
+    from spiral_jax.metrics import read_scalars
+
+    changes = {"optim.kl_coef": 0.5, "train.eval_every": 0, "eval.final_games": 0}
+    first = Trainer(tiny_config(tmp_path, **changes, **{"train.steps": 2}), log=lambda *_: None)
+    start = _params(first)
+    first.run()
+    assert all(np.any(a != b) for a, b in zip(start, _params(first)) if a.ndim == 2), "the policy moved"
+    kl = dict(read_scalars(tmp_path / "run" / "tensorboard")["train/kl"])
+    assert kl[1] == 0.0 and kl[2] > 0.0  # step 1 updates the reference itself; step 2 a moved policy
+    resumed = Trainer(tiny_config(tmp_path, **changes, **{"train.steps": 3}), resume=True, log=lambda *_: None)
+    assert resumed.step == 2
+    for a, b in zip(start, jax.tree.leaves(resumed.reference)):
+        np.testing.assert_array_equal(a, np.asarray(b))
+    resumed.run()
+    assert resumed.step == 3
+
+
 def test_sigterm_saves_and_exits(tmp_path):
     trainer = Trainer(tiny_config(tmp_path, **{"train.steps": 100, "train.checkpoint_every": 50}),
                       log=lambda *_: None)
