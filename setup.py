@@ -29,9 +29,10 @@ setup(
         # Reference checks against transformers need PyTorch; 2.13.0 is pinned so that a CPU
         # wheel is used (an unpinned torch pulls a multi-GB CUDA build).
         # math-verify, matplotlib and textarena (the eval and textarena extras) so CI checks the
-        # grader, the plots and the TextArena adapter against the real package too.
-        "test": ["pytest", "pytest-timeout", "hypothesis", "torch==2.13.0", "math-verify", "matplotlib",
-                 "textarena"],
+        # grader, the plots and the TextArena adapter against the real package too. pytest-xdist runs
+        # the suite in two processes: most of a test's time is XLA compiling on one core.
+        "test": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "torch==2.13.0", "math-verify",
+                 "matplotlib", "textarena"],
         # gcsfs: a gs:// out_dir for everything a run writes besides checkpoints (spiral_jax/paths.py).
         "gcs": ["gcsfs"],
         "tpu": ["jax[tpu]", "gcsfs"],
