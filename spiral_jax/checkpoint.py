@@ -123,11 +123,8 @@ class Checkpointer:
         return self._newest_readable(lambda s: self._restore(s, like_state, like_params), log)
 
     def restore_reference(self, step: int, like_params):
-        """The KL reference saved with `step`, shaped and sharded like `like_params`; None when that
-        checkpoint holds none."""
-        meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-        if not meta.get("reference"):
-            return None
+        """The KL reference saved with `step` (its meta says "reference": true), shaped and sharded
+        like `like_params`."""
         item = ocp.args.StandardRestore(_abstract(like_params))
         return self._manager.restore(step, args=ocp.args.Composite(reference=item))["reference"]
 

@@ -189,8 +189,9 @@ class Trainer:
         self.totals = meta.get("totals", self.totals)
         self.saved_step = self.step
         if self.tc.kl_coef and meta.get("phase") != "bootstrap":
-            self.reference = self.ckpt.restore_reference(self.step, self.state.params)
-            if self.reference is None:
+            if meta.get("reference"):
+                self.reference = self.ckpt.restore_reference(self.step, self.state.params)
+            else:
                 self.log(f"checkpoint step {self.step} holds no KL reference (it was written with "
                          f"optim.kl_coef=0): the KL penalty is taken against the policy of step {self.step}")
         if meta.get("phase") == "bootstrap":  # stopped during the bootstrap: `state` is its state
