@@ -1,7 +1,7 @@
-"""The learning evidence: each tiny config trained from its format-only start, with and without
+"""The learning evidence: each tiny config (Pig, TicTacToe, Kuhn) trained from its format-only start, with and without
 RAE, over several seeds; a table of the final numbers and RL gains, and a plot.
 
-    python scripts/learning_runs.py                       # both configs, RAE on/off, seeds 0 1 2
+    python scripts/learning_runs.py                       # the three configs, RAE on/off, seeds 0 1 2
     python scripts/learning_runs.py --configs configs/tiny_kuhn.py --seeds 0 --rae on
     python scripts/learning_runs.py --report-only         # redo the table from finished runs
 
@@ -113,7 +113,8 @@ def plot(curves, path: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--configs", nargs="+", default=["configs/tiny_tictactoe.py", "configs/tiny_kuhn.py"])
+    p.add_argument("--configs", nargs="+",
+                   default=["configs/tiny_pig.py", "configs/tiny_tictactoe.py", "configs/tiny_kuhn.py"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--rae", nargs="+", choices=["on", "off"], default=["on", "off"])
     p.add_argument("--report-only", action="store_true")

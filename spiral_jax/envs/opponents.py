@@ -279,6 +279,7 @@ _SCRIPTED = {
     "KuhnPokerChips-v0": lambda seed: KuhnNashOpponent(seed=seed),
     "SimpleNegotiation-v1": lambda seed: NegotiationHeuristic(),
     "PigDice-v1": lambda seed: PigHoldAt(),
+    "PigDiceState-v1": lambda seed: PigHoldAt(),
     "LiarsDice-v1": lambda seed: LiarsDiceHeuristic(),
     "Snake-v0": lambda seed: SnakeHeuristic(),
     "ConnectFour-v0": lambda seed: ConnectFourHeuristic(),

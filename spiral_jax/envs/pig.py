@@ -17,6 +17,10 @@ class PigDice(Env):
     higher score wins (equal scores: draw).  Every roll or hold counts as an env `turn`; the error
     count is cleared only when the turn passes to the other player.
 
+    In the "first_last" observation style a prompt shows only the rules and the latest message, so
+    there the move request also states the scores and the points at stake: a short prompt that
+    still holds everything the decision depends on.
+
     Chance kind "roll": the die value (1-6) of each roll.
     """
 
@@ -54,7 +58,7 @@ class PigDice(Env):
             else:
                 self._total += value
                 self._tell("turn_total", (self._total,), f"Points at stake this turn: {self._total}.")
-                self._tell("actions", tuple(_MOVES), "Your move: [roll] or [hold].", to=player)
+                self._ask(player)
         else:
             self._scores[player] += self._total
             self._tell("hold", (player, self._total, self._scores[player]),
@@ -86,7 +90,15 @@ class PigDice(Env):
     def _announce_turn(self, player: int) -> None:
         a, b = self._scores
         self._tell("turn", (player, a, b), f"Player {player} to play. Scores: Player 0 {a}, Player 1 {b}.")
-        self._tell("actions", tuple(_MOVES), "Your move: [roll] or [hold].", to=player)
+        self._ask(player)
+
+    def _ask(self, player: int) -> None:
+        text = "Your move: [roll] or [hold]."
+        if self.observation_style == "first_last":
+            mine, theirs = self._scores[player], self._scores[1 - player]
+            text = (f"Your score: {mine}. Your opponent's score: {theirs}. Points at stake this turn: "
+                    f"{self._total}.\n{text}")
+        self._tell("actions", tuple(_MOVES), text, to=player)
 
     def _rules(self, player: int) -> str:
         return (

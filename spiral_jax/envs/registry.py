@@ -28,6 +28,8 @@ _REGISTRY: dict[str, tuple[type[Env], dict[str, Any]]] = {
     "SimpleNegotiation-v1": (SimpleNegotiation, {}),
     # evaluation (out-of-distribution) games
     "PigDice-v1": (PigDice, {}),
+    # the same game with short prompts: the rules, then the scores and the points at stake
+    "PigDiceState-v1": (PigDice, {"observation_style": "first_last"}),
     "LiarsDice-v1": (LiarsDice, {}),
     "Snake-v0": (Snake, {}),
     "ConnectFour-v0": (ConnectFour, {}),

@@ -5,7 +5,7 @@ import pytest
 from spiral_jax.envs import GAME, Env, RandomOpponent, make, registered_ids
 
 REQUIRED_IDS = {"TicTacToe-v0", "KuhnPoker-v1", "KuhnPoker-v2", "SimpleNegotiation-v1", "PigDice-v1",
-                "LiarsDice-v1", "Snake-v0", "ConnectFour-v0", "Nim-v0", "SimpleTak-v0", "KuhnPokerChips-v0"}
+                "LiarsDice-v1", "Snake-v0", "ConnectFour-v0", "Nim-v0", "SimpleTak-v0", "KuhnPokerChips-v0", "PigDiceState-v1"}
 DEFAULT_STYLES = {"TicTacToe-v0": "first_last", "KuhnPoker-v1": "full_history",
                   "SimpleNegotiation-v1": "full_history", "PigDice-v1": "full_history"}
 
@@ -138,6 +138,26 @@ def test_pig_turn_limit_counts_player_turns_and_scores_decide():
     env.step("[roll]")
     result = env.step("[hold]")  # player 0 banks 4: the third turn ends the game
     assert result.done and result.rewards == {0: 1, 1: -1} and env.state()["scores"] == [9, 3]
+
+
+def test_pig_short_prompts_state_the_scores_and_the_stake():
+    """PigDiceState-v1 shows the rules and the latest message only, so that message carries the state
+    (from the mover's side); the full-history game keeps the reference's bare move request."""
+    env = make("PigDiceState-v1")
+    env.reset(0, chance={"roll": [5, 3, 4]})
+    env.step("[roll]")
+    env.step("[hold]")  # player 0 banks 5
+    env.step("[roll]")  # player 1 has 3 at stake
+    text = env.observation()
+    assert text.startswith("Pig dice. You are Player 1;")
+    assert "Your score: 0. Your opponent's score: 5. Points at stake this turn: 3.\nYour move" in text
+    assert "rolled" not in text and "banked" not in text  # only the latest message follows the rules
+    env.step("[hold]")
+    assert "Your score: 5. Your opponent's score: 3. Points at stake this turn: 0." in env.observation()
+    full = make("PigDice-v1")
+    full.reset(0, chance={"roll": [5]})
+    full.step("[roll]")
+    assert full.messages(0)[-1].text == "Your move: [roll] or [hold]."
 
 
 def test_negotiation_outcome_is_decided_by_item_counts():
