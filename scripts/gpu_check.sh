@@ -4,7 +4,7 @@
 #   1. the model, sampler and train-step tests with JAX on the GPU (the 8-device mesh tests are left
 #      out: they need 8 devices; CI runs them on fake CPU devices),
 #   2. bench/sampler.py: spiral_jax against transformers on the same GPU, both in bf16,
-#   3. the main job (configs/tiny_tictactoe.py) end to end on the GPU.
+#   3. the main job (configs/tiny_pig.py) end to end on the GPU.
 # Logs go to $OUT (default /tmp/gpu_check). Run from the repository root with spiral_jax importable
 # (pip install -e '.[cuda,test]', or PYTHONPATH=. where the packages are already there).
 set -u
@@ -28,10 +28,10 @@ section "bench/sampler.py"
 timeout "${BENCH_S:-300}" python3 bench/sampler.py --repeats 2 2>&1 | grep -v "Writing model" \
   | tee "$OUT/sampler.log"
 
-section "main job: configs/tiny_tictactoe.py"
+section "main job: configs/tiny_pig.py"
 start=$(date +%s)
-timeout "${MAIN_S:-300}" python3 -m spiral_jax.cli train --config configs/tiny_tictactoe.py \
-  --config.out_dir=/tmp/tiny_tictactoe_gpu > "$OUT/main.log" 2>&1
+timeout "${MAIN_S:-300}" python3 -m spiral_jax.cli train --config configs/tiny_pig.py \
+  --config.out_dir=/tmp/tiny_pig_gpu > "$OUT/main.log" 2>&1
 echo "main job: exit $? after $(( $(date +%s) - start )) s"
 tr '\r' '\n' < "$OUT/main.log" | grep -v -E "^(bootstrap|self-play): " | tail -30
-ls /tmp/tiny_tictactoe_gpu
+ls /tmp/tiny_pig_gpu

@@ -315,11 +315,12 @@ def test_sampler_and_learner_logprobs_agree_and_nothing_recompiles(tmp_path, dty
 
 @pytest.mark.slow
 def test_main_job_config_bootstraps_and_trains_one_step(tmp_path):
-    """configs/tiny_tictactoe.py as it is (model, hashed teacher, optimiser), with fewer steps and games."""
-    c = config_from_file(os.path.join(REPO, "configs", "tiny_tictactoe.py"))
+    """configs/tiny_pig.py, the README's main job, as it is (model, game, hashed teacher, optimiser),
+    with fewer steps and games."""
+    c = config_from_file(os.path.join(REPO, "configs", "tiny_pig.py"))
     c.out_dir = str(tmp_path)
     c.bootstrap.update(steps=3, batch_size=16)
-    c.rollout.update(games_per_batch=4, samples_per_step=64, selection="all")
+    c.rollout.update(games_per_batch=2, samples_per_step=32)
     c.train.update(steps=1, async_checkpointing=False)
     c.eval.update(opponents=())  # evaluation is tested elsewhere
     trainer = Trainer(c, log=lambda *_: None)
