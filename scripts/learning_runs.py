@@ -1,5 +1,6 @@
-"""The learning evidence: each tiny config (Pig, TicTacToe, Kuhn) trained from its format-only start, with and without
-RAE, over several seeds; a table of the final numbers and RL gains, and a plot.
+"""The learning evidence: each tiny config (Pig, TicTacToe, Kuhn) trained from its format-only
+start, with and without RAE, over several seeds; a table of the final numbers and RL gains, and a
+plot.
 
     python scripts/learning_runs.py                       # the three configs, RAE on/off, seeds 0 1 2
     python scripts/learning_runs.py --configs configs/tiny_kuhn.py --seeds 0 --rae on
