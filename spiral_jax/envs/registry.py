@@ -26,10 +26,10 @@ _REGISTRY: dict[str, tuple[type[Env], dict[str, Any]]] = {
     "KuhnPokerChips-v0": (KuhnPoker, {"rounds": 1, "fixed_pot": False, "outcome": "chip_reward",
                                       "first_opener": 0}),
     "SimpleNegotiation-v1": (SimpleNegotiation, {}),
+    # PigDice-v1 with short prompts, the rules then the scores and the points at stake (the main job)
+    "PigDiceState-v1": (PigDice, {"observation_style": "first_last"}),
     # evaluation (out-of-distribution) games
     "PigDice-v1": (PigDice, {}),
-    # the same game with short prompts: the rules, then the scores and the points at stake
-    "PigDiceState-v1": (PigDice, {"observation_style": "first_last"}),
     "LiarsDice-v1": (LiarsDice, {}),
     "Snake-v0": (Snake, {}),
     "ConnectFour-v0": (ConnectFour, {}),
