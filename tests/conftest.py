@@ -5,23 +5,30 @@ import os
 import shutil
 import tempfile
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# XLA:CPU flags for the tests' programs, which are tiny and many: compiling them, not running them, is
+# most of the suite's time. No LLVM optimisation, one codegen module and the classic loop emitters
+# compile about three times faster; the numerics the tests check hold to the same tolerances, and the
+# programs users run keep XLA's defaults. Flags the caller put in XLA_FLAGS win.
+_TEST_XLA_FLAGS = {"--xla_force_host_platform_device_count": "8", "--xla_backend_optimization_level": "0",
+                   "--xla_cpu_parallel_codegen_split_count": "1", "--xla_cpu_use_fusion_emitters": "false"}
+_flags = os.environ.get("XLA_FLAGS", "")
+os.environ["XLA_FLAGS"] = " ".join([_flags] + [f"{k}={v}" for k, v in _TEST_XLA_FLAGS.items() if k not in _flags]).strip()
+
+# Many tests build the same tiny programs again (every Trainer jits its own closures), in both pytest
+# workers and in the subprocesses some tests start. One persistent compilation cache for the whole
+# run, made by the first process and inherited through the environment, loads them instead. Tests that
+# count compilations count cache loads too (spiral_jax.compilation). A cache dir the caller set
+# (JAX_COMPILATION_CACHE_DIR) is kept as is.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _CACHE = tempfile.mkdtemp(prefix="spiral_jax_tests_xla_cache_")
+    atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+    os.environ.update(JAX_COMPILATION_CACHE_DIR=_CACHE, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_default_matmul_precision", "highest")
-
-# Many tests build the same tiny programs again (every Trainer jits its own closures). A persistent
-# compilation cache for the session loads them instead: the trainer tests take about a third of the
-# time. Tests that count compilations count cache loads too (spiral_jax.compilation). A cache dir
-# the caller set (JAX_COMPILATION_CACHE_DIR) is kept as is.
-if not jax.config.jax_compilation_cache_dir:
-    _CACHE = tempfile.mkdtemp(prefix="spiral_jax_tests_xla_cache_")
-    atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
-    jax.config.update("jax_compilation_cache_dir", _CACHE)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 import pytest  # noqa: E402
 

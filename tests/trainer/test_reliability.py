@@ -142,7 +142,7 @@ def test_sigterm_during_the_bootstrap_exits_75_with_a_checkpoint(tmp_path):
         "def get_config():\n"
         f"    return tiny_config(Path({str(tmp_path)!r}), **{{'bootstrap.enabled': True, "
         "'bootstrap.steps': 100000, 'bootstrap.batch_size': 8})\n")
-    env = dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = dict(os.environ, PYTHONPATH=REPO)  # the tests' XLA flags: 8 devices, quick compiles
     cli = "import sys; from spiral_jax.cli import main; sys.exit(main())"
     proc = subprocess.Popen([sys.executable, "-c", cli, "train", f"--config={config}"], cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
