@@ -1,5 +1,6 @@
 """Two CPU processes (4 fake devices each) joined by jax.distributed train exactly like one process
-with 8 devices: same parameters, same RAE baselines, same games."""
+with 8 devices: same parameters, same RAE baselines, same games; they write one checkpoint together
+and resume from it, and only process 0 logs."""
 import json
 import os
 import socket
@@ -49,4 +50,6 @@ def test_two_processes_equal_one(tmp_path):
         np.testing.assert_allclose(two_params[name], value, atol=1e-6, rtol=1e-5, err_msg=name)
     assert one["moved"] > 1e-4  # not vacuous: the two updates changed the weights
     assert two["stop"] and not one["stop"]  # process 1's stop request reached process 0
+    assert two["restored_exactly"] and one["restored_exactly"]  # a checkpoint written and read by both hosts
+    assert two["log_lines"][0] > 0 and two["log_lines"][1] == 0  # only process 0 logs
 

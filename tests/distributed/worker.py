@@ -1,8 +1,9 @@
 """One process of the two-host test (tests/distributed/test_multihost.py); also the 1-process run.
 
 Usage: python worker.py OUT_DIR PROCESS_ID NUM_PROCESSES PORT DEVICES [SCHEDULE]
-Runs two self-play steps (rollout.schedule=SCHEDULE, default rounds) of a tiny model on a (data=2, fsdp=4) mesh and saves, from process 0, the
-final parameters and RAE baselines to OUT_DIR/result.npz and OUT_DIR/rae.json.
+Runs two self-play steps (rollout.schedule=SCHEDULE, default rounds) of a tiny model on a (data=2, fsdp=4) mesh,
+checkpoints them and resumes from the checkpoint, and saves, from process 0, the final parameters and RAE
+baselines to OUT_DIR/result.npz and OUT_DIR/rae.json, with what the resumed run restored and logged.
 """
 import hashlib
 import json
@@ -56,6 +57,15 @@ digest = hashlib.sha256(json.dumps([(g.record.env_id, g.record.seed, [t.action f
 if jax.process_index() == 1:
     trainer.request_stop()  # as if SIGTERM reached this host alone
 stop = trainer.stop_requested()  # every host must agree, so all stop at the same step
+# One checkpoint written by all hosts together, then read back by a resumed run on all of them.
+trainer.save()
+trainer.ckpt.close()
+lines = []
+resumed = Trainer(config(), resume=True, log=lines.append)
+restored = multihost_utils.process_allgather(resumed.state.params, tiled=True)
+restored_exactly = resumed.step == 2 and all(np.array_equal(a, b) for a, b in
+                                              zip(jax.tree.leaves(params), jax.tree.leaves(restored)))
+log_lines = [int(n) for n in multihost_utils.process_allgather(np.array(len(lines)))]  # per process
 if jax.process_index() == 0:
     flat = {"/".join(str(k) for k in path): np.asarray(v)
             for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
@@ -63,4 +73,5 @@ if jax.process_index() == 0:
     (Path(out) / "rae.json").write_text(json.dumps(
         {"rae": trainer.rae_state, "games": metrics["rollout/games"], "samples": metrics["rollout/samples"],
          "processes": jax.process_count(), "devices": jax.device_count(), "stop": stop, "digest": digest,
+         "restored_exactly": restored_exactly, "log_lines": log_lines,
          "moved": max(float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(initial)))}))
