@@ -16,6 +16,7 @@ import functools
 import json
 import signal
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import jax
@@ -75,6 +76,25 @@ def transcript(game: PlayedGame) -> str:
         lines.append(f"**player {t.player}** -> `{t.action}`{'' if t.valid else ' (invalid)'}\n\n"
                      f"    {t.response.strip()[:500]}")
     return "\n\n".join(lines)
+
+
+def draw_seats(rng: np.random.Generator, n: int, mode: str, opponent: str, pool_steps: Sequence[int],
+               self_weight: float) -> list[tuple[str, str]]:
+    """Who plays each of n games, as (seat 0, seat 1) policy names.
+
+    self_play: the model in both seats. fixed_opponent: the model against `opponent`. pool: a game is
+    self-play with probability `self_weight` (always while the pool is empty), else the model against
+    a snapshot "pool/STEP" drawn uniformly. Against another player the model takes seat 0 in even games
+    and seat 1 in odd ones, so it learns both roles.
+    """
+    seats = []
+    for g in range(n):
+        if mode == "self_play" or (mode == "pool" and (not pool_steps or rng.random() < self_weight)):
+            seats.append(("model", "model"))
+            continue
+        other = opponent if mode == "fixed_opponent" else f"pool/{pool_steps[int(rng.integers(len(pool_steps)))]}"
+        seats.append(("model", other) if g % 2 == 0 else (other, "model"))
+    return seats
 
 
 class Trainer:
@@ -283,20 +303,6 @@ class Trainer:
     def _row_multiple(self, tc: TrainConfig) -> int:
         return tc.micro_batch_size or batch_shards(self.mesh)
 
-    def _seats(self, rng: np.random.Generator, n: int) -> list[tuple[str, str]]:
-        r = self.c.rollout
-        seats = []
-        for g in range(n):
-            if r.mode == "self_play" or (r.mode == "pool" and (not self.pool or rng.random() < r.pool_self_weight)):
-                seats.append(("model", "model"))
-                continue
-            if r.mode == "fixed_opponent":
-                other = "frozen" if self.frozen else r.opponent
-            else:
-                other = f"pool/{self.pool_steps[int(rng.integers(len(self.pool)))]}"
-            seats.append(("model", other) if g % 2 == 0 else (other, "model"))
-        return seats
-
     def collect(self, params):
         """Games and exactly `samples_per_step` (or all) RAE-labelled turn samples for this step.
 
@@ -310,8 +316,9 @@ class Trainer:
         samples, games, turns = [], [], 0
         for round_ in range(1000):
             env_ids = [c.games.env_ids[i] for i in rng.choice(len(weights), r.games_per_batch, p=weights)]
-            played = self.rollout.play(env_ids, self._seats(rng, r.games_per_batch), policies,
-                                       seed=int(rng.integers(1 << 31)))
+            seats = draw_seats(rng, r.games_per_batch, r.mode, "frozen" if self.frozen else r.opponent,
+                               self.pool_steps, r.pool_self_weight)
+            played = self.rollout.play(env_ids, seats, policies, seed=int(rng.integers(1 << 31)))
             new, self.rae_state = label_games(played, self.rae_state, self.rae, first=len(games))
             if round_ == 0:
                 self._check_prompt_lengths(played)

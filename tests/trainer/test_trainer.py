@@ -11,7 +11,7 @@ import transformers
 from spiral_jax.cli import main as cli_main
 from spiral_jax.config import base_config, config_from_file
 from spiral_jax.models import CheckpointError, forward, load_pretrained
-from spiral_jax.rl.trainer import Trainer
+from spiral_jax.rl.trainer import Trainer, draw_seats
 from tests.tiny_models import TINY_RUN
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -56,6 +56,13 @@ def test_three_steps_in_every_mode(tmp_path, changes):
     assert set(baselines) <= set(trainer.c.games.env_ids) and baselines
     if changes.get("rollout.mode") == "pool":
         assert trainer.pool_steps == [1, 2, 3][-trainer.c.rollout.pool_size:]
+        if changes.get("rollout.pool_self_weight") == 0.0:  # every game against a snapshot, its seat by the LLM
+            samples, games = trainer.collect(trainer.to_sampler(trainer.state.params))
+            pools = {f"pool/{s}" for s in trainer.pool_steps}
+            assert all(g.seats.count("model") == 1 and set(g.seats) - {"model"} <= pools for g in games)
+            assert any(t.policy in pools for g in games for t in g.model_turns)
+            model_responses = {tuple(t.response_ids) for g in games for t in g.model_turns if t.policy == "model"}
+            assert samples and all(tuple(s.response_ids) in model_responses for s in samples)
     from spiral_jax.metrics import read_scalars
     scalars = read_scalars(tmp_path / "run" / "tensorboard")
     for tag in ("train/loss", "train/grad_norm", "train/entropy", "rollout/valid_action_rate",
@@ -75,6 +82,25 @@ def test_three_steps_in_every_mode(tmp_path, changes):
     assert list((tmp_path / "run" / "eval" / "step3").glob("*.jsonl"))  # eval transcripts
     if "eval.kuhn_samples" in changes:  # exact scoring refuses a model that never writes the answers
         assert "eval/kuhn/exploitability" not in scalars
+
+
+def test_pool_games_draw_snapshots_at_the_configured_weight():
+    """In pool mode a game is self-play with probability pool_self_weight, else the model plays a
+    uniformly drawn snapshot, from both seats."""
+    n, weight = 4000, 0.25
+    seats = draw_seats(np.random.default_rng(0), n, "pool", "random", [3, 6], weight)
+    self_play = sum(s == ("model", "model") for s in seats)
+    assert abs(self_play / n - weight) < 4 * (weight * (1 - weight) / n) ** 0.5
+    against = [s for s in seats if s != ("model", "model")]
+    assert all(s.count("model") == 1 and {*s} - {"model"} <= {"pool/3", "pool/6"} for s in against)
+    snapshot3 = sum("pool/3" in s for s in against) / len(against)
+    model_first = sum(s[0] == "model" for s in against) / len(against)
+    for share in (snapshot3, model_first):
+        assert abs(share - 0.5) < 4 * (0.25 / len(against)) ** 0.5
+    rng = np.random.default_rng(1)
+    assert draw_seats(rng, 50, "pool", "random", [], weight) == [("model", "model")] * 50  # empty pool
+    assert ("model", "model") not in draw_seats(rng, 50, "pool", "random", [3], 0.0)
+    assert draw_seats(rng, 4, "fixed_opponent", "frozen", [3], weight) == [("model", "frozen"), ("frozen", "model")] * 2
 
 
 def test_fixed_opponent_can_be_a_frozen_model_folder(tmp_path):
