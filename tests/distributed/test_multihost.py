@@ -2,7 +2,6 @@
 with 8 devices: same parameters, same RAE baselines, same games; they write one checkpoint together
 and resume from it, and only process 0 logs."""
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -20,14 +19,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(out: Path, count: int, devices: int, schedule: str = "rounds") -> tuple[dict, dict]:
+def _start(out: Path, count: int, devices: int, schedule: str = "rounds") -> list[subprocess.Popen]:
     out.mkdir()
     port = str(_free_port())
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(out), str(pid), str(count), port, str(devices),
-                               schedule],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for pid in range(count)]
+    return [subprocess.Popen([sys.executable, str(WORKER), str(out), str(pid), str(count), port, str(devices), schedule],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for pid in range(count)]
+
+
+def _result(out: Path, procs: list[subprocess.Popen]) -> tuple[dict, dict]:
     logs = [p.communicate(timeout=600)[0] for p in procs]
     for p, log in zip(procs, logs):
         assert p.returncode == 0, log[-4000:]
@@ -39,8 +39,11 @@ def _run(out: Path, count: int, devices: int, schedule: str = "rounds") -> tuple
 def test_two_processes_equal_one(tmp_path):
     """The two hosts also run the continuous schedule, each its own decode engine over its share of
     the games, against one process playing them round by round: the same games either way."""
-    two_params, two = _run(tmp_path / "two", count=2, devices=4, schedule="continuous")
-    one_params, one = _run(tmp_path / "one", count=1, devices=8)
+    # Both runs at once: the two hosts spend part of their time waiting on each other.
+    two_procs = _start(tmp_path / "two", count=2, devices=4, schedule="continuous")
+    one_procs = _start(tmp_path / "one", count=1, devices=8)
+    two_params, two = _result(tmp_path / "two", two_procs)
+    one_params, one = _result(tmp_path / "one", one_procs)
     assert (two["processes"], two["devices"], one["processes"], one["devices"]) == (2, 8, 1, 8)
     assert two["games"] == one["games"] and two["samples"] == one["samples"] == 16
     assert two["digest"] == one["digest"]  # the same games: moves, seeds and sampled tokens
