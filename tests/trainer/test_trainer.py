@@ -36,6 +36,12 @@ def tiny_config(tmp_path, **changes):
     return c
 
 
+def _assert_only_the_model_is_trained(samples, games):
+    """Every training sample is a turn the trained model played, none an opponent's."""
+    model_responses = {tuple(t.response_ids) for g in games for t in g.model_turns if t.policy == "model"}
+    assert samples and all(tuple(s.response_ids) in model_responses for s in samples)
+
+
 @pytest.mark.parametrize("changes", [
     {},
     {"rollout.mode": "fixed_opponent", "rollout.opponent": "random"},
@@ -61,8 +67,7 @@ def test_three_steps_in_every_mode(tmp_path, changes):
             pools = {f"pool/{s}" for s in trainer.pool_steps}
             assert all(g.seats.count("model") == 1 and set(g.seats) - {"model"} <= pools for g in games)
             assert any(t.policy in pools for g in games for t in g.model_turns)
-            model_responses = {tuple(t.response_ids) for g in games for t in g.model_turns if t.policy == "model"}
-            assert samples and all(tuple(s.response_ids) in model_responses for s in samples)
+            _assert_only_the_model_is_trained(samples, games)
     from spiral_jax.metrics import read_scalars
     scalars = read_scalars(tmp_path / "run" / "tensorboard")
     for tag in ("train/loss", "train/grad_norm", "train/entropy", "rollout/valid_action_rate",
@@ -115,8 +120,7 @@ def test_fixed_opponent_can_be_a_frozen_model_folder(tmp_path):
     samples, games = trainer.collect(trainer.to_sampler(trainer.state.params))
     assert all(sorted(g.seats) == ["frozen", "model"] for g in games)
     assert any(t.policy == "frozen" for g in games for t in g.model_turns)  # the LLM played its seat
-    model_responses = {tuple(t.response_ids) for g in games for t in g.model_turns if t.policy == "model"}
-    assert samples and all(tuple(s.response_ids) in model_responses for s in samples)
+    _assert_only_the_model_is_trained(samples, games)
     trainer.train_step()
     assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(frozen, jax.tree.leaves(trainer.frozen["frozen"])))
     with pytest.raises(FileNotFoundError, match="neither 'random', 'scripted', an API model .* nor a model folder"):
