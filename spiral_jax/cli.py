@@ -5,7 +5,7 @@
                       [--suite games|transfer|kuhn|crossplay|bench] [--eval_out DIR] ...
     spiral-jax export --config configs/tiny_tictactoe.py --out exported/ [--overwrite]   # HF folder
     spiral-jax serve  --config configs/tiny_tictactoe.py [--port 8000]   # OpenAI-compatible endpoint
-    spiral-jax plan   --config configs/X.py [--hardware v5p-8 | --devices 8 --device_memory_gib 16]
+    spiral-jax plan   --config configs/X.py [--hardware v5p-8 [--compile] | --devices 8 --device_memory_gib 16]
                       # memory per device, before a run; exit status 1 when it would not fit
     spiral-jax config --config configs/X.py [--config.a.b=v]   # print the resolved config
     spiral-jax launch tpu|gpu --config configs/X.py ...   # start on a TPU slice / GPU hosts (launch -h)
@@ -67,6 +67,9 @@ flags.DEFINE_integer("max_tokens", 4096, "serve: the most new tokens one request
 flags.DEFINE_string("hardware", "", "plan: a hardware preset (v4-8, v5e-8, v5p-8, v6e-8, 8xH100); "
                     "default: the devices JAX sees here.")
 flags.DEFINE_integer("devices", 0, "plan: the device count, instead of --hardware.")
+flags.DEFINE_bool("compile", False, "plan: also compile the run's programs ahead of time for --hardware (a TPU "
+                  "slice such as v5p-8, compiled on this machine by libtpu: pip install -e '.[tpu]'; without "
+                  "--hardware, this machine's devices) and print each one's compiled memory per device.")
 flags.DEFINE_float("device_memory_gib", 0.0, "plan: memory per device in GiB, with --devices (or to plan "
                    "for the local devices).")
 
@@ -85,7 +88,7 @@ COMMANDS = {
               "(GET /v1/models, POST /v1/chat/completions), e.g. as an openai:NAME@URL opponent.",
               ("config", "host", "port", "served_name", "max_tokens")),
     "plan": ("Memory per device of a config on some hardware, before a run; exit status 1 if it does not fit.",
-             ("config", "hardware", "devices", "device_memory_gib")),
+             ("config", "hardware", "devices", "device_memory_gib", "compile")),
     "config": ("Print the resolved config: the file's values with the --config.a.b=v overrides applied.",
                ("config",)),
 }
@@ -225,6 +228,18 @@ def _plan(c) -> int:
         if FLAGS.device_memory_gib:
             hw = plan.custom_hardware(hw.devices, FLAGS.device_memory_gib)
     text, fits = plan.report(c, hw)
+    print(text)
+    if not FLAGS.compile:
+        return 1 if fits is False else 0
+    from spiral_jax import aot
+
+    if FLAGS.devices:
+        raise ValueError("--compile needs --hardware (a TPU slice) or no hardware flag (this machine's devices)")
+    tgt = aot.target(FLAGS.hardware if FLAGS.hardware and FLAGS.hardware.lower().startswith("v") else None)
+    print(f"\nahead-of-time compilation for {tgt.name} ({len(tgt.devices)} devices"
+          + (f", {tgt.memory / 2**30:.2f} GiB usable each" if tgt.memory else "") + ")", flush=True)
+    results, p = aot.compile_run(c, tgt, log=lambda m: print(m, flush=True))
+    text, fits = aot.report(results, p, tgt)
     print(text)
     return 1 if fits is False else 0
 

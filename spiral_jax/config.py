@@ -27,8 +27,10 @@ def base_config() -> ConfigDict:
     c.seed = 0
     c.out_dir = "runs/spiral"
     # model.path: a Hugging Face checkpoint folder. Empty: a random model with the `random` shape.
+    # model.attention: the self-attention kernel of training, scoring and prefill: auto (splash on TPU,
+    # cuDNN flash attention on GPU, XLA on CPU), xla, splash or cudnn (spiral_jax/models/fused_attention.py).
     c.model = ConfigDict(dict(
-        path="", compute_dtype="float32", scan_layers=False, remat=True,
+        path="", compute_dtype="float32", scan_layers=False, remat=True, attention="auto",
         random=ConfigDict(dict(model_type="qwen3", vocab_size=1024, hidden_size=64, intermediate_size=128,
                                num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                                tie_word_embeddings=True, max_position_embeddings=2048,
@@ -165,7 +167,8 @@ def with_protocol(c: ConfigDict, name: str) -> ConfigDict:
 
 
 def _runtime(c: ConfigDict) -> dict:
-    return dict(compute_dtype=c.model.compute_dtype, scan_layers=c.model.scan_layers, remat=c.model.remat)
+    return dict(compute_dtype=c.model.compute_dtype, scan_layers=c.model.scan_layers, remat=c.model.remat,
+                attention=c.model.attention)
 
 
 def model_config(c: ConfigDict) -> ModelConfig:

@@ -81,24 +81,26 @@ def allgather_json(obj) -> list:
     return [json.loads(gathered[i, :int(sizes[i])].tobytes()) for i in range(len(sizes))]
 
 
-def host_local_mesh(mesh):
-    """The part of `mesh` on this host's devices, as a (1, n, tensor) mesh for the sampler.
+def host_local_mesh(mesh, process: int | None = None):
+    """The part of `mesh` on one host's devices (this host's by default), as a (1, n, tensor) mesh
+    for the sampler.
 
     Tensor groups must not span hosts (the sampler splits weights over 'tensor' only), which holds
     whenever `mesh.tensor` divides the devices per host.
     """
-    if mesh is None or jax.process_count() == 1:
+    if mesh is None or len({d.process_index for d in mesh.devices.flat}) == 1:
         return mesh
+    process = jax.process_index() if process is None else process
     import numpy as np
     from jax.sharding import Mesh
 
     from spiral_jax.sharding import MESH_AXES, MeshError
 
     groups = np.asarray(mesh.devices).reshape(-1, mesh.shape["tensor"])
-    mine = [g for g in groups if g[0].process_index == jax.process_index()]
+    mine = [g for g in groups if g[0].process_index == process]
     if any(len({d.process_index for d in g}) > 1 for g in groups) or not mine:
         raise MeshError(f"mesh.tensor={mesh.shape['tensor']} splits tensor groups across hosts; use a "
-                        f"tensor size that divides the {jax.local_device_count()} devices per host")
+                        f"tensor size that divides the devices per host")
     return Mesh(np.asarray(mine).reshape(1, len(mine), -1), MESH_AXES)
 
 

@@ -26,6 +26,8 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from spiral_jax.tpu_slices import TpuSlice, known_accelerators, parse_accelerator
+
 PREFIX = "spiral-jax launch"
 LAUNCH_DIR = "runs/launch"  # under the remote project folder; runs/ is git-ignored, so never overwritten
 # Expanded by the remote shell: one of each per host, also when hosts share the folder (NFS home).
@@ -40,71 +42,6 @@ class LaunchError(Exception):
 
 class UsageError(LaunchError):
     """Bad command-line arguments (exit status 2)."""
-
-
-# ---------------------------------------------------------------------------------------------------
-# TPU generations. Software versions: https://cloud.google.com/tpu/docs/runtimes ("PyTorch and JAX"
-# table). Hosts: v4 and v5p accelerator types count TensorCores (2 per chip, 4 chips per host, so
-# v4-8 / v5p-8 are one host and v4-16 / v5p-16 two; https://cloud.google.com/tpu/docs/v5p); v5e and
-# v6e types count chips: up to 8 chips sit on one VM, bigger slices use 4-chip VMs (v6e-16 = 4 VMs;
-# https://cloud.google.com/tpu/docs/v6e, https://cloud.google.com/tpu/docs/v5e).
-
-
-@dataclass(frozen=True)
-class TpuGeneration:
-    name: str                 # as people say it: v4, v5e, v5p, v6e
-    prefix: str               # the accelerator-type prefix gcloud expects
-    runtime: str              # TPU software version (--version of `tpu-vm create`)
-    counts_cores: bool        # the number in the type counts TensorCores (2 per chip), not chips
-    sizes: tuple[int, ...] = ()  # the valid numbers, when they form a short list
-    aliases: tuple[str, ...] = ()
-
-
-GENERATIONS = (
-    TpuGeneration("v4", "v4", "tpu-ubuntu2204-base", counts_cores=True),
-    TpuGeneration("v5e", "v5litepod", "v2-alpha-tpuv5-lite", counts_cores=False,
-                  sizes=(1, 4, 8, 16, 32, 64, 128, 256), aliases=("v5e",)),
-    TpuGeneration("v5p", "v5p", "v2-alpha-tpuv5", counts_cores=True),
-    TpuGeneration("v6e", "v6e", "v2-alpha-tpuv6e", counts_cores=False, sizes=(1, 4, 8, 16, 32, 64, 128, 256)),
-)
-
-
-@dataclass(frozen=True)
-class TpuSlice:
-    accelerator: str          # normalised accelerator type, e.g. v5litepod-16
-    generation: TpuGeneration
-    chips: int
-    hosts: int                # TPU VMs ("workers") in the slice: one JAX process each
-
-    @property
-    def runtime(self) -> str:
-        return self.generation.runtime
-
-
-def known_accelerators() -> str:
-    return ("v4-8, v4-16, v4-32, ... (TensorCores, 8 per host); v5p-8, v5p-16, ... (TensorCores, 8 per "
-            "host); v5litepod-1/4/8/16/32/64/128/256 (v5e, chips; v5e-N is accepted too); "
-            "v6e-1/4/8/16/32/64/128/256 (chips)")
-
-
-def parse_accelerator(text: str) -> TpuSlice:
-    """The slice of a Cloud TPU accelerator type such as v4-8, v5litepod-16, v5p-8 or v6e-8."""
-    base, _, number = text.strip().lower().rpartition("-")
-    for gen in GENERATIONS:
-        if base in (gen.prefix, *gen.aliases) and number.isdigit():
-            n = int(number)
-            if gen.counts_cores:
-                if n < 8 or n % 8:
-                    break
-                chips = n // 2
-                hosts = chips // 4
-            else:
-                if n not in gen.sizes:
-                    break
-                chips = n
-                hosts = 1 if n <= 8 else n // 4
-            return TpuSlice(f"{gen.prefix}-{n}", gen, chips, hosts)
-    raise UsageError(f"unknown TPU accelerator type {text!r}; known: {known_accelerators()}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -367,7 +304,10 @@ def launch_tpu(args, extra: list[str], runner: Runner) -> int:
         return 0
     if not args.accelerator:
         raise UsageError("--accelerator is required (e.g. --accelerator v5p-8); known: " + known_accelerators())
-    tpu = parse_accelerator(args.accelerator)
+    try:
+        tpu = parse_accelerator(args.accelerator)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     _require_config(args, os.path.abspath(args.repo) if not is_git_url(args.repo) else None)
 
     _ensure_vm(runner, args, tpu)

@@ -41,6 +41,7 @@ from spiral_jax.models.params import is_spec
 from spiral_jax.models.transformer import CACHE_AXES
 from spiral_jax.sampling import batch_bucket, bucket_length, cache_slots
 from spiral_jax.sharding import MESH_AXES, RULE_SETS, MeshError, Rules, mesh_sizes
+from spiral_jax.tpu_slices import parse_accelerator
 
 GB, GiB, MiB = 10**9, 2**30, 2**20
 HEADROOM = 0.10  # a plan "fits" below 90% of the usable memory: fragmentation, runtime, estimate error
@@ -62,26 +63,35 @@ class Hardware:
         return None if self.memory is None else int(self.memory * self.usable * (1 - HEADROOM))
 
 
-# Chips per host and memory per chip as the Cloud TPU docs and NVIDIA list them (GB where they say GB).
+def tpu_hardware(accelerator: str) -> Hardware:
+    """A Cloud TPU slice by accelerator type (v4-8, v5p-16, v5litepod-8, ...): one device per chip, with
+    the HBM per chip that the TPU compiler makes available (`tpu_slices`)."""
+    tpu = parse_accelerator(accelerator)
+    name = {"v5litepod": "v5e"}.get(tpu.generation.prefix, tpu.generation.prefix)
+    return Hardware(f"{name}-{tpu.accelerator.rpartition('-')[2]}", tpu.chips, tpu.generation.hbm,
+                    source=f"Cloud TPU {tpu.accelerator}: {tpu.chips} chips on {tpu.hosts} host(s), "
+                           f"{tpu.generation.hbm / GiB:.2f} GiB of HBM per chip available to a program (libtpu)")
+
+
 HARDWARE = {h.name: h for h in (
-    Hardware("v4-8", 4, 32 * GiB, source="Cloud TPU v4: v4-8 = 4 chips (2x2x1), 32 GiB HBM2 per chip"),
-    Hardware("v5e-8", 8, 16 * GB, source="Cloud TPU v5e: v5litepod-8 = 8 chips, 16 GB HBM2 per chip"),
-    Hardware("v5p-8", 4, 95 * GB, source="Cloud TPU v5p: v5p-8 = 4 chips (2x2x1), 95 GB HBM2e per chip"),
-    Hardware("v6e-8", 8, 32 * GB, source="Cloud TPU v6e: v6e-8 = 8 chips, 32 GB HBM per chip"),
+    *(tpu_hardware(name) for name in ("v4-8", "v5e-8", "v5p-8", "v6e-8")),
     Hardware("8xH100", 8, 80 * GB, usable=0.75,
              source="8x NVIDIA H100 80 GB; planned at 75%, JAX's default GPU preallocation "
                     "(XLA_PYTHON_CLIENT_MEM_FRACTION raises it)"),
 )}
-ALIASES = {"v5litepod-8": "v5e-8", "h100x8": "8xH100", "8xh100": "8xH100", "h100-8": "8xH100"}
+ALIASES = {"h100x8": "8xH100", "8xh100": "8xH100", "h100-8": "8xH100"}
 
 
 def hardware(name: str) -> Hardware:
-    """A preset by name (case-insensitive, a few aliases)."""
+    """A preset by name (case-insensitive, a few aliases), or any Cloud TPU accelerator type."""
     key = {k.lower(): k for k in HARDWARE}.get(name.lower()) or ALIASES.get(name.lower())
-    if key is None:
-        raise ValueError(f"unknown hardware {name!r}; known: {', '.join(HARDWARE)} "
-                         f"(or pass --devices N --device_memory_gib G)")
-    return HARDWARE[key]
+    if key is not None:
+        return HARDWARE[key]
+    try:
+        return tpu_hardware(name)
+    except ValueError:
+        raise ValueError(f"unknown hardware {name!r}; known: {', '.join(HARDWARE)}, any Cloud TPU type "
+                         f"(v5p-16, v5litepod-32, ...) (or pass --devices N --device_memory_gib G)") from None
 
 
 def custom_hardware(devices: int, memory_gib: float | None) -> Hardware:

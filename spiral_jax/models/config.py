@@ -55,6 +55,7 @@ class ModelConfig:
     compute_dtype: str = "float32"  # bf16 on TPU/GPU; fp32 is faster on CPU
     scan_layers: bool = False  # stacked layers + lax.scan (TPU compile time) vs a per-layer list
     remat: bool = True  # rematerialise each layer in the backward pass
+    attention: str = "auto"  # self-attention kernel: auto, xla, splash (TPU), cudnn (GPU); see fused_attention
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -65,6 +66,9 @@ class ModelConfig:
         for name, default in family.items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default)
+        if self.attention not in ("auto", "xla", "splash", "cudnn"):
+            raise ValueError(f"attention={self.attention!r}; use auto (splash on TPU, cudnn on GPU, xla on "
+                             f"CPU), xla, splash or cudnn")
         if self.num_heads % self.num_kv_heads:
             raise CheckpointError(
                 f"num_attention_heads={self.num_heads} is not a multiple of "

@@ -17,6 +17,7 @@ import numpy as np
 
 from spiral_jax.models import cpu
 from spiral_jax.models.config import ModelConfig
+from spiral_jax.models.fused_attention import fused_attention
 from spiral_jax.sharding import Rules, constrain
 
 ACT = ("batch", "seq", "act_embed")
@@ -157,8 +158,12 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
     q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
     per_row = jnp.ndim(cache_start) == 1
     q_slots = (cache_start[:, None] if per_row else cache_start) + jnp.arange(x.shape[1])
+    # A block that attends only to itself from slot 0 (training, scoring, a prefill into an empty
+    # cache) may run a fused kernel (`fused_attention`); everything else takes the XLA path.
+    from_start = cache is None or (isinstance(cache_start, int) and cache_start == 0 and kv_len is None)
+    fused = fused_attention(cfg.attention, rules, q, k, v, kv_mask[:, :x.shape[1]]) if from_start else None
     if cache is None:
-        out = attention(q, k, v, q_slots, kv_mask)
+        out = attention(q, k, v, q_slots, kv_mask) if fused is None else fused
     else:
         cache = _cache_write(cache, layer, k, v, cache_start, q_slots if per_row else None)
         # Slots past the block hold no keys yet, so attention reads the filled prefix only where its
@@ -167,7 +172,10 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
         seen = kv_len or (cache_start + x.shape[1] if isinstance(cache_start, int) else cache.k.shape[2])
         if last_only:
             q, x, q_slots = q[:, -1:], x[:, -1:], q_slots[..., -1:]
-        if cpu.kernel_attention_fits(q, cache.k, local=rules is None):
+            fused = None if fused is None else fused[:, -1:]
+        if fused is not None:
+            out = fused
+        elif cpu.kernel_attention_fits(q, cache.k, local=rules is None):
             out = cpu.kernel_attention(q, cache.k, cache.v, layer, _allowed(kv_mask[:, :seen], q_slots)[:, 0],
                                        MASKED)
         else:

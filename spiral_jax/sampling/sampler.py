@@ -300,13 +300,24 @@ class Sampler:
 
     def lower(self, params, prompts: Sequence[Sequence[int]], sampling_params: SamplingParams) -> jax.stages.Lowered:
         """The program `generate` runs for these prompts, lowered (not run): for its compiled memory
-        analysis or cost, e.g. to check a memory plan against XLA."""
-        args, static = self._arguments(params, prompts, sampling_params, 0, None)
+        analysis or cost, e.g. to check a memory plan against XLA.
+
+        `params` may be a tree of `jax.ShapeDtypeStruct`s placed by their `sharding`: the program is
+        then lowered for devices this process need not be able to run on (`spiral_jax.aot`)."""
+        abstract = all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params))
+        args, static = self._arguments(params, prompts, sampling_params, 0, None, place=not abstract)
+        if abstract:
+            prompt, mask, key = args[2], args[3], args[4]
+            rows = self.rules.sharding(("batch", "seq"), prompt.shape) if self.rules else None
+            replicated = self.rules.replicated() if self.rules else None
+            args = (*args[:2], jax.ShapeDtypeStruct(prompt.shape, prompt.dtype, sharding=rows),
+                    jax.ShapeDtypeStruct(mask.shape, mask.dtype, sharding=rows),
+                    jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated), *args[5:])
         return self._program.lower(*args, **static)
 
-    def _arguments(self, params, prompts, sp: SamplingParams, seed: int, row_ids):
+    def _arguments(self, params, prompts, sp: SamplingParams, seed: int, row_ids, place: bool = True):
         """The sampling program's arguments for these prompts: left-aligned into their buckets, placed
-        on the mesh; (positional, static keyword) arguments."""
+        on the mesh (unless not `place`); (positional, static keyword) arguments."""
         check_params(self.cfg, params)
         self.check_prompts(prompts)
         plen, slots = self._buckets(prompts, sp)
@@ -322,7 +333,7 @@ class Sampler:
         if len(ids) != n:
             raise ValueError(f"row_ids has {len(ids)} entries for {n} prompts")
         ids = np.concatenate([ids, np.full(batch - n, -1)]).astype(np.uint32)
-        if self.rules is not None:
+        if self.rules is not None and place:
             params = jax.device_put(params, self.params_sharding)
             rows = self.rules.sharding(("batch", "seq"), prompt.shape)
             prompt, mask = jax.device_put(prompt, rows), jax.device_put(mask, rows)

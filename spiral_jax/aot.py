@@ -1,0 +1,229 @@
+"""Ahead-of-time compilation of a run's programs for any device topology, and their real memory.
+
+`spiral-jax plan --config C --hardware v5p-8 --compile` builds the programs a training run executes
+(the train step at its micro-batch, PPO's old-log-prob pass, the rollout's and evaluation's sampler
+programs) over abstract arguments placed on the slice's devices, compiles them with the slice's own
+compiler and reads `memory_analysis()`. For a TPU slice the devices come from
+`jax.experimental.topologies` and the compiler from libtpu (the `tpu` extra), so this works on a
+laptop without any TPU; with no `--hardware` it compiles for the devices this machine has.
+
+A program's compiled peak covers its arguments, outputs and temporaries. What else stays on the
+device while it runs (the optimiser state during sampling, a second copy of the weights in the
+sampler's layout, the KL reference, pool snapshots) is added from the planner's exact byte counts,
+so each figure is the device's whole footprint in that phase.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+
+from spiral_jax import plan as planner
+from spiral_jax.config import eval_sampling, rollout_sampling, train_config
+from spiral_jax.distributed import host_local_mesh
+from spiral_jax.eval.suite import cache_size
+from spiral_jax.models import abstract_params
+from spiral_jax.rl.samples import Batch, batch_shardings
+from spiral_jax.rl.train_step import make_compute_logprobs, make_optimizer, make_train_step, state_shardings
+from spiral_jax.sampling import Sampler
+from spiral_jax.sharding import make_mesh
+from spiral_jax.tpu_slices import GiB, parse_accelerator
+
+_HBM = re.compile(r"exceeds available HBM \(([0-9.]+)([KMGT])")
+_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+class CompileError(RuntimeError):
+    """The slice's compiler could not be reached, or refused a program for a reason other than memory."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """The devices to compile for and the memory each one gives a program."""
+
+    name: str
+    devices: tuple
+    memory: int | None  # usable bytes per device; None = unknown (CPU)
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """One program's memory per device, from its compiler, next to the planner's estimate."""
+
+    name: str
+    peak: int | None  # memory_analysis().peak_memory_in_bytes; None when it did not fit
+    resident: int  # bytes held on the device during the program that are not its arguments
+    planned: int  # the planner's peak for this phase
+    seconds: float
+    error: str = ""  # the compiler's message when the program does not fit
+
+    @property
+    def total(self) -> int | None:
+        return None if self.peak is None else self.peak + self.resident
+
+
+def tpu_devices(accelerator: str) -> tuple:
+    """Compile-only devices of a Cloud TPU slice (e.g. v5p-8), described by libtpu on any machine."""
+    from jax.experimental import topologies
+
+    tpu = parse_accelerator(accelerator)
+    # Compile-only devices touch no TPU, so several processes may load libtpu at once (tests run in
+    # two), and a machine outside Google Cloud has no metadata server to ask about its TPU.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    for name, value in (("TPU_SKIP_MDS_QUERY", "1"), ("TPU_WORKER_HOSTNAMES", "localhost"),
+                        ("TPU_ACCELERATOR_TYPE", tpu.accelerator)):
+        os.environ.setdefault(name, value)
+    try:
+        return tuple(topologies.get_topology_desc(**tpu.topology()).devices)
+    except Exception as e:  # libtpu missing, or a version without this topology
+        raise CompileError(
+            f"cannot describe {tpu.accelerator}'s devices for the TPU compiler ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:200]}); install it with pip install -e '.[tpu]' (libtpu)") from e
+
+
+def usable_hbm(device) -> int | None:
+    """Bytes a program may use on `device`: the runtime's limit, or for compile-only TPU devices the
+    'available HBM' the compiler names when it refuses a program far too large to fit."""
+    try:
+        limit = (device.memory_stats() or {}).get("bytes_limit")
+        if limit:
+            return int(limit)
+    except Exception:  # compile-only devices have no runtime statistics
+        pass
+    if device.platform != "tpu":
+        return None
+    huge = jax.ShapeDtypeStruct((2**40,), jnp.int8, sharding=jax.sharding.SingleDeviceSharding(device))
+    try:
+        jax.jit(lambda x: x + 1).lower(huge).compile()
+    except Exception as e:
+        found = _HBM.search(str(e))
+        if found:
+            return int(float(found.group(1)) * _UNITS[found.group(2)])
+    return None
+
+
+def target(hardware: str | None) -> Target:
+    """A TPU slice by accelerator type, or (None / "local") this machine's devices."""
+    if not hardware or hardware == "local":
+        devices = tuple(jax.devices())
+        return Target(f"local {devices[0].platform} x {len(devices)}", devices, usable_hbm(devices[0]))
+    devices = tpu_devices(hardware)
+    return Target(parse_accelerator(hardware).accelerator, devices, usable_hbm(devices[0]))
+
+
+def _placed(abstract, shardings):
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+
+
+def abstract_batch(work: planner.Workload, mesh) -> Batch:
+    """The packed batch of one update at the workload's worst-case shapes, placed like `shard_batch`."""
+    b, t, r = work.samples, work.train_len, work.response_len
+    fields = dict(tokens=((b, t), jnp.int32), positions=((b, t), jnp.int32), input_mask=((b, t), jnp.bool_),
+                  targets=((b, t), jnp.int32), loss_mask=((b, t), jnp.float32), advantages=((b,), jnp.float32),
+                  sampler_logprobs=((b, t), jnp.float32), old_logprobs=((b, t), jnp.float32),
+                  ref_logprobs=((b, t), jnp.float32), response_slots=((b, r), jnp.int32))
+    shardings = batch_shardings(mesh)
+    return Batch(*(jax.ShapeDtypeStruct(*fields[f], sharding=getattr(shardings, f)) for f in Batch._fields))
+
+
+def _memory(compiled) -> int:
+    return int(compiled.memory_analysis().peak_memory_in_bytes)
+
+
+def _compile(name: str, lower, resident: int, planned: int, log) -> Compiled:
+    """Lower and compile one program; a refusal for memory is a result, any other failure an error."""
+    log(f"compiling {name} ...")
+    start = time.perf_counter()
+    try:
+        compiled = lower().compile()
+    except Exception as e:
+        text = str(e)
+        if "RESOURCE_EXHAUSTED" not in text and "Ran out of memory" not in text:
+            raise CompileError(f"{name} did not compile: {type(e).__name__}: {text[:2000]}") from e
+        return Compiled(name, None, resident, planned, time.perf_counter() - start, text.splitlines()[0][:400])
+    return Compiled(name, _memory(compiled), resident, planned, time.perf_counter() - start)
+
+
+def compile_run(c, tgt: Target, log=print) -> tuple[list[Compiled], planner.Plan]:
+    """Compile every program of config `c` for `tgt`'s devices; (results, the planner's plan)."""
+    cfg, _ = planner.model_config(c)
+    tc = train_config(c.optim)
+    mesh = make_mesh(**c.mesh, devices=tgt.devices)
+    sample_mesh = host_local_mesh(mesh, process=tgt.devices[0].process_index)
+    hw = planner.Hardware(tgt.name, len(tgt.devices), tgt.memory)
+    shape = planner.MeshShape(mesh.shape["data"], mesh.shape["fsdp"], mesh.shape["tensor"])
+    p = planner.estimate(cfg, tc, planner.workload(c), shape, hw)
+    work, parts, phases = p.work, p.parts, p.phases
+    others = parts.get("kl_reference", 0) + parts.get("snapshots", 0)
+
+    shardings = state_shardings(cfg, tc, mesh)
+    opt = make_optimizer(tc)
+    params = abstract_params(cfg)
+    state = _placed(type(shardings)(params, jax.eval_shape(opt.init, params),
+                                    jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32)),
+                    shardings)
+    batch = abstract_batch(work, mesh)
+    results = [_compile(f"train step ({work.micro_batch}-row micro-batches of {work.samples} rows x "
+                        f"{work.train_len} slots)",
+                        lambda: make_train_step(cfg, tc, mesh).lower(state, batch),
+                        parts["sampler_params"] + others, phases["train step"], log)]
+    if not tc.on_policy or tc.kl_coef:
+        results.append(_compile("old log-probs (PPO's pass before the epochs)",
+                                lambda: make_compute_logprobs(cfg, tc, mesh).lower(state.params, batch),
+                                parts["optimizer"] + parts["sampler_params"] + others,
+                                phases.get("old log-probs", phases["train step"]), log))
+
+    sampler = Sampler(cfg, sample_mesh, max_prompt_len=c.rollout.max_prompt_len, max_cache_len=cache_size(c))
+    sample_params = _placed(abstract_params(sampler.cfg), sampler.params_sharding) if sampler.rules else \
+        abstract_params(sampler.cfg)
+    # While sampling, the train state stays: its parameters are the sampler's own when the layouts
+    # agree, else a second copy.
+    resident = parts["optimizer"] + others + (parts["params"] if parts["sampler_params"] else 0)
+    seen = set()
+    for name, games, sp in [("rollout", work.rollout_games, rollout_sampling(c)),
+                            ("eval", work.in_flight(work.eval_games), eval_sampling(c)),
+                            ("final eval", work.in_flight(work.final_games), eval_sampling(c))]:
+        prompts = [[0] * c.rollout.max_prompt_len] * games
+        key = (games, sampler._buckets(prompts, sp), sp.mode) if games else None
+        if key is None or key in seen:
+            continue
+        seen.add(key)
+        phase = next(k for k in phases if name in k.split(" (")[0].split(", "))
+        results.append(_compile(f"{name} sampler ({games} games x {sp.max_new_tokens} new tokens, {sp.mode})",
+                                lambda prompts=prompts, sp=sp: sampler.lower(sample_params, prompts, sp),
+                                resident, phases[phase], log))
+    return results, p
+
+
+def report(results: list[Compiled], p: planner.Plan, tgt: Target) -> tuple[str, bool | None]:
+    """The per-program table and the closing line; whether everything fits (None: memory unknown)."""
+    width = max(len(r.name) for r in results) + 2
+    lines = [f"{'program':<{width}}{'compiled':>10}{'+resident':>11}{'= device':>10}{'planner':>9}"
+             f"{'ratio':>7}{'compile s':>11}   (GiB per device)"]
+    for r in results:
+        if r.total is None:
+            lines.append(f"{r.name:<{width}}{'-':>10}{r.resident / GiB:>11.2f}{'OOM':>10}{r.planned / GiB:>9.2f}"
+                         f"{'':>7}{r.seconds:>11.0f}   {r.error}")
+        else:
+            lines.append(f"{r.name:<{width}}{r.peak / GiB:>10.2f}{r.resident / GiB:>11.2f}{r.total / GiB:>10.2f}"
+                         f"{r.planned / GiB:>9.2f}{r.planned / r.total:>7.2f}{r.seconds:>11.0f}")
+    refused = [r for r in results if r.total is None]
+    peak = max((r.total for r in results if r.total is not None), default=0)
+    fits = None if tgt.memory is None else not refused and peak <= tgt.memory
+    if refused:
+        lines.append(f"\n{', '.join(r.name for r in refused)}: the compiler refused it for memory. Lower "
+                     f"optim.micro_batch_size or rollout.games_per_batch, or run `spiral-jax plan` without "
+                     f"--compile for the planner's suggestion.")
+    elif fits is False:
+        worst = max(results, key=lambda r: r.total)
+        lines.append(f"\n{worst.name} needs {worst.total / GiB:.2f} GiB per device with what stays resident, "
+                     f"above the {tgt.memory / GiB:.2f} GiB available.")
+    hbm = f"{tgt.memory / GiB:.2f} GiB" if tgt.memory else "unknown memory"
+    verdict = {True: "fits", False: "does not fit", None: "memory limit unknown"}[fits]
+    lines.append(f"compiled {len(results)} programs for {tgt.name}: peak {peak / GiB:.2f} GiB of {hbm} per "
+                 f"device (planner {p.peak / GiB:.2f} GiB): {verdict}")
+    return "\n".join(lines), fits

@@ -1,0 +1,119 @@
+"""Fused attention for blocks that attend to themselves: training, scoring, and a prefill into an
+empty cache. The kernels never build the [rows, heads, T, T] score matrix, the largest buffer of a
+long-row train step.
+
+- "splash": Pallas splash attention on TPU (`jax.experimental.pallas.ops.tpu.splash_attention`).
+- "cudnn": cuDNN flash attention on NVIDIA GPUs (`jax.nn.dot_product_attention`).
+- "xla": the decoder's own `transformer.attention`, which every CPU run uses.
+- "auto" (the default): splash on TPU, cudnn on GPU, xla elsewhere, by the platform of the mesh's
+  devices (or JAX's default backend without a mesh).
+
+The decoder's rule is that a query at slot s sees the keys at slots <= s whose kv_mask is set. For a
+block that starts at slot 0 that is causal attention within segments, with segment id = kv_mask: a
+real query sees exactly the real keys at or before it, and a padding query sees padding keys (at least
+itself), so no row is ever fully masked. Splash takes those segment ids as they are. cuDNN takes
+per-row lengths instead, so each row's real tokens, which every caller keeps contiguous (left-padded
+prompts, right-padded training rows), are first rotated to the row's start; RoPE has already been
+applied, so the rotation changes nothing but where they sit.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from spiral_jax.sharding import Rules
+
+IMPLEMENTATIONS = ("auto", "xla", "splash", "cudnn")
+_BLOCKS = (512, 256, 128)  # splash tile sizes tried, largest first; rows are padded to a multiple of 128
+
+
+def resolve(implementation: str, rules: Rules | None) -> str:
+    """The kernel `implementation` stands for on the devices of `rules` (or the default backend)."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"model.attention={implementation!r}; use one of {', '.join(IMPLEMENTATIONS)}")
+    if implementation != "auto":
+        return implementation
+    platform = rules.mesh.devices.flat[0].platform if rules is not None else jax.default_backend()
+    return {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn"}.get(platform, "xla")
+
+
+def _per_device(fn, rules: Rules | None, q, k, v, kv_mask):
+    """Run fn(q, k, v, kv_mask) on each device's shard (rows over data x fsdp, heads over tensor):
+    Pallas and cuDNN kernels have no partitioning rule of their own. None when the heads do not split
+    alike (then each device's query heads would not line up with its key/value heads)."""
+    if rules is None:
+        return fn(q, k, v, kv_mask)
+    q_spec = rules.spec(("batch", "seq", "heads", "head_dim"), q.shape)
+    kv_spec = rules.spec(("batch", "seq", "kv_heads", "head_dim"), k.shape)
+    if q_spec[2] != kv_spec[2] or q_spec[0] != kv_spec[0]:
+        return None
+    mask_spec = jax.sharding.PartitionSpec(q_spec[0], None)
+    return jax.shard_map(fn, mesh=rules.mesh, in_specs=(q_spec, kv_spec, kv_spec, mask_spec), out_specs=q_spec,
+                         check_vma=False)(q, k, v, kv_mask)
+
+
+def _block_size(length: int) -> int:
+    return next(b for b in _BLOCKS if length % b == 0)
+
+
+@functools.lru_cache(maxsize=64)
+def _splash_kernel(group: int, length: int, interpret: bool):
+    """A splash kernel for `group` query heads sharing one key/value head over `length` slots."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+    block = _block_size(length)
+    sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+                              block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block,
+                              block_kv_dq=block)
+    mask = splash.MultiHeadMask([splash.CausalMask((length, length))] * group)
+    return splash.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
+
+
+def splash_attention(q, k, v, kv_mask, interpret: bool = False):
+    """q [B,T,H,hd]; k, v [B,T,KV,hd]; kv_mask [B,T] -> [B,T,H,hd], on one device's shard.
+
+    interpret: run the Pallas kernel in its interpreter (any backend; for tests on CPU)."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import SegmentIds
+
+    b, t, h, hd = q.shape
+    kv = k.shape[2]
+    pad = -t % _BLOCKS[-1]  # slots past the end: segment 0, after every query, so never seen by a real one
+    segments = jnp.pad(kv_mask.astype(jnp.int32), ((0, 0), (0, pad)))
+    widen = lambda x: jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)))  # noqa: E731
+    qh = widen(q * jnp.asarray(hd ** -0.5, q.dtype)).reshape(b, t + pad, kv, h // kv, hd).transpose(0, 2, 3, 1, 4)
+    kh, vh = (widen(x).transpose(0, 2, 1, 3) for x in (k, v))  # [B, KV, T, hd]
+    kernel = _splash_kernel(h // kv, t + pad, interpret)
+    per_head = jax.vmap(kernel, in_axes=(0, 0, 0, None))  # over key/value heads
+    out = jax.vmap(per_head)(qh, kh, vh, SegmentIds(q=segments, kv=segments))  # [B, KV, G, T, hd]
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t + pad, h, hd)[:, :t]
+
+
+def _rotate(x, shift):
+    """Roll each row of x [B, T, ...] left by shift [B] slots."""
+    idx = (jnp.arange(x.shape[1])[None, :] + shift[:, None]) % x.shape[1]
+    return jnp.take_along_axis(x, idx.reshape(*idx.shape, *([1] * (x.ndim - 2))), axis=1)
+
+
+def cudnn_attention(q, k, v, kv_mask, implementation: str = "cudnn"):
+    """q [B,T,H,hd]; k, v [B,T,KV,hd]; kv_mask [B,T] with each row's real slots contiguous -> [B,T,H,hd].
+
+    implementation="xla" runs jax's reference path with the same lengths (for tests on CPU)."""
+    mask = kv_mask.astype(bool)
+    lengths = jnp.sum(mask, axis=1).astype(jnp.int32)
+    start = jnp.argmax(mask, axis=1).astype(jnp.int32)  # the row's first real slot
+    rows = lambda x: _rotate(x, start)  # noqa: E731
+    out = jax.nn.dot_product_attention(rows(q), rows(k), rows(v), is_causal=True, query_seq_lengths=lengths,
+                                       key_value_seq_lengths=lengths, implementation=implementation)
+    real = jnp.arange(q.shape[1])[None, :] < lengths[:, None]
+    return _rotate(jnp.where(real[..., None, None], out, 0).astype(q.dtype), -start)  # padding rows: 0
+
+
+def fused_attention(implementation: str, rules: Rules | None, q, k, v, kv_mask):
+    """Self-attention of a block from slot 0 by the `resolve`d kernel; None where that is "xla" or
+    the kernel cannot take this sharding (the caller then runs the XLA path)."""
+    kernel = {"splash": splash_attention, "cudnn": cudnn_attention}.get(resolve(implementation, rules))
+    if kernel is None:
+        return None
+    return _per_device(kernel, rules, q, k, v, kv_mask)

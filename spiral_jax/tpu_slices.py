@@ -1,0 +1,118 @@
+"""Cloud TPU slices: what an accelerator type such as v5p-8 or v5litepod-16 means in chips, hosts,
+memory and compiler topology. `launch` creates slices by these names, `plan` sizes runs for them and
+`aot` compiles for them on any machine.
+
+Hosts: v4 and v5p accelerator types count TensorCores (2 per chip, 4 chips per host, so v4-8 / v5p-8
+are one host and v4-16 / v5p-16 two; https://cloud.google.com/tpu/docs/v5p); v5e and v6e types count
+chips: up to 8 chips sit on one VM, bigger slices use 4-chip VMs (v6e-16 = 4 VMs;
+https://cloud.google.com/tpu/docs/v6e, https://cloud.google.com/tpu/docs/v5e). Software versions:
+https://cloud.google.com/tpu/docs/runtimes ("PyTorch and JAX" table).
+
+Memory per chip is what the TPU compiler (libtpu) reports as available HBM when a program does not
+fit, which is a little below the marketed size (v4: 30.75 GiB of 32); `aot.usable_hbm` reads it off
+the compiler and tests/test_aot.py checks this table against it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class TpuGeneration:
+    name: str                 # as people say it: v4, v5e, v5p, v6e
+    prefix: str               # the accelerator-type prefix gcloud expects
+    runtime: str              # TPU software version (--version of `tpu-vm create`)
+    counts_cores: bool        # the number in the type counts TensorCores (2 per chip), not chips
+    hbm: int                  # bytes of HBM per chip a program may use (the compiler's figure)
+    sizes: tuple[int, ...] = ()  # the valid numbers, when they form a short list
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def grid_dims(self) -> int:
+        """The chip grid's dimensions: 3D tori for v4/v5p, 2D for v5e/v6e."""
+        return 3 if self.counts_cores else 2
+
+
+GENERATIONS = (
+    TpuGeneration("v4", "v4", "tpu-ubuntu2204-base", counts_cores=True, hbm=int(30.75 * GiB)),
+    TpuGeneration("v5e", "v5litepod", "v2-alpha-tpuv5-lite", counts_cores=False, hbm=int(15.75 * GiB),
+                  sizes=(1, 4, 8, 16, 32, 64, 128, 256), aliases=("v5e",)),
+    TpuGeneration("v5p", "v5p", "v2-alpha-tpuv5", counts_cores=True, hbm=int(95.74 * GiB)),
+    TpuGeneration("v6e", "v6e", "v2-alpha-tpuv6e", counts_cores=False, hbm=int(31.25 * GiB),
+                  sizes=(1, 4, 8, 16, 32, 64, 128, 256)),
+)
+
+
+@dataclass(frozen=True)
+class TpuSlice:
+    accelerator: str          # normalised accelerator type, e.g. v5litepod-16
+    generation: TpuGeneration
+    chips: int
+    hosts: int                # TPU VMs ("workers") in the slice: one JAX process each
+
+    @property
+    def runtime(self) -> str:
+        return self.generation.runtime
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        """The chips' physical layout, e.g. (2, 2, 1) for a v5p-8, (2, 4) for a v5e-8."""
+        if self.generation.grid_dims == 2:
+            dims = [1, 1]
+            while dims[0] * dims[1] < self.chips:  # 2x2, 2x4, 4x4, 4x8, ...
+                dims[0 if dims[0] < dims[1] else 1] *= 2
+            return tuple(dims)
+        small = {1: (1, 1, 1), 2: (2, 1, 1), 4: (2, 2, 1)}
+        if self.chips in small:
+            return small[self.chips]
+        dims = [2, 2, 1]
+        while dims[0] * dims[1] * dims[2] < self.chips:  # 2x2x2, 2x2x4, 2x4x4, 4x4x4, ...
+            low = min(dims)
+            dims[max(i for i, d in enumerate(dims) if d == low)] *= 2
+        if dims[0] * dims[1] * dims[2] != self.chips:
+            raise ValueError(f"{self.accelerator}: no chip grid known for {self.chips} chips; compile for a "
+                             f"slice of a power-of-two number of chips")
+        return tuple(dims)
+
+    @property
+    def chips_per_host(self) -> tuple[int, int, int]:
+        per_host = self.chips // self.hosts
+        return {1: (1, 1, 1), 4: (2, 2, 1), 8: (2, 4, 1)}[per_host]
+
+    def topology(self) -> dict:
+        """Arguments of `jax.experimental.topologies.get_topology_desc` for this slice's devices: one
+        device per chip (v4 and v5p chips run their two TensorCores as one, 'megacore')."""
+        gen = self.generation
+        return dict(topology_name=f"{gen.name}:{'x'.join(map(str, self.grid))}", platform="tpu",
+                    chip_config_name="megacore" if gen.counts_cores else "default",
+                    chips_per_host_bounds=self.chips_per_host, num_slices=1)
+
+
+def known_accelerators() -> str:
+    return ("v4-8, v4-16, v4-32, ... (TensorCores, 8 per host); v5p-8, v5p-16, ... (TensorCores, 8 per "
+            "host); v5litepod-1/4/8/16/32/64/128/256 (v5e, chips; v5e-N is accepted too); "
+            "v6e-1/4/8/16/32/64/128/256 (chips)")
+
+
+def parse_accelerator(text: str) -> TpuSlice:
+    """The slice of a Cloud TPU accelerator type such as v4-8, v5litepod-16, v5p-8 or v6e-8.
+
+    Raises ValueError (listing the known types) for anything else."""
+    base, _, number = text.strip().lower().rpartition("-")
+    for gen in GENERATIONS:
+        if base in (gen.prefix, *gen.aliases) and number.isdigit():
+            n = int(number)
+            if gen.counts_cores:
+                if n < 8 or n % 8:
+                    break
+                chips = n // 2
+                hosts = chips // 4
+            else:
+                if n not in gen.sizes:
+                    break
+                chips = n
+                hosts = 1 if n <= 8 else n // 4
+            return TpuSlice(f"{gen.prefix}-{n}", gen, chips, hosts)
+    raise ValueError(f"unknown TPU accelerator type {text!r}; known: {known_accelerators()}")

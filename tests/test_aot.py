@@ -1,0 +1,167 @@
+"""Ahead-of-time compilation for TPU slices on this CPU (libtpu's compiler, no TPU), fused attention
+against the XLA path, and the planner against the TPU compiler's memory."""
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("libtpu")  # in the test extra; tests/conftest.py fails CI when it is missing
+
+from spiral_jax import aot, cli  # noqa: E402
+from spiral_jax import plan as P  # noqa: E402
+from spiral_jax.config import config_from_file  # noqa: E402
+from spiral_jax.models import fused_attention, init_params, transformer  # noqa: E402
+from spiral_jax.sampling import Sampler, SamplingParams  # noqa: E402
+from spiral_jax.tpu_slices import GENERATIONS, parse_accelerator  # noqa: E402
+from tests.tiny_models import TINY  # noqa: E402
+
+CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[1] / "configs"
+LAST_LINE = re.compile(r"^compiled (\d+) programs for (\S+): peak (\d+\.\d\d) GiB of (\d+\.\d\d) GiB per device "
+                       r"\(planner (\d+\.\d\d) GiB\): (fits|does not fit)$")
+
+
+@pytest.mark.parametrize("accelerator, grid, hosts", [
+    ("v4-8", (2, 2, 1), 1), ("v5p-16", (2, 2, 2), 2), ("v5p-64", (2, 4, 4), 8), ("v5litepod-8", (2, 4), 1),
+    ("v6e-16", (4, 4), 4), ("v6e-32", (4, 8), 8)])
+def test_slices_have_the_chip_grids_and_hosts_of_cloud_tpu(accelerator, grid, hosts):
+    tpu = parse_accelerator(accelerator)
+    assert tpu.grid == grid and tpu.hosts == hosts
+    devices = aot.tpu_devices(accelerator)
+    assert len(devices) == tpu.chips
+    assert len({d.process_index for d in devices}) == hosts
+
+
+@pytest.mark.parametrize("generation", GENERATIONS, ids=lambda g: g.name)
+def test_each_generations_hbm_is_what_the_tpu_compiler_reports(generation):
+    devices = aot.tpu_devices(f"{generation.prefix}-8")
+    # The compiler prints the figure in GiB with two decimals.
+    assert abs(aot.usable_hbm(devices[0]) - generation.hbm) < 0.01 * P.GiB
+
+
+def _mid_config():
+    """A config big enough that the planner's terms, not fixed overheads, decide the memory: 4 layers
+    512 wide, 1024-slot rows, bf16 with remat and scanned layers as the paper presets run."""
+    c = config_from_file(str(CONFIGS / "tiny_pig.py"))
+    c.model.update(compute_dtype="bfloat16", remat=True, scan_layers=True)
+    c.model.random.update(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_layers=4, num_heads=8,
+                          num_kv_heads=4, head_dim=64, max_position_embeddings=4096)
+    c.mesh.update(data=1, fsdp=1, tensor=4)
+    c.rollout.update(max_prompt_len=512, max_new_tokens=512, samples_per_step=16, games_per_batch=8)
+    c.optim.update(micro_batch_size=4, epochs=2)
+    c.eval.update(max_new_tokens=512, games=8, final_games=8)
+    return c
+
+
+@pytest.fixture(scope="module")
+def v5p():
+    return aot.target("v5p-8")
+
+
+@pytest.mark.parametrize("attention", ["xla", "splash"])
+def test_a_run_compiles_for_a_tpu_slice_and_the_planner_agrees_with_the_compiler(v5p, attention):
+    c = _mid_config()
+    c.model.attention = attention
+    results, plan = aot.compile_run(c, v5p, log=lambda m: None)
+    names = [r.name.split(" (")[0] for r in results]
+    assert names == ["train step", "old log-probs", "rollout sampler", "eval sampler"]
+    assert all(r.peak > 0 for r in results)
+    for r in results:
+        # The planner models XLA's buffers; the TPU compiler's peak is within this of it.
+        assert 0.8 <= r.planned / r.total <= 1.25, (r.name, r.planned / P.MiB, r.total / P.MiB)
+    text, fits = aot.report(results, plan, v5p)
+    m = LAST_LINE.match(text.splitlines()[-1])
+    assert m and m.group(1) == "4" and m.group(2) == "v5p-8" and m.group(6) == "fits" and fits
+
+
+def test_fused_attention_shrinks_the_compiled_train_step(v5p):
+    """Splash never builds the [rows, heads, T, T] scores: at 2048-slot rows they dominate XLA's step."""
+    peaks = {}
+    for attention in ("xla", "splash"):
+        c = _mid_config()
+        c.model.attention = attention
+        c.rollout.update(max_prompt_len=1024, max_new_tokens=1024)
+        c.optim.epochs = 1
+        tgt = aot.Target(v5p.name, v5p.devices, v5p.memory)
+        results, _ = aot.compile_run(c, tgt, log=lambda m: None)
+        peaks[attention] = results[0].peak
+    assert peaks["splash"] < 0.7 * peaks["xla"], {k: v / P.MiB for k, v in peaks.items()}
+
+
+def test_a_program_that_does_not_fit_is_reported_and_the_command_fails(v5p, capsys):
+    small = aot.Target("v5p-8 with 64 MiB", v5p.devices, 64 * P.MiB)
+    c = _mid_config()
+    results, plan = aot.compile_run(c, small, log=lambda m: None)
+    text, fits = aot.report(results, plan, small)
+    assert fits is False and text.splitlines()[-1].endswith("does not fit")
+
+
+def test_cli_plan_compile_prints_the_closing_line(capsys):
+    code = cli.main(["spiral-jax", "plan", "--config", str(CONFIGS / "tiny_pig.py"), "--hardware", "v5e-8",
+                     "--compile"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 0
+    m = LAST_LINE.match(out[-1])
+    assert m and m.group(2) == "v5litepod-8" and m.group(4) == "15.75", out[-1]
+
+
+# ---------------------------------------------------------------------------------- fused attention
+
+
+def _qkv(b=3, t=40, h=4, kv=2, hd=64, seed=0):
+    r = np.random.default_rng(seed)
+    q, k, v = (jnp.asarray(r.standard_normal((b, t, n, hd)), jnp.float32) for n in (h, kv, kv))
+    mask = np.zeros((b, t), bool)
+    mask[0, :30] = True  # right-padded (a training row)
+    mask[1, 15:] = True  # left-padded (a prompt)
+    mask[2, :] = True
+    return q, k, v, jnp.asarray(mask)
+
+
+KERNELS = {"splash": functools.partial(fused_attention.splash_attention, interpret=True),
+           "cudnn": functools.partial(fused_attention.cudnn_attention, implementation="xla")}
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+def test_fused_kernels_match_the_xla_path_and_its_gradients(kernel):
+    q, k, v, mask = _qkv()
+    real = np.asarray(mask)[..., None, None]
+    xla = lambda q, k, v: transformer.attention(q, k, v, jnp.arange(q.shape[1]), mask)  # noqa: E731
+    fused = lambda q, k, v: KERNELS[kernel](q, k, v, mask)  # noqa: E731
+    out = fused(q, k, v)
+    assert np.all(np.isfinite(out)), "padding rows must stay finite"
+    np.testing.assert_allclose(np.where(real, out, 0), np.where(real, xla(q, k, v), 0), atol=2e-5)
+    loss = lambda fn: lambda *a: jnp.sum(jnp.where(real, fn(*a), 0) ** 2)  # noqa: E731
+    for got, want in zip(jax.grad(loss(fused), argnums=(0, 1, 2))(q, k, v),
+                         jax.grad(loss(xla), argnums=(0, 1, 2))(q, k, v)):
+        np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+def test_the_decoder_with_a_fused_kernel_scores_and_samples_as_the_xla_path(kernel, monkeypatch):
+    """Through the real decoder: training/scoring logits of left- and right-padded rows, and the
+    sampler's prefill (a fused kernel) followed by decode (the XLA path), same tokens and log-probs."""
+    cfg = TINY.replace(head_dim=64, max_position_embeddings=256)
+    params = init_params(cfg, jax.random.key(0))
+    ids = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (3, 40)), jnp.int32)
+    _, _, _, mask = _qkv()
+    xla = transformer.forward(params, cfg.replace(attention="xla"), ids, mask)
+    monkeypatch.setattr(fused_attention, f"{kernel}_attention", KERNELS[kernel])
+    fused = transformer.forward(params, cfg.replace(attention=kernel), ids, mask)
+    real = np.asarray(mask)[..., None]
+    np.testing.assert_allclose(np.where(real, fused, 0), np.where(real, xla, 0), atol=1e-4)
+
+    prompts = [list(range(1, 20)), list(range(5, 12)), [3]]
+    sp = SamplingParams(max_new_tokens=6)
+    want = Sampler(cfg.replace(attention="xla")).generate(params, prompts, sp, seed=3)
+    got = Sampler(cfg.replace(attention=kernel)).generate(params, prompts, sp, seed=3)
+    assert got.tokens == want.tokens
+    for a, b in zip(got.raw_logprobs, want.raw_logprobs):
+        np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def test_an_unknown_attention_kernel_is_a_clear_error():
+    with pytest.raises(ValueError, match="attention='flash'.*auto"):
+        TINY.replace(attention="flash")
