@@ -1,6 +1,12 @@
 """spiral-jax: SPIRAL self-play reinforcement learning for LLMs in one JAX program."""
 from setuptools import find_packages, setup
 
+# The jax release whose `tpu` extra pins the libtpu (TPU runtime and compiler) that
+# `spiral-jax plan --compile` was verified with: jax 0.10.2 with libtpu 0.0.42.1. To move to another
+# pair, change this version and rerun tests/test_aot.py and scripts/compile_presets.py
+# (docs/memory.md).
+JAX_TPU = "0.10.2"
+
 setup(
     name="spiral-jax",
     version="0.1.0",
@@ -31,11 +37,13 @@ setup(
         # math-verify, matplotlib and textarena (the eval and textarena extras) so CI checks the
         # grader, the plots and the TextArena adapter against the real package too. pytest-xdist runs
         # the suite in two processes: most of a test's time is XLA compiling on one core.
+        # jax[tpu] (with libtpu, the TPU compiler) so CI compiles programs for TPU slices ahead of time
+        # (tests/test_aot.py); no TPU is needed for that.
         "test": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "torch==2.13.0", "math-verify",
-                 "matplotlib", "textarena"],
+                 "matplotlib", "textarena", f"jax[tpu]=={JAX_TPU}"],
         # gcsfs: a gs:// out_dir for everything a run writes besides checkpoints (spiral_jax/paths.py).
         "gcs": ["gcsfs"],
-        "tpu": ["jax[tpu]", "gcsfs"],
+        "tpu": [f"jax[tpu]=={JAX_TPU}", "gcsfs"],
         "cuda": ["jax[cuda12]"],
         "eval": ["math-verify", "datasets", "matplotlib"],
         "textarena": ["textarena"],

@@ -37,6 +37,7 @@ import optax
 from jax.sharding import AbstractMesh
 
 from spiral_jax.models import ModelConfig, abstract_params, param_specs
+from spiral_jax.models.fused_attention import resolve as resolve_attention
 from spiral_jax.models.params import is_spec
 from spiral_jax.models.transformer import CACHE_AXES
 from spiral_jax.sampling import batch_bucket, bucket_length, cache_slots
@@ -56,6 +57,7 @@ class Hardware:
     memory: int | None  # bytes per device; None = unknown (CPU)
     usable: float = 1.0
     source: str = ""
+    platform: str = "cpu"  # tpu, gpu or cpu: decides the attention kernel model.attention="auto" picks
 
     @property
     def limit(self) -> int | None:
@@ -70,14 +72,15 @@ def tpu_hardware(accelerator: str) -> Hardware:
     name = {"v5litepod": "v5e"}.get(tpu.generation.prefix, tpu.generation.prefix)
     return Hardware(f"{name}-{tpu.accelerator.rpartition('-')[2]}", tpu.chips, tpu.generation.hbm,
                     source=f"Cloud TPU {tpu.accelerator}: {tpu.chips} chips on {tpu.hosts} host(s), "
-                           f"{tpu.generation.hbm / GiB:.2f} GiB of HBM per chip available to a program (libtpu)")
+                           f"{tpu.generation.hbm / GiB:.2f} GiB of HBM per chip available to a program (libtpu)",
+                    platform="tpu")
 
 
 HARDWARE = {h.name: h for h in (
     *(tpu_hardware(name) for name in ("v4-8", "v5e-8", "v5p-8", "v6e-8")),
     Hardware("8xH100", 8, 80 * GB, usable=0.75,
              source="8x NVIDIA H100 80 GB; planned at 75%, JAX's default GPU preallocation "
-                    "(XLA_PYTHON_CLIENT_MEM_FRACTION raises it)"),
+                    "(XLA_PYTHON_CLIENT_MEM_FRACTION raises it)", platform="gpu"),
 )}
 ALIASES = {"h100x8": "8xH100", "8xh100": "8xH100", "h100-8": "8xH100"}
 
@@ -107,7 +110,8 @@ def local_hardware() -> Hardware:
     devices = jax.devices()
     stats = devices[0].memory_stats() if hasattr(devices[0], "memory_stats") else None
     memory = (stats or {}).get("bytes_limit")
-    return Hardware(f"local {devices[0].platform} x {len(devices)}", len(devices), memory)
+    return Hardware(f"local {devices[0].platform} x {len(devices)}", len(devices), memory,
+                    platform=devices[0].platform)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,31 +255,65 @@ def _layer_elements(cfg: ModelConfig, rules: Rules) -> int:
     return sum(shard_elements(rules, s.axes, s.shape) for s in layers.values())
 
 
-def _activations(cfg: ModelConfig, w: Workload, mesh: MeshShape) -> int:
-    """Activation bytes per device at the peak of one micro-batch's forward + backward pass."""
-    cb = jnp.dtype(cfg.compute_dtype).itemsize
+def fused(cfg: ModelConfig, hw: Hardware) -> bool:
+    """Whether training, scoring and prefill attention run a fused kernel on this hardware (then no
+    [rows, heads, T, T] scores exist; `models.fused_attention`)."""
+    return resolve_attention(cfg.attention, hw.platform, cfg.compute_dtype) != "xla"
+
+
+def _train_shapes(cfg: ModelConfig, w: Workload, mesh: MeshShape, fused_attention: bool):
+    """Per-device sizes of one micro-batch: rows, slots, and the element counts of the residual
+    stream, q/k/v, the MLP's hidden, one layer's attention scores (0 when fused) and a vocab shard."""
     t, dp = mesh.tensor, mesh.batch_shards
     b = w.micro_batch // dp if w.micro_batch % dp == 0 else w.micro_batch
     T, D, hd = w.train_len, cfg.hidden_size, cfg.head_dim
     heads, kv = _split(cfg.num_heads, t), _split(cfg.num_kv_heads, t)
-    f, v = _split(cfg.intermediate_size, t), _split(cfg.vocab_size, t)
-    act, qkv, mlp = b * T * D, b * T * (heads + 2 * kv) * hd, b * T * f
-    scores = b * heads * T * T * 4  # fp32 attention scores of one layer
+    scores = 0 if fused_attention else b * heads * T * T * 4  # fp32 attention scores of one layer
+    return b, T, b * T * D, b * T * (heads + 2 * kv) * hd, b * T * _split(cfg.intermediate_size, t), scores, \
+        _split(cfg.vocab_size, t)
+
+
+def _batch_bytes(w: Workload, mesh: MeshShape) -> int:
+    """The packed batch on the device: `Batch`'s fields per slot (int32 tokens, positions, targets;
+    a bool mask; four fp32 log-prob and mask rows), the advantages and the response slots."""
+    rows = -(-w.samples // mesh.batch_shards)
+    return rows * (w.train_len * (3 * 4 + 1 + 4 * 4) + 4 + w.response_len * 4)
+
+
+def _activations(cfg: ModelConfig, w: Workload, mesh: MeshShape, fused_attention: bool = False,
+                 platform: str = "cpu") -> int:
+    """Activation bytes per device at the peak of one micro-batch's forward + backward pass."""
+    cb = jnp.dtype(cfg.compute_dtype).itemsize
+    b, T, act, qkv, mlp, scores, v = _train_shapes(cfg, w, mesh, fused_attention)
+    mask = 0 if fused_attention else b * T * T  # the XLA path's boolean [T, T] mask per row
     # Saved for the backward pass: with remat each layer's input; without, every residual of the
     # layer (norm outputs, q/k/v before and after RoPE, fp32 probabilities and their cast, the mask,
     # the MLP's gate/up/activation/product).
-    per_layer = act * cb if cfg.remat else (6 * act * cb + 3 * qkv * cb + 2 * scores + b * T * T
-                                            + 5 * mlp * cb)
+    per_layer = act * cb if cfg.remat else (6 * act * cb + 3 * qkv * cb + 2 * scores + mask + 5 * mlp * cb)
     saved = cfg.num_layers * per_layer
     # The backward of one layer, recomputed: the fp32 probabilities stay alive through it, next to
     # their gradients, the MLP's gate/up/activation/product and their gradients, and a few
-    # [b, T, D] and q/k/v-sized buffers. (Counts fitted to XLA:CPU's buffer assignment.)
-    layer = 3 * scores + 7.5 * mlp * cb + 3 * act * cb + 2 * qkv * cb
+    # [b, T, D] and q/k/v-sized buffers. (Counts fitted to XLA:CPU's buffer assignment; the TPU
+    # compiler keeps two [T, T] buffers where XLA:CPU keeps three.)
+    layer = (2 if platform == "tpu" else 3) * scores + 7.5 * mlp * cb + 3 * act * cb + 2 * qkv * cb
     # The loss head, before the layers' backward: fp32 logits of one chunk, softmax, their gradient.
     head = 3.5 * b * w.chunk * v * 4 + 3 * act * cb
-    # The packed batch (29 bytes per slot), its micro-batch split and the per-slot outputs.
-    batch = -(-w.samples // dp) * T * (2 * 29 + 12)
+    # The packed batch, its micro-batch split and the per-slot outputs.
+    batch = 2 * _batch_bytes(w, mesh) + -(-w.samples // mesh.batch_shards) * T * 12
     return int(saved + max(layer, head) + batch)
+
+
+def _logprob_pass(cfg: ModelConfig, w: Workload, mesh: MeshShape, fused_attention: bool = False) -> int:
+    """Bytes per device of PPO's old-log-prob pass beyond the parameters: the batch and the forward of
+    one micro-batch, no gradients (one layer's scores and probabilities, q/k/v, the MLP's hidden;
+    or one chunk's logits), and the log-probs it returns."""
+    cb = jnp.dtype(cfg.compute_dtype).itemsize
+    b, T, act, qkv, mlp, scores, v = _train_shapes(cfg, w, mesh, fused_attention)
+    mask = 0 if fused_attention else b * T * T
+    layer = 2 * scores + mask + 2 * qkv * cb + 3 * mlp * cb + 2 * act * cb
+    head = 3 * b * w.chunk * v * 4 + act * cb
+    rows = -(-w.samples // mesh.batch_shards)
+    return int(_batch_bytes(w, mesh) + max(layer, head) + 2 * rows * T * 4)
 
 
 def _weights_in_flight(cfg: ModelConfig, mesh: MeshShape) -> int:
@@ -289,7 +327,8 @@ def _weights_in_flight(cfg: ModelConfig, mesh: MeshShape) -> int:
     return int(embed + 2 * layer)
 
 
-def _sampling(cfg: ModelConfig, w: Workload, mesh: MeshShape, games: int, new_tokens: int) -> tuple[int, int]:
+def _sampling(cfg: ModelConfig, w: Workload, mesh: MeshShape, games: int, new_tokens: int,
+              fused_attention: bool = False) -> tuple[int, int]:
     """(KV cache, prefill transients) per device for one generate call over `games` prompts."""
     cb = jnp.dtype(cfg.compute_dtype).itemsize
     dp = mesh.batch_shards
@@ -300,7 +339,7 @@ def _sampling(cfg: ModelConfig, w: Workload, mesh: MeshShape, games: int, new_to
     cache = 2 * shard_elements(rules, CACHE_AXES, shape) * cb
     b, plen, t = batch // dp, w.prompt_len, mesh.tensor
     heads, kv = _split(cfg.num_heads, t), _split(cfg.num_kv_heads, t)
-    scores = b * heads * plen * plen * 4  # the prefill attends over the prompt's slots only
+    scores = 0 if fused_attention else b * heads * plen * plen * 4  # the prefill attends over the prompt only
     attention = 2 * scores + 2 * b * plen * (heads + 2 * kv) * cfg.head_dim * cb
     mlp = 3 * b * plen * _split(cfg.intermediate_size, t) * cb
     rest = (2 * b * plen * cfg.hidden_size * cb + cache // cfg.num_layers
@@ -374,7 +413,7 @@ class Plan:
 def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware) -> Plan:
     """Per-device bytes of a run with this model, optimizer, workload and mesh on `hw`."""
     params, sample_params = _param_bytes(cfg, mesh, "train"), _param_bytes(cfg, mesh, "sample")
-    same_layout = _same_layout(cfg, mesh)
+    same_layout, kernel = _same_layout(cfg, mesh), fused(cfg, hw)
     parts = {
         "params": params,
         "optimizer": _optimizer_bytes(cfg, tc, mesh),
@@ -383,7 +422,8 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
         "kl_reference": params if tc.kl_coef else 0,
         "gradients": 2 * params,
         "weights_in_flight": _weights_in_flight(cfg, mesh),
-        "activations": _activations(cfg, work, mesh),
+        "activations": _activations(cfg, work, mesh, kernel, hw.platform),
+        "logprob_pass": _logprob_pass(cfg, work, mesh, kernel) if not tc.on_policy or tc.kl_coef else 0,
     }
     labels = {
         "params": "parameters (fp32, train layout)",
@@ -393,11 +433,15 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
         "kl_reference": "the KL penalty's frozen reference policy (train layout)",
         "gradients": "gradients: one micro-batch's + the fp32 accumulator",
         "weights_in_flight": "weights all-gathered/cast for compute, their grads",
-        "activations": f"activations of one micro-batch ({'remat' if cfg.remat else 'no remat'})",
+        "activations": f"activations of one micro-batch ({'remat' if cfg.remat else 'no remat'}"
+                       f"{', fused attention' if kernel else ''})",
+        "logprob_pass": "PPO's old-log-prob pass: the batch and one micro-batch's forward",
     }
     resident = (parts["params"] + parts["optimizer"] + parts["sampler_params"] + parts["snapshots"]
                 + parts["kl_reference"])
     phases = {"train step": resident + parts["gradients"] + parts["weights_in_flight"] + parts["activations"]}
+    if parts["logprob_pass"]:
+        phases["old log-probs"] = resident + parts["weights_in_flight"] // 2 + parts["logprob_pass"]
     calls = {}  # (games, new-token bucket) -> the phases that make such a sampler call
     for name, games, new in [("rollout", work.rollout_games, work.rollout_new),
                              ("eval", work.in_flight(work.eval_games), work.eval_new),
@@ -406,7 +450,7 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
             calls.setdefault((games, bucket_length(new, 1)), []).append(name)
     for (games, new), names in calls.items():
         name = ", ".join(names)
-        cache, prefill = _sampling(cfg, work, mesh, games, new)
+        cache, prefill = _sampling(cfg, work, mesh, games, new, kernel)
         parts[f"kv {name}"], parts[f"prefill {name}"] = cache, prefill
         labels[f"kv {name}"] = f"KV cache, {name}: {games} games x {work.prompt_len + new} slots"
         labels[f"prefill {name}"] = f"prefill transients, {name}"
@@ -415,6 +459,8 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
         del parts["snapshots"]
     if not tc.kl_coef:
         del parts["kl_reference"]
+    if not parts["logprob_pass"]:
+        del parts["logprob_pass"]
     notes = []
     if same_layout:
         notes.append("train and sample layouts agree (fsdp 1): the sampler reads the train state, no copy")
@@ -491,7 +537,7 @@ def suggest(c, hw: Hardware, plan_now: Plan | None = None) -> tuple[str, Plan] |
                                                                            "activations"))
 
         def sample_fits(games, new, mesh=mesh, resident=resident):
-            return resident + sum(_sampling(cfg, work, mesh, games, new)) <= limit
+            return resident + sum(_sampling(cfg, work, mesh, games, new, fused(cfg, hw))) <= limit
 
         dp = mesh.batch_shards
         micro = [m for m in range(work.samples, 0, -1) if work.samples % m == 0 and m % dp == 0]

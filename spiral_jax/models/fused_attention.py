@@ -5,8 +5,8 @@ long-row train step.
 - "splash": Pallas splash attention on TPU (`jax.experimental.pallas.ops.tpu.splash_attention`).
 - "cudnn": cuDNN flash attention on NVIDIA GPUs (`jax.nn.dot_product_attention`).
 - "xla": the decoder's own `transformer.attention`, which every CPU run uses.
-- "auto" (the default): splash on TPU, cudnn on GPU, xla elsewhere, by the platform of the mesh's
-  devices (or JAX's default backend without a mesh).
+- "auto" (the default): splash on TPU, cudnn on GPU (bf16/fp16 compute), xla elsewhere, by the
+  platform of the mesh's devices (or JAX's default backend without a mesh).
 
 The decoder's rule is that a query at slot s sees the keys at slots <= s whose kv_mask is set. For a
 block that starts at slot 0 that is causal attention within segments, with segment id = kv_mask: a
@@ -29,14 +29,20 @@ IMPLEMENTATIONS = ("auto", "xla", "splash", "cudnn")
 _BLOCKS = (512, 256, 128)  # splash tile sizes tried, largest first; rows are padded to a multiple of 128
 
 
-def resolve(implementation: str, rules: Rules | None) -> str:
-    """The kernel `implementation` stands for on the devices of `rules` (or the default backend)."""
+def resolve(implementation: str, platform: str, dtype) -> str:
+    """The kernel `implementation` stands for on `platform` (tpu, gpu, cpu) at compute `dtype`.
+
+    cuDNN's flash attention takes 16-bit inputs only, so "auto" keeps fp32 GPU runs (the parity tests)
+    on the XLA path."""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"model.attention={implementation!r}; use one of {', '.join(IMPLEMENTATIONS)}")
     if implementation != "auto":
         return implementation
-    platform = rules.mesh.devices.flat[0].platform if rules is not None else jax.default_backend()
-    return {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn"}.get(platform, "xla")
+    if platform == "tpu":
+        return "splash"
+    if platform in ("gpu", "cuda") and jnp.dtype(dtype).itemsize == 2:
+        return "cudnn"
+    return "xla"
 
 
 def _per_device(fn, rules: Rules | None, q, k, v, kv_mask):
@@ -113,7 +119,8 @@ def cudnn_attention(q, k, v, kv_mask, implementation: str = "cudnn"):
 def fused_attention(implementation: str, rules: Rules | None, q, k, v, kv_mask):
     """Self-attention of a block from slot 0 by the `resolve`d kernel; None where that is "xla" or
     the kernel cannot take this sharding (the caller then runs the XLA path)."""
-    kernel = {"splash": splash_attention, "cudnn": cudnn_attention}.get(resolve(implementation, rules))
+    platform = rules.mesh.devices.flat[0].platform if rules is not None else jax.default_backend()
+    kernel = {"splash": splash_attention, "cudnn": cudnn_attention}.get(resolve(implementation, platform, q.dtype))
     if kernel is None:
         return None
     return _per_device(kernel, rules, q, k, v, kv_mask)
