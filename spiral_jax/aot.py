@@ -154,7 +154,7 @@ def compile_run(c, tgt: Target, log=print) -> tuple[list[Compiled], planner.Plan
     tc = train_config(c.optim)
     mesh = make_mesh(**c.mesh, devices=tgt.devices)
     sample_mesh = host_local_mesh(mesh, process=tgt.devices[0].process_index)
-    hw = planner.Hardware(tgt.name, len(tgt.devices), tgt.memory)
+    hw = planner.Hardware(tgt.name, len(tgt.devices), tgt.memory, platform=tgt.devices[0].platform)
     shape = planner.MeshShape(mesh.shape["data"], mesh.shape["fsdp"], mesh.shape["tensor"])
     p = planner.estimate(cfg, tc, planner.workload(c), shape, hw)
     work, parts, phases = p.work, p.parts, p.phases

@@ -414,6 +414,7 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
     """Per-device bytes of a run with this model, optimizer, workload and mesh on `hw`."""
     params, sample_params = _param_bytes(cfg, mesh, "train"), _param_bytes(cfg, mesh, "sample")
     same_layout, kernel = _same_layout(cfg, mesh), fused(cfg, hw)
+    cb = jnp.dtype(cfg.compute_dtype).itemsize
     parts = {
         "params": params,
         "optimizer": _optimizer_bytes(cfg, tc, mesh),
@@ -424,6 +425,9 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
         "weights_in_flight": _weights_in_flight(cfg, mesh),
         "activations": _activations(cfg, work, mesh, kernel, hw.platform),
         "logprob_pass": _logprob_pass(cfg, work, mesh, kernel) if not tc.on_policy or tc.kl_coef else 0,
+        # A forward without gradients (sampling, old log-probs) casts every weight to the compute
+        # dtype once, outside its loops: the TPU compiler hoists the casts, holding a whole copy.
+        "weights_cast": 0 if cb == 4 else sample_params * cb // 4,
     }
     labels = {
         "params": "parameters (fp32, train layout)",
@@ -436,12 +440,14 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
         "activations": f"activations of one micro-batch ({'remat' if cfg.remat else 'no remat'}"
                        f"{', fused attention' if kernel else ''})",
         "logprob_pass": "PPO's old-log-prob pass: the batch and one micro-batch's forward",
+        "weights_cast": f"weights cast to {cfg.compute_dtype} for sampling and old log-probs",
     }
     resident = (parts["params"] + parts["optimizer"] + parts["sampler_params"] + parts["snapshots"]
                 + parts["kl_reference"])
     phases = {"train step": resident + parts["gradients"] + parts["weights_in_flight"] + parts["activations"]}
     if parts["logprob_pass"]:
-        phases["old log-probs"] = resident + parts["weights_in_flight"] // 2 + parts["logprob_pass"]
+        phases["old log-probs"] = resident + (parts["weights_cast"] or parts["weights_in_flight"] // 2) \
+            + parts["logprob_pass"]
     calls = {}  # (games, new-token bucket) -> the phases that make such a sampler call
     for name, games, new in [("rollout", work.rollout_games, work.rollout_new),
                              ("eval", work.in_flight(work.eval_games), work.eval_new),
@@ -454,13 +460,14 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
         parts[f"kv {name}"], parts[f"prefill {name}"] = cache, prefill
         labels[f"kv {name}"] = f"KV cache, {name}: {games} games x {work.prompt_len + new} slots"
         labels[f"prefill {name}"] = f"prefill transients, {name}"
-        phases[f"{name} ({games} games at once)"] = resident + cache + prefill
+        phases[f"{name} ({games} games at once)"] = resident + parts["weights_cast"] + cache + prefill
     if not work.snapshots:
         del parts["snapshots"]
     if not tc.kl_coef:
         del parts["kl_reference"]
-    if not parts["logprob_pass"]:
-        del parts["logprob_pass"]
+    for name in ("logprob_pass", "weights_cast"):
+        if not parts[name]:
+            del parts[name]
     notes = []
     if same_layout:
         notes.append("train and sample layouts agree (fsdp 1): the sampler reads the train state, no copy")
@@ -536,8 +543,9 @@ def suggest(c, hw: Hardware, plan_now: Plan | None = None) -> tuple[str, Plan] |
         resident = base.phases["train step"] - sum(base.parts[k] for k in ("gradients", "weights_in_flight",
                                                                            "activations"))
 
-        def sample_fits(games, new, mesh=mesh, resident=resident):
-            return resident + sum(_sampling(cfg, work, mesh, games, new, fused(cfg, hw))) <= limit
+        def sample_fits(games, new, mesh=mesh, resident=resident, base=base):
+            return resident + base.parts.get("weights_cast", 0) + sum(
+                _sampling(cfg, work, mesh, games, new, fused(cfg, hw))) <= limit
 
         dp = mesh.batch_shards
         micro = [m for m in range(work.samples, 0, -1) if work.samples % m == 0 and m % dp == 0]

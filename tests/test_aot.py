@@ -60,7 +60,7 @@ def v5p():
     return aot.target("v5p-8")
 
 
-@pytest.mark.parametrize("attention", ["xla", "splash"])
+@pytest.mark.parametrize("attention", [pytest.param("xla", marks=pytest.mark.slow), "auto"])
 def test_a_run_compiles_for_a_tpu_slice_and_the_planner_agrees_with_the_compiler(v5p, attention):
     c = _mid_config()
     c.model.attention = attention
@@ -76,6 +76,7 @@ def test_a_run_compiles_for_a_tpu_slice_and_the_planner_agrees_with_the_compiler
     assert m and m.group(1) == "4" and m.group(2) == "v5p-8" and m.group(6) == "fits" and fits
 
 
+@pytest.mark.slow
 def test_fused_attention_shrinks_the_compiled_train_step(v5p):
     """Splash never builds the [rows, heads, T, T] scores: at 2048-slot rows they dominate XLA's step."""
     peaks = {}
@@ -90,12 +91,31 @@ def test_fused_attention_shrinks_the_compiled_train_step(v5p):
     assert peaks["splash"] < 0.7 * peaks["xla"], {k: v / P.MiB for k, v in peaks.items()}
 
 
-def test_a_program_that_does_not_fit_is_reported_and_the_command_fails(v5p, capsys):
-    small = aot.Target("v5p-8 with 64 MiB", v5p.devices, 64 * P.MiB)
+@pytest.mark.slow
+def test_a_program_the_compiler_refuses_for_memory_is_reported_and_does_not_fit():
+    """65536 games of 1024 slots: a KV cache of 64 GiB per v5e chip, which the compiler refuses."""
+    tgt = aot.target("v5e-8")
     c = _mid_config()
-    results, plan = aot.compile_run(c, small, log=lambda m: None)
-    text, fits = aot.report(results, plan, small)
-    assert fits is False and text.splitlines()[-1].endswith("does not fit")
+    c.mesh.tensor = 8
+    c.rollout.games_per_batch = 65536
+    results, plan = aot.compile_run(c, tgt, log=lambda m: None)
+    refused = [r for r in results if r.total is None]
+    assert [r.name.split(" (")[0] for r in refused] == ["rollout sampler"] and "HBM" in refused[0].error
+    text, fits = aot.report(results, plan, tgt)
+    assert fits is False and "refused it for memory" in text and text.endswith("does not fit")
+
+
+def test_a_multi_host_slice_compiles_the_sampler_for_one_hosts_chips():
+    """v5p-16 is two hosts of four chips: the train step spans all eight, each host samples on its own four."""
+    c = config_from_file(str(CONFIGS / "tiny_pig.py"))
+    c.mesh.update(data=1, fsdp=2, tensor=4)
+    c.optim.micro_batch_size = 2
+    tgt = aot.target("v5p-16")
+    assert len(tgt.devices) == 8
+    results, plan = aot.compile_run(c, tgt, log=lambda m: None)
+    assert plan.mesh == P.MeshShape(1, 2, 4) and all(r.peak > 0 for r in results)
+    # fsdp 2: the sampler's copy of the weights (split over tensor only) stays beside the train state.
+    assert results[0].resident == plan.parts["sampler_params"] > 0
 
 
 def test_cli_plan_compile_prints_the_closing_line(capsys):
