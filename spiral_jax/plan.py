@@ -258,7 +258,7 @@ def _layer_elements(cfg: ModelConfig, rules: Rules) -> int:
 def fused(cfg: ModelConfig, hw: Hardware) -> bool:
     """Whether training, scoring and prefill attention run a fused kernel on this hardware (then no
     [rows, heads, T, T] scores exist; `models.fused_attention`)."""
-    return resolve_attention(cfg.attention, hw.platform, cfg.compute_dtype) != "xla"
+    return resolve_attention(cfg.attention, hw.platform, cfg.compute_dtype, cfg.head_dim) != "xla"
 
 
 def _train_shapes(cfg: ModelConfig, w: Workload, mesh: MeshShape, fused_attention: bool):

@@ -29,16 +29,17 @@ IMPLEMENTATIONS = ("auto", "xla", "splash", "cudnn")
 _BLOCKS = (512, 256, 128)  # splash tile sizes tried, largest first; rows are padded to a multiple of 128
 
 
-def resolve(implementation: str, platform: str, dtype) -> str:
+def resolve(implementation: str, platform: str, dtype, head_dim: int) -> str:
     """The kernel `implementation` stands for on `platform` (tpu, gpu, cpu) at compute `dtype`.
 
-    cuDNN's flash attention takes 16-bit inputs only, so "auto" keeps fp32 GPU runs (the parity tests)
-    on the XLA path."""
+    "auto" picks a kernel only where it is known to compile: cuDNN's flash attention takes 16-bit
+    inputs only (fp32 GPU runs, the parity tests, stay on XLA); splash's Mosaic kernels compile for
+    the 128-wide heads of every Qwen and Llama checkpoint and for fp32, but refuse bf16 at 64."""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"model.attention={implementation!r}; use one of {', '.join(IMPLEMENTATIONS)}")
     if implementation != "auto":
         return implementation
-    if platform == "tpu":
+    if platform == "tpu" and (head_dim % 128 == 0 or jnp.dtype(dtype).itemsize == 4):
         return "splash"
     if platform in ("gpu", "cuda") and jnp.dtype(dtype).itemsize == 2:
         return "cudnn"
@@ -120,7 +121,8 @@ def fused_attention(implementation: str, rules: Rules | None, q, k, v, kv_mask):
     """Self-attention of a block from slot 0 by the `resolve`d kernel; None where that is "xla" or
     the kernel cannot take this sharding (the caller then runs the XLA path)."""
     platform = rules.mesh.devices.flat[0].platform if rules is not None else jax.default_backend()
-    kernel = {"splash": splash_attention, "cudnn": cudnn_attention}.get(resolve(implementation, platform, q.dtype))
+    kernel = {"splash": splash_attention, "cudnn": cudnn_attention}.get(resolve(implementation, platform, q.dtype,
+                                                                                 q.shape[-1]))
     if kernel is None:
         return None
     return _per_device(kernel, rules, q, k, v, kv_mask)
