@@ -29,7 +29,7 @@ from spiral_jax.eval.suite import cache_size
 from spiral_jax.models import abstract_params
 from spiral_jax.rl.samples import Batch, batch_shardings
 from spiral_jax.rl.train_step import make_compute_logprobs, make_optimizer, make_train_step, state_shardings
-from spiral_jax.sampling import Sampler
+from spiral_jax.sampling import Sampler, cache_slots
 from spiral_jax.sharding import make_mesh
 from spiral_jax.tpu_slices import GiB, parse_accelerator
 
@@ -107,27 +107,25 @@ def usable_hbm(device) -> int | None:
 
 
 def target(hardware: str | None) -> Target:
-    """A TPU slice by accelerator type, or (None / "local") this machine's devices."""
-    if not hardware or hardware == "local":
+    """A TPU slice by accelerator type (v5p-8, ...); anything else (None, a GPU preset) means this
+    machine's devices, whose own compiler is the one to ask."""
+    try:
+        name = parse_accelerator(hardware or "").accelerator
+    except ValueError:
         devices = tuple(jax.devices())
         return Target(f"local {devices[0].platform} x {len(devices)}", devices, usable_hbm(devices[0]))
-    devices = tpu_devices(hardware)
-    return Target(parse_accelerator(hardware).accelerator, devices, usable_hbm(devices[0]))
+    devices = tpu_devices(name)
+    return Target(name, devices, usable_hbm(devices[0]))
 
 
 def _placed(abstract, shardings):
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
 
 
-def abstract_batch(work: planner.Workload, mesh) -> Batch:
-    """The packed batch of one update at the workload's worst-case shapes, placed like `shard_batch`."""
-    b, t, r = work.samples, work.train_len, work.response_len
-    fields = dict(tokens=((b, t), jnp.int32), positions=((b, t), jnp.int32), input_mask=((b, t), jnp.bool_),
-                  targets=((b, t), jnp.int32), loss_mask=((b, t), jnp.float32), advantages=((b,), jnp.float32),
-                  sampler_logprobs=((b, t), jnp.float32), old_logprobs=((b, t), jnp.float32),
-                  ref_logprobs=((b, t), jnp.float32), response_slots=((b, r), jnp.int32))
-    shardings = batch_shardings(mesh)
-    return Batch(*(jax.ShapeDtypeStruct(*fields[f], sharding=getattr(shardings, f)) for f in Batch._fields))
+def abstract_batch(c, rows: int, mesh) -> Batch:
+    """The packed batch of one update: `rows` of config `c`'s longest row, placed like `shard_batch`."""
+    return Batch(*(jax.ShapeDtypeStruct((rows, *x.shape[1:]), x.dtype, sharding=s)
+                   for x, s in zip(planner.longest_row(c), batch_shardings(mesh))))
 
 
 def _memory(compiled) -> int:
@@ -150,14 +148,11 @@ def _compile(name: str, lower, resident: int, planned: int, log) -> Compiled:
 
 def compile_run(c, tgt: Target, log=print) -> tuple[list[Compiled], planner.Plan]:
     """Compile every program of config `c` for `tgt`'s devices; (results, the planner's plan)."""
-    cfg, _ = planner.model_config(c)
-    tc = train_config(c.optim)
     mesh = make_mesh(**c.mesh, devices=tgt.devices)
     sample_mesh = host_local_mesh(mesh, process=tgt.devices[0].process_index)
     hw = planner.Hardware(tgt.name, len(tgt.devices), tgt.memory, platform=tgt.devices[0].platform)
-    shape = planner.MeshShape(mesh.shape["data"], mesh.shape["fsdp"], mesh.shape["tensor"])
-    p = planner.estimate(cfg, tc, planner.workload(c), shape, hw)
-    work, parts, phases = p.work, p.parts, p.phases
+    p = planner.plan(c, hw, planner.MeshShape(mesh.shape["data"], mesh.shape["fsdp"], mesh.shape["tensor"]))
+    cfg, tc, work, parts, phases = p.cfg, train_config(c.optim), p.work, p.parts, p.phases
     others = parts.get("kl_reference", 0) + parts.get("snapshots", 0)
 
     shardings = state_shardings(cfg, tc, mesh)
@@ -166,7 +161,7 @@ def compile_run(c, tgt: Target, log=print) -> tuple[list[Compiled], planner.Plan
     state = _placed(type(shardings)(params, jax.eval_shape(opt.init, params),
                                     jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32)),
                     shardings)
-    batch = abstract_batch(work, mesh)
+    batch = abstract_batch(c, work.samples, mesh)
     results = [_compile(f"train step ({work.micro_batch}-row micro-batches of {work.samples} rows x "
                         f"{work.train_len} slots)",
                         lambda: make_train_step(cfg, tc, mesh).lower(state, batch),
@@ -188,7 +183,7 @@ def compile_run(c, tgt: Target, log=print) -> tuple[list[Compiled], planner.Plan
                             ("eval", work.in_flight(work.eval_games), eval_sampling(c)),
                             ("final eval", work.in_flight(work.final_games), eval_sampling(c))]:
         prompts = [[0] * c.rollout.max_prompt_len] * games
-        key = (games, sampler._buckets(prompts, sp), sp.mode) if games else None
+        key = (games, cache_slots(work.prompt_len, sp.max_new_tokens), sp.mode) if games else None
         if key is None or key in seen:
             continue
         seen.add(key)

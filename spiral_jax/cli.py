@@ -235,7 +235,7 @@ def _plan(c) -> int:
 
     if FLAGS.devices:
         raise ValueError("--compile needs --hardware (a TPU slice) or no hardware flag (this machine's devices)")
-    tgt = aot.target(FLAGS.hardware if FLAGS.hardware and FLAGS.hardware.lower().startswith("v") else None)
+    tgt = aot.target(FLAGS.hardware)
     print(f"\nahead-of-time compilation for {tgt.name} ({len(tgt.devices)} devices"
           + (f", {tgt.memory / 2**30:.2f} GiB usable each" if tgt.memory else "") + ")", flush=True)
     results, p = aot.compile_run(c, tgt, log=lambda m: print(m, flush=True))

@@ -155,6 +155,7 @@ class Workload:
     micro_batch: int  # rows per micro-batch
     train_len: int  # T: prompt + response slots, bucketed
     response_len: int  # R: response slots, bucketed
+    row_bytes: int  # one packed training row on the device, every Batch field
     chunk: int  # response slots unembedded at a time
     prompt_len: int  # prompt bucket of the sampler
     rollout_games: int  # games per rollout call (or decode slots), and evaluation's chunk: games_per_batch
@@ -171,19 +172,24 @@ class Workload:
         return min(games, self.rollout_games) if self.rollout_games > 0 else games
 
 
-def workload(c) -> Workload:
-    """Worst-case sizes of config `c`. The training row is the longest prompt plus the longest
-    response, laid out by `pack` itself, so its buckets are the trainer's whatever they are."""
+def longest_row(c):
+    """The packed `Batch` of one training row of config `c` at its worst case: the longest prompt plus
+    the longest response, laid out by `pack` itself, so its buckets and dtypes are the trainer's."""
     from spiral_jax.rl.samples import TurnSample, pack
 
+    r = c.rollout
+    return pack([TurnSample([0] * r.max_prompt_len, [0] * r.max_new_tokens, [0.0] * r.max_new_tokens, "plan", 0, 0)])
+
+
+def workload(c) -> Workload:
+    """Worst-case sizes of config `c` (see `longest_row`)."""
     r, e = c.rollout, c.eval
-    longest = TurnSample([0] * r.max_prompt_len, [0] * r.max_new_tokens, [0.0] * r.max_new_tokens, "plan", 0, 0)
-    row = pack([longest])
+    row = longest_row(c)
     train_len, response_len = row.tokens.shape[1], row.response_slots.shape[1]
     samples = r.samples_per_step
     return Workload(
         samples=samples, micro_batch=c.optim.micro_batch_size or samples,
-        train_len=train_len, response_len=response_len,
+        train_len=train_len, response_len=response_len, row_bytes=sum(x.nbytes for x in row),
         chunk=min(c.optim.logprob_chunk, response_len), prompt_len=bucket_length(r.max_prompt_len),
         rollout_games=min(r.games_per_batch, r.max_in_flight or r.games_per_batch), rollout_new=r.max_new_tokens, eval_games=e.games,
         final_games=e.final_games, eval_new=e.max_new_tokens,
@@ -274,10 +280,8 @@ def _train_shapes(cfg: ModelConfig, w: Workload, mesh: MeshShape, fused_attentio
 
 
 def _batch_bytes(w: Workload, mesh: MeshShape) -> int:
-    """The packed batch on the device: `Batch`'s fields per slot (int32 tokens, positions, targets;
-    a bool mask; four fp32 log-prob and mask rows), the advantages and the response slots."""
-    rows = -(-w.samples // mesh.batch_shards)
-    return rows * (w.train_len * (3 * 4 + 1 + 4 * 4) + 4 + w.response_len * 4)
+    """The packed batch on one device: its share of the rows, each `Workload.row_bytes`."""
+    return -(-w.samples // mesh.batch_shards) * w.row_bytes
 
 
 def _activations(cfg: ModelConfig, w: Workload, mesh: MeshShape, fused_attention: bool = False,
