@@ -15,6 +15,11 @@ A slot remembers the tokens in its cache. When the next prompt put in the same s
 of them (a game's next turn: the chat template's head and the game's rules), only the rest is
 prefilled; the reused keys and values are those a full prefill would compute, at the same positions.
 
+Each slot keeps its own temperature, top-k, top-p and new-token limit (a request's `sampling`, by
+default the engine's), so prompts with different settings decode side by side; the engine's sampling
+mode (greedy, plain, tempered, truncated) and stop ids are shared by all of them. The host can
+`cancel` a live row, and `peek` at the tokens every live row has so far.
+
 Every shape is static (the batch of inserted prompts and their length are bucketed), so after warm-up
 nothing recompiles. A turn's randomness is `fold_in(fold_in(key(seed), row_id), step)`, the sampler's
 scheme, with the seed and row id given per prompt: tokens do not depend on which slot a prompt lands
@@ -49,6 +54,10 @@ class EngineState(NamedTuple):
     tokens: jax.Array  # [slots, budget] int32 generated ids
     logprobs: jax.Array  # [slots, budget] float32 behaviour log-probs
     raw_logprobs: jax.Array  # [slots, budget] float32 temperature-1 log-probs
+    temperature: jax.Array  # [slots] float32: each row's sampling settings
+    top_k: jax.Array  # [slots] int32
+    top_p: jax.Array  # [slots] float32
+    max_new: jax.Array  # [slots] int32: the row stops after this many new tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +69,7 @@ class Request:
     row_id: int
     slot: int | None = None  # this slot (e.g. the one holding the same game's last turn), else any free
     tag: object = dataclasses.field(default=None, compare=False)  # the caller's, handed back with the result
+    sampling: SamplingParams | None = None  # this row's settings (same mode and stop ids); None: the engine's
 
 
 @dataclasses.dataclass
@@ -71,7 +81,7 @@ class Finished:
     tokens: list[int]
     logprobs: np.ndarray
     raw_logprobs: np.ndarray
-    finish_reason: str  # "stop" or "length"
+    finish_reason: str  # "stop", "length", or "cancelled" (by `cancel`)
 
 
 class DecodeEngine:
@@ -110,11 +120,13 @@ class DecodeEngine:
                 f"max_prompt_len={sampler.max_prompt_len} plus the {self.budget}-token budget is "
                 f"{self.cache_len} cache slots > max_cache_len={sampler.max_cache_len}; lower "
                 f"max_new_tokens or max_prompt_len, or raise max_cache_len")
-        self._programs = _programs(self.cfg, self.rules, sampling, slots, self.cache_len, self.budget)
+        self._programs = _programs(self.cfg, self.rules, sampling.mode, tuple(sampling.stop_array()), slots,
+                                   self.cache_len, self.budget)
         self.state = None
         self.cached: list[list[int]] = [[] for _ in range(slots)]  # the tokens each slot's cache holds
         self.busy: list[Request | None] = [None] * slots
         self.lengths = [0] * slots  # tokens in each slot's cache (as of the last call)
+        self.cancelled: set[int] = set()  # live slots `cancel` stopped, reported by the next decode
         # Running totals: tokens generated (in all, and by decode steps rather than a prefill), decode
         # slot-steps (slots x steps: the utilization is decoded / slot-steps), prompt tokens prefilled
         # and prompt tokens reused from the cache.
@@ -135,6 +147,32 @@ class DecodeEngine:
             raise RuntimeError("forget() with prompts still decoding; collect them first")
         self.state = None
         self.cached = [[] for _ in range(self.slots)]
+
+    def _settings(self, r: Request) -> SamplingParams:
+        sp = r.sampling or self.sampling
+        if sp.mode != self.sampling.mode or sp.stop_token_ids != self.sampling.stop_token_ids:
+            raise ValueError(f"a request's sampling must have the engine's mode ({self.sampling.mode}) and stop ids; "
+                             f"got mode {sp.mode}: use one engine per mode")
+        if sp.max_new_tokens > self.sampling.max_new_tokens:
+            raise ValueError(f"a request asks for {sp.max_new_tokens} new tokens; this engine allows at most "
+                             f"{self.sampling.max_new_tokens}")
+        return sp
+
+    def cancel(self, slots: Sequence[int]) -> None:
+        """Stop these live rows now: the next `decode` returns them, finish reason "cancelled", with the
+        tokens they have so far, and frees their slots."""
+        slots = [s for s in slots if self.busy[s] is not None and s not in self.cancelled]
+        if slots:
+            self.state = self.state._replace(done=self.state.done.at[np.asarray(slots)].set(True))
+            self.cancelled.update(slots)
+
+    def peek(self) -> dict[int, list[int]]:
+        """The tokens each live slot has generated so far, by slot (for streaming)."""
+        live = [s for s, r in enumerate(self.busy) if r is not None]
+        if not live:
+            return {}
+        tokens, step = jax.device_get((self.state.tokens, self.state.step))
+        return {s: tokens[s, :int(step[s])].tolist() for s in live}
 
     def free_slots(self) -> list[int]:
         return [i for i, r in enumerate(self.busy) if r is None]
@@ -166,6 +204,7 @@ class DecodeEngine:
             else:
                 raise ValueError(f"{len(requests)} requests for {len(free)} free slots")
         self.sampler.check_prompts([r.prompt for r in requests])
+        settings = [self._settings(r) for r in requests]
         starts, blocks = [], []
         for r, slot in zip(requests, chosen):
             prompt = list(r.prompt)
@@ -181,15 +220,19 @@ class DecodeEngine:
         block = np.zeros((k, t), np.int32)
         lens, start_arr, slot_ids = np.zeros(k, np.int32), np.zeros(k, np.int32), np.zeros(k, np.int32)
         seeds, row_ids = np.zeros(k, np.uint32), np.zeros(k, np.uint32)
+        temperature, top_p = np.zeros(k, np.float32), np.zeros(k, np.float32)
+        top_k, max_new = np.zeros(k, np.int32), np.zeros(k, np.int32)
         for i in range(k):  # padding rows repeat the first request: they compute and write the same
             j = i if i < len(requests) else 0
             block[i, :len(blocks[j])], lens[i], start_arr[i], slot_ids[i] = blocks[j], len(blocks[j]), starts[j], chosen[j]
             seeds[i], row_ids[i] = requests[j].seed % (1 << 31), requests[j].row_id % (1 << 32)
+            sp = settings[j]
+            temperature[i], top_k[i], top_p[i], max_new[i] = sp.temperature, sp.top_k, sp.top_p, sp.max_new_tokens
         if self.rules is not None:
             params = jax.device_put(params, self.sampler.params_sharding)
         window = self._window(int(start_arr.max()) + t)
         self.state = self._programs.insert(params, self.state, slot_ids, block, lens, start_arr, seeds, row_ids,
-                                           np.int32(self.sampling.max_new_tokens), window=window)
+                                           (temperature, top_k, top_p, max_new), window=window)
 
     def decode(self, params) -> list[Finished]:
         """Run decode steps until some rows finish; return them (their slots are free again)."""
@@ -202,9 +245,8 @@ class DecodeEngine:
         # The next token goes to slot `longest`; leave room for a few steps before the window is full.
         window = self._window(longest + self.min_steps)
         max_steps = min(self.max_steps, window - longest)
-        self.state, steps = self._programs.decode(params, self.state, np.int32(self.sampling.max_new_tokens),
-                                                 np.int32(min(self.min_finished, live)), np.int32(max_steps),
-                                                 window=window)
+        self.state, steps = self._programs.decode(params, self.state, np.int32(min(self.min_finished, live)),
+                                                 np.int32(max_steps), window=window)
         self.slot_steps += int(steps) * self.slots
         done, step, lengths = jax.device_get((self.state.done, self.state.step, self.state.length))
         self.lengths = lengths.tolist()
@@ -218,7 +260,9 @@ class DecodeEngine:
             n = int(step[s])
             ids = tokens[s, :n].tolist()
             stopped = n > 0 and ids[-1] in self.sampling.stop_token_ids
-            out.append(Finished(self.busy[s], s, ids, lp[s, :n], raw[s, :n], "stop" if stopped else "length"))
+            reason = "cancelled" if s in self.cancelled else "stop" if stopped else "length"
+            out.append(Finished(self.busy[s], s, ids, lp[s, :n], raw[s, :n], reason))
+            self.cancelled.discard(s)
             self.cached[s] = self.cached[s] + ids[:-1]  # the last token was sampled, never fed
             self.busy[s] = None
             self.generated_tokens += n
@@ -242,13 +286,12 @@ class _Programs(NamedTuple):
 
 
 @functools.lru_cache(maxsize=None)
-def _programs(cfg, rules, sampling: SamplingParams, slots: int, cache_len: int, budget: int) -> _Programs:
-    """The engine's compiled programs, shared by every engine of the same shapes (engines come and go
-    with rollouts; their programs must not recompile)."""
-    sp = sampling
-    pick = functools.partial(sample_token, temperature=np.float32(sp.temperature), top_k=np.int32(sp.top_k),
-                             top_p=np.float32(sp.top_p), mode=sp.mode)
-    stop_ids = sp.stop_array()
+def _programs(cfg, rules, mode: str, stop_ids: tuple[int, ...], slots: int, cache_len: int, budget: int) -> _Programs:
+    """The engine's compiled programs, shared by every engine of the same shapes and sampling mode
+    (engines come and go with rollouts; their programs must not recompile)."""
+    stop_ids = np.asarray(stop_ids, np.int32)
+
+    pick = functools.partial(sample_token, mode=mode)
 
     def is_stop(token):
         return jnp.any(token[:, None] == jnp.asarray(stop_ids)[None, :], axis=-1)
@@ -262,15 +305,17 @@ def _programs(cfg, rules, sampling: SamplingParams, slots: int, cache_len: int, 
     def empty() -> EngineState:
         cache = KVCache(*(sharded(c, transformer.CACHE_AXES) for c in KVCache.zeros(cfg, slots, cache_len)))
         zeros = lambda dtype: sharded(jnp.zeros((slots, budget), dtype), ("batch", None))  # noqa: E731
-        ints = jnp.zeros((slots,), jnp.int32)
+        ints, floats = jnp.zeros((slots,), jnp.int32), jnp.ones((slots,), jnp.float32)
         return EngineState(cache, ints, ints, ints, jnp.ones((slots,), bool),
                            jax.random.split(jax.random.key(0), slots), zeros(jnp.int32), zeros(jnp.float32),
-                           zeros(jnp.float32))
+                           zeros(jnp.float32), floats, ints, floats, ints)
 
-    def insert(params, state: EngineState, slot_ids, block, lens, starts, seeds, row_ids, max_new, window):
+    def insert(params, state: EngineState, slot_ids, block, lens, starts, seeds, row_ids, settings, window):
         """Prefill `block` [k, T] (each row's new tokens, right-padded) after each slot's first `starts`
         cached tokens, attending over the first `window` cache slots; sample each first token and make
-        the slots live. Rows past the requests repeat the first one (same slot, same values)."""
+        the slots live. settings: each row's (temperature, top_k, top_p, max_new). Rows past the
+        requests repeat the first one (same slot, same values)."""
+        temperature, top_k, top_p, max_new = settings
         k, t = block.shape
         # The rows' caches, with t slots of slack at the end: every row's block then fits (prefill writes
         # must lie inside the cache) wherever it starts.
@@ -282,7 +327,8 @@ def _programs(cfg, rules, sampling: SamplingParams, slots: int, cache_len: int, 
         hidden, cache = decoder(params, cfg, block, positions, mask, cache, starts, rules, kv_len=window)
         last = hidden[jnp.arange(k), lens - 1]
         keys = jax.vmap(lambda s, r: jax.random.fold_in(jax.random.key(s), r))(seeds, row_ids)
-        token, lp, raw = pick(logits(params, last), jax.vmap(jax.random.fold_in, (0, None))(keys, 0))
+        token, lp, raw = pick(logits(params, last), jax.vmap(jax.random.fold_in, (0, None))(keys, 0), temperature,
+                              top_k, top_p)
         put = lambda x, new: x.at[slot_ids].set(new)  # noqa: E731
         first = lambda new: jnp.zeros((k, budget), new.dtype).at[:, 0].set(new)  # noqa: E731
 
@@ -295,9 +341,11 @@ def _programs(cfg, rules, sampling: SamplingParams, slots: int, cache_len: int, 
             jax.lax.fori_loop(0, k, write_back, state.cache),
             put(state.length, ends), put(state.last, token), put(state.step, jnp.ones_like(token)),
             put(state.done, is_stop(token) | (max_new <= 1)), put(state.keys, keys),
-            put(state.tokens, first(token)), put(state.logprobs, first(lp)), put(state.raw_logprobs, first(raw)))
+            put(state.tokens, first(token)), put(state.logprobs, first(lp)), put(state.raw_logprobs, first(raw)),
+            put(state.temperature, temperature), put(state.top_k, top_k), put(state.top_p, top_p),
+            put(state.max_new, max_new))
 
-    def decode(params, state: EngineState, max_new, min_finished, max_steps, window):
+    def decode(params, state: EngineState, min_finished, max_steps, window):
         """Decode steps until `min_finished` rows have finished, none is live, or `max_steps` ran,
         attending over the first `window` cache slots. Returns the state and the number of steps run."""
         rows = jnp.arange(slots)
@@ -312,14 +360,15 @@ def _programs(cfg, rules, sampling: SamplingParams, slots: int, cache_len: int, 
             mask = jnp.arange(cache_len)[None, :] <= st.length[:, None]
             hidden, cache = decoder(params, cfg, st.last[:, None], st.length[:, None], mask, st.cache,
                                     st.length, rules, kv_len=window)
-            token, lp, raw = pick(logits(params, hidden[:, 0]), jax.vmap(jax.random.fold_in)(st.keys, st.step))
+            token, lp, raw = pick(logits(params, hidden[:, 0]), jax.vmap(jax.random.fold_in)(st.keys, st.step),
+                                  st.temperature, st.top_k, st.top_p)
             col = jnp.where(live, st.step, budget)  # finished rows write nowhere
             step = st.step + live
-            stopped = live & (is_stop(token) | (step >= max_new))
-            st = EngineState(cache, st.length + live, jnp.where(live, token, st.last), step, st.done | stopped,
-                             st.keys, st.tokens.at[rows, col].set(token, mode="drop"),
-                             st.logprobs.at[rows, col].set(lp, mode="drop"),
-                             st.raw_logprobs.at[rows, col].set(raw, mode="drop"))
+            stopped = live & (is_stop(token) | (step >= st.max_new))
+            st = st._replace(cache=cache, length=st.length + live, last=jnp.where(live, token, st.last), step=step,
+                             done=st.done | stopped, tokens=st.tokens.at[rows, col].set(token, mode="drop"),
+                             logprobs=st.logprobs.at[rows, col].set(lp, mode="drop"),
+                             raw_logprobs=st.raw_logprobs.at[rows, col].set(raw, mode="drop"))
             return i + 1, st, finished + jnp.sum(stopped)
 
         steps, state, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), state, jnp.int32(0)))

@@ -121,6 +121,8 @@ def truncate(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array, ax: int) -> 
 def sample_token(logits, keys, temperature, top_k, top_p, *, mode: str, vocab_major: bool | None = None):
     """Pick one token per row of logits [B, V]. Returns (token [B], behaviour log-prob [B], raw log-prob [B]).
 
+    temperature, top_k and top_p are scalars, or [B] arrays with one setting per row.
+
     mode (static, one of MODES; `SamplingParams.mode` picks it): "greedy" takes the argmax; "plain"
     samples the raw distribution and promises temperature 1 and no truncation (the caller checks), which
     saves a pass over the vocabulary; "tempered" divides by the temperature; "truncated" also applies
@@ -135,6 +137,9 @@ def sample_token(logits, keys, temperature, top_k, top_p, *, mode: str, vocab_ma
         vocab_major = cpu.layouts() and logits.shape[0] >= _VOCAB_MAJOR_ROWS
     ax = 0 if vocab_major else 1
     logits = logits.T if vocab_major else logits
+    # Per-row settings [B] broadcast against the logits with the vocabulary axis kept at size 1.
+    temperature, top_k, top_p = (x if jnp.ndim(x) == 0 else jnp.expand_dims(x, ax)
+                                 for x in (temperature, top_k, top_p))
     pick = lambda x: jnp.take_along_axis(x, token, axis=ax).reshape(-1)  # noqa: E731
     if mode == "greedy":
         token = argmax(logits, ax)

@@ -65,6 +65,51 @@ def test_engine_samples_what_generate_samples(params, slots, min_finished, min_s
     assert 0 < engine.decoded_tokens <= engine.slot_steps
 
 
+def test_rows_with_their_own_settings_sample_what_generate_samples(params):
+    """Requests with other temperatures, top-p and new-token limits share the engine's slots; each row
+    samples what `generate` gives with that row's settings."""
+    prompts = _prompts(6, seed=3)
+    sampler = Sampler(CFG, max_prompt_len=64, max_cache_len=128)
+    settings = [SamplingParams(max_new_tokens=n, temperature=t, top_p=p, stop_token_ids=SP.stop_token_ids)
+                for n, t, p in [(64, 0.9, 0.95), (5, 0.5, 0.8), (64, 1.5, 0.97), (12, 0.9, 0.5), (1, 1.0, 0.9),
+                                (30, 0.7, 0.99)]]
+    engine = DecodeEngine(sampler, SP, 8)
+    got = _run(engine, params, [Request(p, 4, i, sampling=sp) for i, (p, sp) in enumerate(zip(prompts, settings))])
+    for i, (p, sp) in enumerate(zip(prompts, settings)):
+        _assert_same(got, sampler.generate(params, [p], sp, seed=4, row_ids=[i]), [i])
+    assert len(got[1].tokens) <= 5 and len(got[4].tokens) == 1
+    with pytest.raises(ValueError, match="engine's mode"):
+        engine.insert(params, [Request(prompts[0], 0, 0, sampling=SamplingParams(greedy=True))])
+    with pytest.raises(ValueError, match="at most 64"):
+        engine.insert(params, [Request(prompts[0], 0, 0, sampling=SamplingParams(
+            max_new_tokens=65, temperature=0.9, top_p=0.9, stop_token_ids=SP.stop_token_ids))])
+
+
+def test_peek_and_cancel(params):
+    """peek shows every live row's tokens so far (a prefix of its whole answer); a cancelled row comes
+    back from the next decode with what it had, and its slot takes the next prompt."""
+    prompts = _prompts(4, seed=5)
+    sampler = Sampler(CFG, max_prompt_len=64, max_cache_len=128)
+    sp = SamplingParams(max_new_tokens=64, temperature=0.9, top_p=0.95)  # no stop ids: every row runs to 64
+    ref = sampler.generate(params, prompts, sp, seed=2)
+    engine = DecodeEngine(sampler, sp, 4, max_steps=8)
+    engine.insert(params, [Request(p, 2, i) for i, p in enumerate(prompts)])
+    assert engine.decode(params) == []
+    seen = engine.peek()
+    assert sorted(seen) == [0, 1, 2, 3]
+    for slot, tokens in seen.items():
+        row = engine.busy[slot].row_id
+        assert 1 < len(tokens) < 64 and ref.tokens[row][:len(tokens)] == tokens
+    engine.cancel([0, 2])
+    done = engine.decode(params)
+    assert sorted(f.slot for f in done) == [0, 2] and {f.finish_reason for f in done} == {"cancelled"}
+    for f in done:
+        assert f.tokens == ref.tokens[f.request.row_id][:len(f.tokens)]
+    assert engine.free_slots() == [0, 2]
+    rest = _run(engine, params, [Request(prompts[0], 2, 0)])
+    assert rest[0].tokens == ref.tokens[0] and rest[0].finish_reason == "length"
+
+
 def test_a_slot_reuses_the_shared_prefix_exactly(params):
     """The second prompt in a slot starts with the first prompt (and part of its response): only the rest
     is prefilled, and the tokens and log-probs equal a full prefill's."""
