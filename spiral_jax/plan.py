@@ -81,8 +81,15 @@ HARDWARE = {h.name: h for h in (
     Hardware("8xH100", 8, 80 * GB, usable=0.75,
              source="8x NVIDIA H100 80 GB; planned at 75%, JAX's default GPU preallocation "
                     "(XLA_PYTHON_CLIENT_MEM_FRACTION raises it)", platform="gpu"),
+    *(Hardware(f"1x{name}", 1, gb * GB, usable=0.75,
+               source=f"one {card} with {gb} GB; planned at 75%, JAX's default GPU preallocation "
+                      f"(XLA_PYTHON_CLIENT_MEM_FRACTION raises it)", platform="gpu")
+      for name, gb, card in (("H200", 141, "NVIDIA H200"), ("H100", 80, "NVIDIA H100 or A100"),
+                             ("L40S", 48, "NVIDIA L40S or RTX A6000"), ("4090", 24, "NVIDIA RTX 4090"))),
 )}
-ALIASES = {"h100x8": "8xH100", "8xh100": "8xH100", "h100-8": "8xH100"}
+ALIASES = {"h100x8": "8xH100", "8xh100": "8xH100", "h100-8": "8xH100", "h200": "1xH200", "h100": "1xH100",
+           "a100": "1xH100", "1xa100": "1xH100", "l40s": "1xL40S", "a6000": "1xL40S", "1xa6000": "1xL40S",
+           "4090": "1x4090", "rtx4090": "1x4090"}
 
 
 def hardware(name: str) -> Hardware:

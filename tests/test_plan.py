@@ -23,7 +23,8 @@ from spiral_jax.sharding import MeshError, Rules, make_mesh
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PRESETS = {"kuhn_qwen3_4b_v4_8.py": "v4-8", "kuhn_qwen3_4b_v5e_8.py": "v5e-8", "kuhn_qwen3_4b_v5p_8.py": "v5p-8",
            "kuhn_qwen3_4b_v6e_8.py": "v6e-8", "kuhn_qwen3_4b_8xh100.py": "8xH100",
-           "mesh_tpu_v4_8.py": "v4-8", "mesh_gpu_8x.py": "8xH100"}
+           "mesh_tpu_v4_8.py": "v4-8", "mesh_gpu_8x.py": "8xH100", "kuhn_qwen3_4b_1xh200.py": "1xH200",
+           "kuhn_qwen3_1p7b_1xh100.py": "1xH100", "kuhn_qwen3_0p6b_1x4090.py": "1x4090"}
 TOLERANCE = 0.2
 PROMPT = NEW = 128  # training rows of 256 slots, a 256-slot KV cache
 GAMES, MICRO = 16, 8
@@ -235,9 +236,10 @@ def test_cli_plan_unknown_hardware_lists_the_known_ones(capsys):
 
 def test_hardware_presets_and_aliases():
     assert P.hardware("V5LITEPOD-8") == P.hardware("v5e-8")
-    # TPU chips: the HBM the compiler makes available (v4: 30.75 of 32 GiB); the H100 as sold (80 GB).
+    # TPU chips: the HBM the compiler makes available (v4: 30.75 of 32 GiB); GPUs as sold (H100: 80 GB).
     assert [(h.devices, round(h.memory / P.GiB, 2)) for h in P.HARDWARE.values()] == [
-        (4, 30.75), (8, 15.75), (4, 95.74), (8, 31.25), (8, 74.51)]
+        (4, 30.75), (8, 15.75), (4, 95.74), (8, 31.25), (8, 74.51), (1, 131.32), (1, 74.51), (1, 44.7), (1, 22.35)]
+    assert P.hardware("H200") == P.hardware("1xh200") and P.hardware("a100") == P.hardware("1xH100")
     assert P.hardware("v5p-16").devices == 8 and P.hardware("v5litepod-16").memory == P.hardware("v5e-8").memory
 
 
