@@ -4,7 +4,7 @@
 Mesh: tensor 8 (data 1, fsdp 1). Qwen3-4B split 8 ways over `tensor`, not over fsdp: the train and
 sample layouts agree, so the sampler reads the train state (no second copy of the weights). The
 tightest preset: if it runs out of memory, --config.rollout.max_prompt_len=1024
---config.rollout.max_new_tokens=3072 shortens rows. Micro-batch 1 row of 6144 slots (2048 prompt +
+--config.rollout.max_new_tokens=3072 shortens rows. Micro-batch 2 rows of 6144 slots (2048 prompt +
 4096 new tokens); rollout and evaluation play 8 games per sampler call (rollout.games_per_batch), so
 more evaluation games cost time, not memory. `spiral-jax plan` prints the memory per chip
 (docs/memory.md has the table).
@@ -18,6 +18,6 @@ from spiral_jax.config import config_from_file
 def get_config():
     c = config_from_file("spiral_kuhn_qwen3_4b.py", relative_to=__file__)
     c.mesh.update(data=1, fsdp=1, tensor=8)
-    c.optim.micro_batch_size = 1
+    c.optim.micro_batch_size = 2
     c.rollout.games_per_batch = 8
     return c

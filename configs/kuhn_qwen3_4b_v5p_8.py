@@ -3,7 +3,7 @@ JAX sees 4 devices).
 
 Mesh: tensor 4 (data 1, fsdp 1). Qwen3-4B split 4 ways over `tensor`, not over fsdp: the train and
 sample layouts agree, so the sampler reads the train state (no second copy of the weights). Micro-
-batch 8 rows of 6144 slots (2048 prompt + 4096 new tokens); rollout and evaluation play 32 games per
+batch 32 rows of 6144 slots (2048 prompt + 4096 new tokens); rollout and evaluation play 32 games per
 sampler call (rollout.games_per_batch), so more evaluation games cost time, not memory. `spiral-jax
 plan` prints the memory per chip (docs/memory.md has the table).
 
@@ -16,6 +16,6 @@ from spiral_jax.config import config_from_file
 def get_config():
     c = config_from_file("spiral_kuhn_qwen3_4b.py", relative_to=__file__)
     c.mesh.update(data=1, fsdp=1, tensor=4)
-    c.optim.micro_batch_size = 8
+    c.optim.micro_batch_size = 32
     c.rollout.games_per_batch = 32
     return c
