@@ -99,7 +99,9 @@ def draw_seats(rng: np.random.Generator, n: int, mode: str, opponent: str, pool_
 
 class Trainer:
     def __init__(self, c: ConfigDict, resume: bool = False, log=print, bootstrap: bool = True,
-                 config_file: str = ""):
+                 config_file: str = "", tokenizer=None):
+        """tokenizer: one to use instead of the config's (`build_tokenizer`), e.g. a stand-in that
+        lets a benchmark play at a real model's size with random weights and no download."""
         if c.rollout.mode not in MODES:
             raise ValueError(f"rollout.mode={c.rollout.mode!r}; use one of {', '.join(MODES)}")
         if len(c.games.weights) != len(c.games.env_ids):
@@ -125,7 +127,7 @@ class Trainer:
         self.mesh = make_mesh(**c.mesh)
         self.sample_mesh = host_local_mesh(self.mesh)
         self.cfg, params = build_model(c, self.mesh)
-        self.tokenizer = build_tokenizer(c, self.cfg)
+        self.tokenizer = tokenizer or build_tokenizer(c, self.cfg)
         self.tc = train_config(c.optim)
         shards = batch_shards(self.mesh)
         micro = self.tc.micro_batch_size or shards

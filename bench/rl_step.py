@@ -1,0 +1,479 @@
+"""One whole RL step of the paper's Kuhn recipe at a real model's size: where the time goes.
+
+The step is the trainer's own (`Trainer.train_step`: hand-over, rollout of self-play Kuhn games, RAE,
+selection of exactly `samples_per_step` samples, packing, PPO's old log-probs and its epochs), run
+on random weights of a Qwen3 shape with nothing downloaded. The recipe is configs/
+spiral_kuhn_qwen3_4b.py (or any --config): 128 samples, up to 4096 new tokens, 2 PPO epochs, bf16
+compute (float32 on CPU), remat. Flags cap the sizes so that a run fits a time budget.
+
+Random weights never stop, and a stand-in plays the tokenizer's part:
+- stopping: the sampler's logit of the stop token is set, at every step and whatever the weights, so
+  that the token is drawn with probability 1/mean (`--mean_tokens`, by default a quarter of the cap:
+  1024 for 4096 new tokens). Response lengths are then geometric, cut at the cap: mean 1005 tokens,
+  median 710, 1.8% of responses run to the cap of 4096 (invalid moves, as truncated responses are),
+  so most sampler calls of 32-64 moves wait for one at the cap. Every run samples the same lengths
+  (the sampler's randomness is seeded), and both rollout schedules the same tokens. Training scores
+  the responses with the unbiased weights, as it would a real policy's.
+- text: a prompt is one token per 4 characters of the templated observation (about what Qwen's
+  tokenizer gives for English), hashed into the vocabulary, so a game's turns share their prompt's
+  head; a response reads as one of the game's move names, picked by its tokens, so about half the
+  moves are illegal and end their game, as an untrained base model's often do.
+
+It prints the step's breakdown (prefill, decode, host and games, old log-probs, train), the tokens
+generated per second, the decode step against the HBM floor (the weights in the compute dtype plus
+the keys and values of every row's prompt bucket and tokens so far, read once per step, over the
+memory bandwidth) at batch 1 and at the rollout's batch, the train step's MFU (model FLOPs: 6 x
+(non-embedding parameters x tokens + unembedding x response tokens) plus causal attention, per
+epoch, over the device's peak), and the peak memory against `spiral-jax plan`'s estimate. The first
+step compiles; the figures are the last step's (`--steps`, default 2). Bandwidth and peak FLOP/s
+come from a table of data sheets by device kind, else from flags, else (CPU) measured here.
+
+    python bench/rl_step.py --shape tiny                      # CPU, seconds
+    python bench/rl_step.py --shape 4b                        # the paper's sizes, on a GPU
+    python bench/rl_step.py --shape 1.7b --max_new_tokens 1024 --schedule continuous --max_in_flight 32
+    python bench/rl_step.py --config configs/kuhn_qwen3_4b_1xh200.py --shape config
+"""
+import argparse
+import contextlib
+import math
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spiral_jax import plan as planner
+from spiral_jax.config import config_from_file
+from spiral_jax.envs import make
+from spiral_jax.models import ModelConfig
+from spiral_jax.models import transformer
+from spiral_jax.models.shapes import QWEN3
+from spiral_jax.rl.trainer import Trainer
+from spiral_jax.rl.train_step import make_compute_logprobs, make_train_step
+from spiral_jax.sampling import SamplingParams
+from spiral_jax.sampling import engine as engine_module
+from spiral_jax.sampling import sampler as sampler_module
+from spiral_jax.templates import Template
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = dict(model_type="qwen3", vocab_size=4096, hidden_size=128, intermediate_size=384, num_layers=2,
+            num_heads=4, num_kv_heads=2, head_dim=32, tie_word_embeddings=True, max_position_embeddings=8192,
+            rope_theta=1000000.0)
+SHAPES = {"tiny": TINY, **QWEN3}
+# Sizes of a tiny run (CPU, seconds); real shapes keep the recipe's unless a flag says otherwise.
+TINY_SIZES = dict(samples=16, max_new_tokens=128, games=8, micro_batch=8)
+# Device kind (a substring of jax's device_kind) -> (memory bandwidth TB/s, dense bf16 TFLOP/s), data sheets.
+DEVICES = {"H200": (4.8, 989.0), "H100": (3.35, 989.0), "A100": (2.0, 312.0), "L40S": (0.864, 362.0),
+           "A6000": (0.768, 155.0), "4090": (1.008, 165.0)}
+BATCH1_STEPS = 128  # decode steps of the batch-1 measurement
+
+
+# ------------------------------------------------------------------------ the stand-in policy
+
+
+class StandInTokenizer:
+    """What the rollout needs of a tokenizer, for random weights (see the module docstring)."""
+
+    def __init__(self, vocab_size: int, moves: list[str]):
+        self.stop_id = vocab_size - 1
+        self.stop_ids = frozenset({self.stop_id})
+        self.template, self.moves = Template(), moves
+
+    def prompt_ids(self, observation: str) -> list[int]:
+        text = self.template.render(observation)
+        return [zlib.crc32(text[i:i + 4].encode()) % self.stop_id for i in range(0, len(text), 4)]
+
+    def decode(self, ids) -> str:
+        return "\\boxed{%s}" % self.moves[sum(ids) % len(self.moves)]
+
+
+def game_moves(env_ids, games: int = 20) -> list[str]:
+    """Every move name the games offer, from random playouts ("[bet]" -> "bet")."""
+    rng, moves = np.random.default_rng(0), set()
+    for env_id in env_ids:
+        for seed in range(games):
+            env = make(env_id)
+            env.reset(seed)
+            while not env.done:
+                legal = env.legal_actions()
+                moves.update(legal)
+                env.step(legal[rng.integers(len(legal))])
+    return sorted(m.strip("[]") for m in moves)
+
+
+@contextlib.contextmanager
+def stop_probability(stop_id: int, mean_tokens: float):
+    """Inside: the sampler's and decode engine's logits put probability 1/mean_tokens on `stop_id` at
+    every step (at temperature 1 without truncation, the rollout's sampling), whatever the weights.
+    Programs traced inside keep it (a Sampler's, and the engine's shared ones): use them only inside."""
+    bias = -math.log(mean_tokens - 1)  # p / (1 - p) for p = 1 / mean_tokens
+    plain = transformer.unembed
+
+    def unembed(params, cfg, hidden, *args, **kwargs):
+        logits = plain(params, cfg, hidden, *args, **kwargs)
+        rest = jax.nn.logsumexp(logits.at[..., stop_id].set(-jnp.inf), axis=-1)
+        return logits.at[..., stop_id].set(rest + bias)
+
+    sampler_module.unembed = engine_module.unembed = unembed
+    try:
+        yield
+    finally:
+        sampler_module.unembed = engine_module.unembed = plain
+
+
+def geometric_lengths(mean_tokens: float, cap: int) -> tuple[float, float]:
+    """(mean length, share at the cap) of responses that stop with probability 1/mean per token."""
+    keep = 1 - 1 / mean_tokens
+    return (1 - keep ** cap) * mean_tokens, keep ** (cap - 1)
+
+
+# --------------------------------------------------------------------------------- timers
+
+
+class CompileSeconds:
+    """Seconds XLA has spent compiling (or loading from the persistent cache) in this process. The
+    timers below leave them out: a phase's time is that of its compiled programs."""
+
+    def __init__(self):
+        self.total = 0.0
+        jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+    def _on_event(self, event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            self.total += duration
+
+
+COMPILES = CompileSeconds()
+
+
+def run_timed(fn, *args, **kwargs):
+    """(fn's result, its seconds less the compiling it did, the compiling's seconds)."""
+    start, compiled = time.perf_counter(), COMPILES.total
+    out = fn(*args, **kwargs)
+    compiled = COMPILES.total - compiled
+    return out, time.perf_counter() - start - compiled, compiled
+
+
+class SamplerCalls:
+    """Every `Sampler.generate` call of the rollout schedule "rounds": prompts, seconds, rows, steps."""
+
+    def __init__(self, s):
+        self.sampler, self.generate, self.calls = s, s.generate, []
+        s.generate = self._generate
+
+    def _generate(self, params, prompts, sp, seed=0, row_ids=None):
+        out, seconds, _ = run_timed(self.generate, params, prompts, sp, seed=seed, row_ids=row_ids)
+        self.calls.append(dict(prompts=prompts, sampling=sp, seconds=seconds,
+                               rows=out.batch_rows, steps=max(map(len, out.tokens)) - 1,
+                               prompt_bucket=self.sampler._buckets(prompts, sp)[0]))
+        return out
+
+
+def run_program(s, params, prompts, sp: SamplingParams, budget: int) -> float:
+    """Seconds of the program `s.generate(params, prompts, sp)` compiles, run for `budget` new tokens
+    (budget 1: the call's prefill and first token, with no recompile: the budget is an argument)."""
+    args, static = s._arguments(params, prompts, sp, 0, None)
+    args = (*args[:6], np.int32(budget), *args[7:])
+    start = time.perf_counter()
+    jax.block_until_ready(s._program(*args, **static))
+    return time.perf_counter() - start
+
+
+class EngineInserts:
+    """Seconds in `DecodeEngine.insert` (the prefills) of the rollout schedule "continuous"."""
+
+    def __init__(self, rollout):
+        self.seconds, self.make = 0.0, rollout._engine
+        rollout._engine = self._engine
+
+    def _engine(self, policy, games):
+        e = self.make(policy, games)
+        if not getattr(e, "timed", False):
+            insert = e.insert
+
+            def timed(params, requests):
+                def prefill():
+                    insert(params, requests)
+                    jax.block_until_ready(e.state)
+
+                self.seconds += run_timed(prefill)[1]
+
+            e.insert, e.timed = timed, True
+        return e
+
+
+class Probes:
+    """The timers on a trainer's rollout and update (see each class)."""
+
+    def __init__(self, trainer):
+        self.calls, self.inserts = SamplerCalls(trainer.sampler), EngineInserts(trainer.rollout)
+        self.played = Played(trainer)
+        self.update = trainer.update = TimedUpdate(trainer.cfg, trainer.tc, trainer.mesh)
+
+    def reset(self):
+        self.calls.calls, self.inserts.seconds = [], 0.0
+
+
+class Played:
+    """The games of each step's collection (`Trainer.collect`), and the seconds it spent compiling."""
+
+    def __init__(self, trainer):
+        self.collect, self.games, self.compiled = trainer.collect, [], 0.0
+        trainer.collect = self._collect
+
+    def _collect(self, params):
+        (samples, self.games), _, self.compiled = run_timed(self.collect, params)
+        return samples, self.games
+
+
+class TimedUpdate:
+    """`make_update` of the recipe (no KL term), its parts timed apart: PPO's old log-probs, then the
+    epochs; it also counts the batch's tokens per row for the FLOPs."""
+
+    def __init__(self, cfg, tc, mesh):
+        if tc.kl_coef:
+            raise ValueError("bench/rl_step.py times the recipe's update, which has no KL term; use a "
+                             "config with optim.kl_coef=0")
+        self.tc = tc
+        self.logprobs, self.train_step = make_compute_logprobs(cfg, tc, mesh), make_train_step(cfg, tc, mesh)
+        self.seconds = {}
+
+    def __call__(self, state, batch, ref_params=None):
+        tokens, response = jax.device_get((batch.input_mask.sum(1), batch.loss_mask.sum(1)))
+        self.rows = [(int(n), int(r)) for n, r in zip(tokens, response) if n]
+        self.seconds = {}
+        if not self.tc.on_policy:
+            old, self.seconds["old log-probs"], _ = run_timed(
+                lambda: jax.block_until_ready(self.logprobs(state.params, batch)))
+            batch = batch._replace(old_logprobs=old)
+
+        def epochs(state):
+            metrics = []
+            for _ in range(self.tc.epochs):
+                state, m = self.train_step(state, batch)
+                metrics.append(m)
+            return jax.block_until_ready((state, metrics))
+
+        (state, metrics), self.seconds["train"], _ = run_timed(epochs, state)
+        return state, metrics
+
+
+# ------------------------------------------------------------------------------- the device
+
+
+def measured_bandwidth() -> float:
+    """Bytes/s of a reduction over 256 MiB (best of 5)."""
+    x = jnp.ones(2**26, jnp.float32)
+    total = jax.jit(jnp.sum)
+    total(x).block_until_ready()
+    return x.nbytes / min(_seconds(lambda: total(x).block_until_ready()) for _ in range(5))
+
+
+def measured_flops(dtype) -> float:
+    """FLOP/s of a 2048-wide matmul in the compute dtype (best of 5)."""
+    a = jnp.ones((2048, 2048), dtype)
+    mm = jax.jit(jnp.matmul)
+    mm(a, a).block_until_ready()
+    return 2 * 2048**3 / min(_seconds(lambda: mm(a, a).block_until_ready()) for _ in range(5))
+
+
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def device_rates(args, dtype) -> tuple[float, float, str]:
+    """(bytes/s, FLOP/s, where they came from): the flags, else the data-sheet table, else measured."""
+    kind = jax.devices()[0].device_kind
+    sheet = None if jax.default_backend() == "cpu" else \
+        next((v for k, v in DEVICES.items() if k.lower() in kind.lower()), None)
+    if args.bandwidth_tbs and args.peak_tflops:
+        sheet, source = (args.bandwidth_tbs, args.peak_tflops), "flags"
+    elif sheet is None:
+        sheet, source = (measured_bandwidth() / 1e12, measured_flops(dtype) / 1e12), "measured here"
+    else:
+        source = f"{kind} data sheet"
+    if bool(args.bandwidth_tbs) != bool(args.peak_tflops):
+        source += ", and a flag"
+    bandwidth, flops = args.bandwidth_tbs or sheet[0], args.peak_tflops or sheet[1]
+    return bandwidth * 1e12, flops * 1e12, source
+
+
+# ------------------------------------------------------------------------------------ FLOPs
+
+
+def train_flops(cfg: ModelConfig, rows, passes: int) -> float:
+    """Model FLOPs of `passes` (3: forward + backward, 1: forward) over rows of (tokens, response tokens)."""
+    unembed = cfg.vocab_size * cfg.hidden_size
+    body = cfg.num_params - unembed * (1 if cfg.tie_word_embeddings else 2)
+    attention = 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim  # x n(n+1) per row, causal
+    return passes * sum(2 * body * n + 2 * unembed * r + attention * n * (n + 1) for n, r in rows)
+
+
+# ------------------------------------------------------------------------------------ the run
+
+
+def bench_config(args):
+    """The recipe with the bench's shape, dtype and sizes."""
+    c = config_from_file(str(args.config))
+    c.model.path = ""
+    if args.shape != "config":
+        c.model.random.update(**SHAPES[args.shape])
+    cpu = jax.default_backend() == "cpu"
+    c.model.compute_dtype = args.dtype or ("float32" if cpu else c.model.compute_dtype)
+    sizes = {**(TINY_SIZES if args.shape == "tiny" else {}),
+             **{k: v for k, v in vars(args).items() if k in TINY_SIZES and v}}
+    r = c.rollout
+    r.samples_per_step = sizes.get("samples", r.samples_per_step)
+    r.max_new_tokens = sizes.get("max_new_tokens", r.max_new_tokens)
+    r.games_per_batch = sizes.get("games", r.games_per_batch)
+    c.optim.micro_batch_size = sizes.get("micro_batch", c.optim.micro_batch_size)
+    if args.schedule:
+        r.schedule = args.schedule
+    if args.max_in_flight is not None:
+        r.max_in_flight = args.max_in_flight
+    c.eval.max_new_tokens = r.max_new_tokens  # the sampler is sized by the rollout alone (no evaluation here)
+    return c
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "spiral_kuhn_qwen3_4b.py")
+    parser.add_argument("--shape", choices=["config", *SHAPES], default="config",
+                        help="the model's shape (default: the config's model.random)")
+    parser.add_argument("--steps", type=int, default=2, help="steps to run; the last is measured")
+    parser.add_argument("--samples", type=int, help="rollout.samples_per_step")
+    parser.add_argument("--max_new_tokens", type=int, help="rollout.max_new_tokens (the cap)")
+    parser.add_argument("--mean_tokens", type=float, help="mean response length before the cap (default cap/4)")
+    parser.add_argument("--games", type=int, help="rollout.games_per_batch")
+    parser.add_argument("--micro_batch", type=int, help="optim.micro_batch_size")
+    parser.add_argument("--schedule", choices=["rounds", "continuous"], help="rollout.schedule")
+    parser.add_argument("--max_in_flight", type=int, help="rollout.max_in_flight")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: the "
+                        "config's, float32 on CPU)")
+    parser.add_argument("--bandwidth_tbs", type=float, help="memory bandwidth, TB/s")
+    parser.add_argument("--peak_tflops", type=float, help="peak dense FLOP/s in the compute dtype, TFLOP/s")
+    parser.add_argument("--hardware", help="the planner's hardware (default: this machine's devices)")
+    args = parser.parse_args()
+    if args.steps < 1:
+        parser.error("--steps must be >= 1")
+
+    c = bench_config(args)
+    r = c.rollout
+    mean_tokens = args.mean_tokens or r.max_new_tokens / 4
+    if mean_tokens <= 1:
+        parser.error("--mean_tokens must be above 1")
+    with tempfile.TemporaryDirectory() as out, stop_probability(c.model.random.vocab_size - 1, mean_tokens):
+        c.out_dir = out
+        tokenizer = StandInTokenizer(c.model.random.vocab_size, game_moves(c.games.env_ids))
+        trainer = Trainer(c, log=lambda *a, **k: None, tokenizer=tokenizer)
+        cfg, devices = trainer.cfg, jax.device_count()
+        bandwidth, peak, rates = device_rates(args, jnp.dtype(cfg.compute_dtype))
+        mean, capped = geometric_lengths(mean_tokens, r.max_new_tokens)
+        d = jax.devices()[0]
+        print(f"jax {jax.__version__} on {devices} x {d.platform} ({d.device_kind}); {args.config.name}, "
+              f"shape {args.shape}: {cfg.num_params / 1e9:.3f}B parameters, random weights, "
+              f"{cfg.compute_dtype}, remat {'on' if cfg.remat else 'off'}")
+        print(f"recipe: {r.samples_per_step} samples, up to {r.max_new_tokens} new tokens (stop drawn with "
+              f"probability 1/{mean_tokens:g} a token: mean {mean:.0f}, {capped:.1%} at the cap), "
+              f"{c.optim.epochs} PPO epochs, {r.games_per_batch} games per call, micro-batch "
+              f"{c.optim.micro_batch_size}, {r.schedule} schedule"
+              + (f" ({r.max_in_flight} slots)" if r.max_in_flight else ""))
+        print(f"device: {bandwidth / 1e12:.3g} TB/s, {peak / 1e12:.3g} TFLOP/s ({rates})")
+        probes = Probes(trainer)
+        for step in range(1, args.steps + 1):
+            probes.reset()
+            metrics, _, compiled = run_timed(trainer.train_step)
+            print(f"step {step} of {args.steps}: {metrics['time/step']:.1f} s, of which "
+                  f"{compiled:.1f} s compiling {int(metrics['compile/new_executables'])} programs")
+        report(trainer, c, args, metrics, compiled, probes, bandwidth, peak)
+        trainer.ckpt.close()
+        trainer.writer.close()
+
+
+def report(trainer, c, args, metrics, compiled, probes, bandwidth, peak):
+    """Print the last step's figures, less the time XLA spent compiling; the last line sums them up."""
+    cfg, r, devices = trainer.cfg, c.rollout, jax.device_count()
+    calls, update, games = probes.calls, probes.update, probes.played.games
+    params = trainer.to_sampler(trainer.state.params)
+    if r.schedule == "rounds":
+        for k in calls.calls:
+            k["prefill"] = run_program(trainer.sampler, params, k["prompts"], k["sampling"], 1)
+        prefill = sum(k["prefill"] for k in calls.calls)
+    else:
+        prefill = probes.inserts.seconds
+    sampling, step = metrics["time/sampling"] - probes.played.compiled, metrics["time/step"] - compiled
+    parts = {"prefill": prefill, "decode": sampling - prefill, "host and games": metrics["time/env"],
+             **update.seconds}
+    parts["hand-over, packing, metrics"] = step - sum(parts.values())
+    print(f"\nthe last step{f', less {compiled:.1f} s of compiling' if compiled else ''}:")
+    for name, seconds in parts.items():
+        print(f"  {name:26s} {seconds:9.2f} s {seconds / step:6.1%}")
+    print(f"  {'step':26s} {step:9.2f} s")
+
+    turns = [t for g in games for t in g.model_turns if t.response_ids]
+    lengths = np.array([len(t.response_ids) for t in turns])
+    invalid = np.mean([not t.valid for g in games for t in g.record.turns])
+    calls_or_slots = f"{len(calls.calls)} sampler calls" if r.schedule == "rounds" else \
+        f"{max(e.slots for e in trainer.rollout.engines.values())} decode slots"
+    print(f"rollout: {len(games)} games, {len(turns)} moves ({invalid:.0%} invalid), {calls_or_slots}; responses mean "
+          f"{lengths.mean():.0f} tokens, median {np.median(lengths):.0f}, longest {lengths.max()} "
+          f"({np.sum(lengths >= r.max_new_tokens)} at the cap); {lengths.sum():,} tokens generated at "
+          f"{lengths.sum() / sampling:,.0f} tokens/s; slot utilization {metrics['rollout/slot_utilization']:.0%}")
+
+    size = jnp.dtype(cfg.compute_dtype).itemsize
+    weights, kv = cfg.num_params * size, 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * size
+
+    def floor(rows, prompt_bucket, steps):
+        """Seconds of `steps` decode steps that read the weights and the filled cache once each."""
+        cache = rows * kv * (steps * prompt_bucket + steps * (steps + 1) / 2)
+        return (steps * weights + cache) / (bandwidth * devices)
+
+    prompt = turns[0].prompt_ids
+    one = SamplingParams(BATCH1_STEPS, r.temperature, r.top_k, r.top_p)  # no stop ids: every step decodes
+    run_program(trainer.sampler, params, [prompt], one, 1)  # compiles
+    times = {n: min(run_program(trainer.sampler, params, [prompt], one, n) for _ in range(3))
+             for n in (1, BATCH1_STEPS)}
+    step1 = (times[BATCH1_STEPS] - times[1]) / (BATCH1_STEPS - 1)
+    floor1 = floor(1, trainer.sampler._buckets([prompt], one)[0], BATCH1_STEPS - 1) / (BATCH1_STEPS - 1)
+    print(f"decode step at batch 1: {step1 * 1e3:.2f} ms, HBM floor {floor1 * 1e3:.2f} ms "
+          f"({weights / 1e9:.3g} GB of {cfg.compute_dtype} weights and the cache at "
+          f"{bandwidth * devices / 1e12:.3g} TB/s): {step1 / floor1:.2f}x")
+    if r.schedule == "rounds":
+        steps = sum(k["steps"] for k in calls.calls)
+        decode = sum(k["seconds"] - k["prefill"] for k in calls.calls)
+        floors = sum(floor(k["rows"], k["prompt_bucket"], k["steps"]) for k in calls.calls)
+        rows = sum(k["rows"] * k["steps"] for k in calls.calls) / max(steps, 1)
+        print(f"decode step at the rollout's batch ({rows:.0f} rows on average, {steps} steps): "
+              f"{decode / steps * 1e3:.2f} ms, HBM floor {floors / steps * 1e3:.2f} ms: {decode / floors:.2f}x")
+    else:
+        print("decode step at the rollout's batch: not split from the prefills (continuous schedule)")
+
+    epoch = train_flops(cfg, update.rows, 3)
+    train_s, logprob_s = update.seconds["train"], update.seconds.get("old log-probs", 0.0)
+    mfu = c.optim.epochs * epoch / (train_s * peak * devices)
+    tokens, response = (sum(x) for x in zip(*update.rows))
+    line = (f"train: {len(update.rows)} rows, {tokens:,} tokens ({response:,} response), {c.optim.epochs} "
+            f"epochs of {epoch:.3g} FLOP in {train_s:.2f} s: MFU {mfu:.0%}")
+    if logprob_s:
+        line += f"; old log-probs {epoch / 3 / (logprob_s * peak * devices):.0%}"
+    print(line)
+
+    hw = planner.hardware(args.hardware) if args.hardware else planner.local_hardware()
+    p = planner.plan(c, hw)
+    estimate = f"the plan's {p.peak / planner.GiB:.2f} GiB ({p.worst_phase}) on {hw.name}"
+    if "memory/peak_gib" in metrics:
+        print(f"memory: peak {metrics['memory/peak_gib']:.2f} GiB in use per device against {estimate} "
+              f"({metrics['memory/peak_gib'] * planner.GiB / p.peak:.2f}x)")
+    else:
+        print(f"memory: this backend reports no peak; {estimate}")
+    print(f"rl step {step:.1f} s, decode {step1 / floor1:.2f}x HBM floor, train MFU {mfu * 100:.0f}%, "
+          f"GPU-seconds per step {step * devices:.0f}")
+
+
+if __name__ == "__main__":
+    main()

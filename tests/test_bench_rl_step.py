@@ -1,0 +1,65 @@
+"""bench/rl_step.py at its tiny shape on CPU: the whole RL step runs, its breakdown adds up to the step,
+and the last line has the promised format with positive, finite figures. Also the stand-in stopping
+rule it relies on: the stop token drawn with the stated probability whatever the weights."""
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from spiral_jax.models import init_params
+from spiral_jax.sampling import Sampler, SamplingParams
+from tests.tiny_models import TINY
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "rl_step.py"
+LAST_LINE = re.compile(r"rl step (\d+\.\d) s, decode (\d+\.\d\d)x HBM floor, train MFU (\d+)%, "
+                       r"GPU-seconds per step (\d+)")
+PHASES = ("prefill", "decode", "host and games", "old log-probs", "train", "hand-over, packing, metrics")
+
+
+def _bench_module():
+    spec = importlib.util.spec_from_file_location("rl_step", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tiny_step_prints_its_breakdown_and_the_summary_line():
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    # One CPU device, as a user's run has (the tests' 8 fake devices would shard the step 8 ways).
+    env["XLA_FLAGS"] = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
+    result = subprocess.run([sys.executable, str(BENCH), "--shape", "tiny", "--steps", "1"], capture_output=True,
+                            text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    match = LAST_LINE.fullmatch(lines[-1])
+    assert match, lines[-1]
+    step, decode, mfu, device_seconds = (float(x) for x in match.groups())
+    assert step > 0 and decode > 0 and 0 < mfu <= 100 and abs(device_seconds - step) <= 0.55, lines[-1]
+    parts = {m[1]: float(m[2]) for m in re.finditer(r"^  (\S.*?) +(-?\d+\.\d+) s +-?[\d.]+%$", result.stdout, re.M)}
+    assert set(parts) == set(PHASES), result.stdout
+    total = float(re.search(r"^  step +(\d+\.\d+) s$", result.stdout, re.M)[1])
+    assert abs(sum(parts.values()) - total) < 0.02 and np.isclose(total, step, atol=0.051), result.stdout
+    assert all(v >= 0 for k, v in parts.items() if k != "hand-over, packing, metrics"), parts
+
+
+def test_the_stop_token_is_drawn_with_the_stated_probability():
+    bench = _bench_module()
+    params = init_params(TINY, jax.random.key(0))
+    stop = TINY.vocab_size - 1
+    sp = SamplingParams(max_new_tokens=64, temperature=1.0, stop_token_ids=frozenset({stop}))
+    prompts = [[1 + i % 50, 2, 3] for i in range(512)]
+    with bench.stop_probability(stop, mean_tokens=8):
+        biased = Sampler(TINY, max_prompt_len=16, max_cache_len=16 + 64)  # compiles its program in here
+        lengths = np.array([len(t) for t in biased.generate(params, prompts, sp, seed=0).tokens])
+    expected, capped = bench.geometric_lengths(8, 64)
+    assert abs(lengths.mean() / expected - 1) < 0.1, (lengths.mean(), expected)
+    assert capped < 1e-3 and lengths.max() < 64
+    # Without it the random model almost never draws the one stop token among 64.
+    sampler = Sampler(TINY, max_prompt_len=16, max_cache_len=16 + 64)
+    plain = np.array([len(t) for t in sampler.generate(params, prompts, sp, seed=0).tokens])
+    assert plain.mean() > 3 * expected
