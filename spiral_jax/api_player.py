@@ -7,15 +7,22 @@ prompt as one user message and returns the reply's text, which the game's action
 the model's own. A reply that cannot be had (timeouts and server errors after the retries, a refused
 request, a body without text) is an empty response, hence that player's invalid move: counted in
 `failures`, logged, never an exception. `check()` reaches the endpoint before a run starts, so a dead
-URL or a refused key is a clear error up front.
+URL, a refused key or an endpoint that is not an API is a clear error up front.
+
+Each request is bounded: `timeout_s` is the whole request's deadline (connect, headers and body; a
+server that trickles bytes is cut off at it), a reply larger than `max_reply_bytes` is refused while
+it is read, and a redirect is never followed, so the key in the Authorization header never reaches an
+address other than BASE_URL.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import http.client
 import json
 import logging
 import os
+import socket
 import threading
 import time
 import urllib.error
@@ -40,7 +47,8 @@ class ApiPlayer:
     temperature: float = 0.6
     top_p: float = 0.95
     max_tokens: int = 4096
-    timeout_s: float = 60.0
+    timeout_s: float = 60.0  # the deadline of one request, from connecting to the last byte
+    max_reply_bytes: int = 4 * 2**20  # a longer reply is refused while it is read
     retries: int = 3  # further tries after the first, with doubling waits from `backoff_s`
     backoff_s: float = 1.0
     concurrency: int = 8  # requests in flight at once
@@ -61,17 +69,42 @@ class ApiPlayer:
         return cls(model, url.rstrip("/"), os.environ.get(key_env) or None, **settings)
 
     def _request(self, path: str, body: dict | None = None) -> dict:
+        """The decoded JSON reply to one request, within `timeout_s` in all and `max_reply_bytes`."""
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"{self.base_url}{path}", data=data, headers=headers,
-                                     method="GET" if body is None else "POST")
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as response:
-            return json.loads(response.read())
+        url = f"{self.base_url}{path}"
+        req = urllib.request.Request(url, data=data, headers=headers, method="GET" if body is None else "POST")
+        deadline = _Deadline(self.timeout_s)
+        opener = urllib.request.build_opener(_RefuseRedirects(), _DeadlineHTTPHandler(deadline),
+                                             _DeadlineHTTPSHandler(deadline))
+        late = TimeoutError(f"no complete reply from {url} within timeout_s={self.timeout_s:g} s")
+        try:
+            with opener.open(req, timeout=self.timeout_s) as response:
+                raw = _read_capped(response, self.max_reply_bytes, url)
+        except urllib.error.HTTPError:
+            raise
+        except (OSError, http.client.HTTPException) as err:
+            if deadline.expired:
+                raise late from None
+            if isinstance(err, http.client.HTTPException):  # a malformed status line, a cut-off body
+                raise ConnectionError(f"{url} sent a malformed HTTP reply ({err!r})") from None
+            raise
+        finally:
+            deadline.cancel()
+        if deadline.expired:  # the shut-down socket read as the end: what came may be cut off
+            raise late
+        try:
+            return json.loads(raw)
+        except RecursionError:  # e.g. "[[[[...": Python's decoder recurses once per level
+            raise ValueError(f"the reply from {url} nests JSON too deeply to decode") from None
 
     def check(self) -> None:
-        """Reach the endpoint (GET /models) once: a clear error now instead of a run of invalid moves."""
+        """Reach the endpoint (GET /models) once: a clear error now instead of a run of invalid moves.
+        Raises PermissionError for a refused key and ConnectionError for anything else that is wrong
+        (no server, a redirect, a timeout, a reply that is too large or not JSON)."""
+        url = f"{self.base_url}/models"
         try:
             self._request("/models")
         except urllib.error.HTTPError as err:
@@ -79,10 +112,19 @@ class ApiPlayer:
                 raise PermissionError(f"{self.base_url} refused the API key (HTTP {err.code}); set the "
                                       "environment variable named by api.key_env") from None
             if err.code != 404:  # an endpoint without /models is still alive
-                raise ConnectionError(f"{self.base_url}/models answered HTTP {err.code}") from None
+                raise ConnectionError(f"{url} answered HTTP {err.code}") from None
+        except (RedirectRefused, ReplyTooLarge) as err:
+            raise ConnectionError(str(err)) from None
+        except TimeoutError as err:
+            raise ConnectionError(f"the API opponent at {self.base_url} did not answer in time ({err}); "
+                                  f"check the server, or raise api.timeout_s") from None
         except (urllib.error.URLError, OSError) as err:
             raise ConnectionError(f"cannot reach the API opponent at {self.base_url} ({err}); start the "
                                   f"server (e.g. spiral-jax serve) or fix the URL") from None
+        except ValueError as err:  # not UTF-8, not JSON
+            raise ConnectionError(f"{url} answered something that is not JSON ({type(err).__name__}: "
+                                  f"{str(err)[:200]}); is {self.base_url} an OpenAI-compatible endpoint "
+                                  f"(ending in /v1)?") from None
 
     def reply(self, prompt: str) -> str:
         """The model's answer to one user message; "" (counted and logged) when none can be had."""
@@ -104,6 +146,9 @@ class ApiPlayer:
                 problem = f"HTTP {err.code}"
                 if err.code not in _RETRY_STATUS:
                     break
+            except (RedirectRefused, ReplyTooLarge) as err:  # the same again next time: final
+                problem = str(err)
+                break
             except (urllib.error.URLError, OSError) as err:  # refused, reset, timed out
                 problem = str(err)
             except (ValueError, KeyError, IndexError, TypeError) as err:  # not JSON, or not a completion
@@ -122,3 +167,103 @@ class ApiPlayer:
             return [self.reply(p) for p in prompts]
         with concurrent.futures.ThreadPoolExecutor(min(self.concurrency, len(prompts))) as pool:
             return list(pool.map(self.reply, prompts))
+
+
+class RedirectRefused(ConnectionError):
+    """The endpoint answered with a redirect, which is not followed (the key would go with it)."""
+
+
+class ReplyTooLarge(ConnectionError):
+    """A reply body longer than `max_reply_bytes`."""
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """Replaces urllib's redirect handler, which would resend the request, Authorization header
+    included, to whatever address the Location header names."""
+
+    def _refuse(self, req, fp, code, msg, headers):
+        fp.close()
+        location = headers.get("Location", "(no Location header)")
+        raise RedirectRefused(f"{req.full_url} answered HTTP {code}, a redirect to {location}; redirects are "
+                              f"not followed, so the API key is never sent elsewhere: set BASE_URL in "
+                              f"openai:MODEL@BASE_URL to the address that answers directly")
+
+    http_error_301 = http_error_302 = http_error_303 = http_error_307 = http_error_308 = _refuse
+
+
+class _Deadline:
+    """A whole request's time limit. Socket timeouts bound each read, not their sum, so a server
+    sending a byte at a time never trips them; at the deadline this shuts the request's sockets down,
+    which ends any read blocked on them."""
+
+    def __init__(self, seconds: float):
+        self.expired, self._sockets, self._lock = False, [], threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def watch(self, sock) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            expired = self.expired
+        if expired:
+            self._shut(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            sockets = list(self._sockets)
+        for sock in sockets:
+            self._shut(sock)
+
+    @staticmethod
+    def _shut(sock) -> None:
+        try:  # the plain socket's shutdown, also under TLS: it wakes a reader blocked on the descriptor
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+        except OSError:  # already closed
+            pass
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+class _WatchedConnections:
+    """A urllib handler mix-in whose connections hand their sockets to the request's deadline."""
+
+    def __init__(self, deadline: _Deadline):
+        super().__init__()
+        self._deadline = deadline
+
+    def do_open(self, http_class, req, **kwargs):
+        deadline = self._deadline
+
+        class Watched(http_class):
+            def connect(self):
+                super().connect()
+                deadline.watch(self.sock)
+
+        return super().do_open(Watched, req, **kwargs)
+
+
+class _DeadlineHTTPHandler(_WatchedConnections, urllib.request.HTTPHandler):
+    pass
+
+
+class _DeadlineHTTPSHandler(_WatchedConnections, urllib.request.HTTPSHandler):
+    pass
+
+
+def _read_capped(response, limit: int, url: str) -> bytes:
+    """The body, read a piece at a time so that one larger than `limit` bytes is never held whole."""
+    declared = response.headers.get("Content-Length", "")
+    too_large = (f"the reply from {url} is larger than max_reply_bytes={limit} (api.max_reply_bytes); "
+                 f"is it an OpenAI-compatible endpoint?")
+    if declared.isdigit() and int(declared) > limit:
+        raise ReplyTooLarge(too_large)
+    pieces, size = [], 0
+    while piece := response.read1(65536):
+        size += len(piece)
+        if size > limit:
+            raise ReplyTooLarge(too_large)
+        pieces.append(piece)
+    return b"".join(pieces)

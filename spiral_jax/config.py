@@ -88,8 +88,10 @@ def base_config() -> ConfigDict:
                                   schedule="constant", explore=0.5))
     # API opponents, written openai:MODEL@BASE_URL in eval.opponents, rollout.opponent or `eval
     # --opponents` (spiral_jax/api_player.py): the environment variable holding the key, the time one
-    # request may take, further tries after a failure (waits doubling from 1 s), requests at once.
-    c.api = ConfigDict(dict(key_env="OPENAI_API_KEY", timeout_s=60.0, retries=3, concurrency=8))
+    # request may take in all, further tries after a failure (waits doubling from 1 s), requests at
+    # once, and the largest reply body accepted.
+    c.api = ConfigDict(dict(key_env="OPENAI_API_KEY", timeout_s=60.0, retries=3, concurrency=8,
+                            max_reply_bytes=4 * 2**20))
     # Weights & Biases (the `wandb` extra): mirrors the TensorBoard scalars when enabled.
     c.wandb = ConfigDict(dict(enabled=False, project="spiral_jax", entity="", name=""))
     c.lock()

@@ -1,0 +1,144 @@
+"""The API player against hostile endpoints on 127.0.0.1: a redirect never carries the key anywhere,
+a server that trickles bytes is cut off at the request's deadline, an oversized reply is refused while
+it is read, and `check()` says what is wrong as ConnectionError or PermissionError."""
+import http.server
+import json
+import threading
+import time
+
+import pytest
+
+from spiral_jax.api_player import ApiPlayer
+
+HUGE = 64 * 2**20
+GOOD = json.dumps({"choices": [{"message": {"content": "\\boxed{4}"}}]}).encode()
+
+
+class _Hostile(http.server.BaseHTTPRequestHandler):
+    """Misbehaves as the first path segment after /v1 says; every request is recorded."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list = []
+    redirect_to = ""
+    written: dict = {}
+
+    def _handle(self):
+        _Hostile.seen.append((self.command, self.path, self.headers.get("Authorization"), self.server.server_port))
+        if self.headers.get("Content-Length"):
+            self.rfile.read(int(self.headers["Content-Length"]))
+        kind = self.path.split("/")[2]
+        try:
+            if kind == "redirect":
+                self.send_response(302)
+                self.send_header("Location", _Hostile.redirect_to + self.path.split("/", 3)[3])
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            elif kind == "trickle_body":  # whole headers, then a byte every 0.1 s of a 1000-byte body
+                self.send_response(200)
+                self.send_header("Content-Length", "1000")
+                self.end_headers()
+                for _ in range(1000):
+                    self.wfile.write(b" ")
+                    time.sleep(0.1)
+            elif kind == "trickle_headers":  # the status line, then the headers a byte every 0.1 s
+                self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                for byte in b"X-Slow: " + b"a" * 1000:
+                    self.wfile.write(bytes([byte]))
+                    time.sleep(0.1)
+            elif kind in ("huge_declared", "huge_streamed"):  # 64 MiB, with or without Content-Length
+                self.send_response(200)
+                if kind == "huge_declared":
+                    self.send_header("Content-Length", str(HUGE))
+                self.send_header("Connection", "close")
+                self.end_headers()
+                _Hostile.written[kind] = 0
+                for _ in range(HUGE // 65536):
+                    self.wfile.write(b"[" * 65536)
+                    _Hostile.written[kind] += 65536
+            else:
+                status, payload = {"badutf8": (200, b'{"data": "\xff\xfe"}'), "notjson": (200, b"<html>hi</html>"),
+                                   "forbidden": (403, b"{}"),
+                                   "deep": (200, b"[" * 200_000)}.get(kind, (200, GOOD))
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+        except OSError:  # the client gave up, as it should
+            pass
+
+    do_GET = do_POST = _handle  # noqa: N815
+
+    def log_message(self, *args):
+        pass
+
+
+def _serve():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture(scope="module")
+def hostile():
+    """(url of the hostile endpoint, port of a second host the redirects point at)."""
+    server, other = _serve(), _serve()
+    _Hostile.redirect_to = f"http://127.0.0.1:{other.server_port}/v1/good/"
+    yield f"http://127.0.0.1:{server.server_port}/v1", other.server_port
+    for s in (server, other):
+        s.shutdown()
+        s.server_close()
+
+
+def _player(url, kind, **settings):
+    return ApiPlayer.from_spec(f"openai:m@{url}/{kind}", key_env="HOSTILE_TEST_KEY",
+                               **{"retries": 0, "backoff_s": 0.01, **settings})
+
+
+def test_a_redirect_is_refused_and_the_key_never_leaves(hostile, monkeypatch, caplog):
+    url, other_port = hostile
+    monkeypatch.setenv("HOSTILE_TEST_KEY", "sk-secret")
+    _Hostile.seen.clear()
+    player = _player(url, "redirect", retries=2)
+    with pytest.raises(ConnectionError, match=rf"HTTP 302, a redirect to http://127.0.0.1:{other_port}/v1/good/models"):
+        player.check()
+    assert player.replies(["a"]) == [""] and player.failures == 1
+    assert "redirects are not followed" in caplog.text
+    assert [port for *_, port in _Hostile.seen if port == other_port] == []  # nothing reached the other host
+    assert len(_Hostile.seen) == 2  # check, then one try: a redirect is not retried
+
+
+@pytest.mark.parametrize("kind", ["trickle_body", "trickle_headers"])
+def test_timeout_s_bounds_the_whole_request(hostile, kind, caplog):
+    """Each byte comes well within the socket timeout, yet the request ends at timeout_s."""
+    player = _player(hostile[0], kind, timeout_s=1.0)
+    start = time.perf_counter()
+    assert player.reply("a") == ""
+    assert time.perf_counter() - start < 2.0
+    assert "within timeout_s=1 s" in caplog.text
+    with pytest.raises(ConnectionError, match="did not answer in time"):
+        player.check()
+
+
+@pytest.mark.parametrize("kind", ["huge_declared", "huge_streamed"])
+def test_a_reply_over_max_reply_bytes_is_refused_while_read(hostile, kind, caplog):
+    """The client stops reading past the limit, so the server cannot send the whole body."""
+    player = _player(hostile[0], kind, max_reply_bytes=2**20)
+    assert player.reply("a") == ""
+    assert "larger than max_reply_bytes=1048576" in caplog.text
+    time.sleep(0.2)  # the server's writes fail once the client has closed
+    assert _Hostile.written[kind] < HUGE / 2
+    with pytest.raises(ConnectionError, match="larger than max_reply_bytes"):
+        player.check()
+    assert _player(hostile[0], "good", max_reply_bytes=len(GOOD)).reply("a") == "\\boxed{4}"  # the limit itself is fine
+
+
+@pytest.mark.parametrize("kind,error,message", [
+    ("notjson", ConnectionError, r"answered something that is not JSON \(JSONDecodeError"),
+    ("badutf8", ConnectionError, r"answered something that is not JSON \(UnicodeDecodeError"),
+    ("deep", ConnectionError, r"answered something that is not JSON \(ValueError: .* nests JSON too deeply"),
+    ("forbidden", PermissionError, r"refused the API key \(HTTP 403\)"),
+])
+def test_check_says_what_is_wrong(hostile, kind, error, message):
+    with pytest.raises(error, match=message):
+        _player(hostile[0], kind).check()
+    assert _player(hostile[0], kind).reply("a") == ""  # and in a game: an invalid move, no exception
