@@ -5,10 +5,16 @@ through `run_path`, an etils.epath.Path: pathlib's interface over the local file
 fsspec for a URI (gcsfs for gs://, the `gcs` extra). Checkpoints already go through the same layer
 (orbax). TensorBoard's event writer only writes local files, so for a remote log folder
 `MetricsWriter` writes a local copy and uploads it at each flush.
+
+File names made from what a user wrote (an opponent spec such as `openai:m@http://host/v1`, a
+benchmark name) go through `file_in`, for the trainer's evaluations and `spiral-jax eval` alike: the
+name cannot hold a path, and the file is checked to lie inside the folder it is meant for.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 
 from etils import epath
 
@@ -30,3 +36,31 @@ def replace_text(path: epath.Path, text: str) -> None:
 def is_remote(path: str | os.PathLike) -> bool:
     """Whether `path` is a URI (gs://...) rather than a local path."""
     return "://" in os.fspath(path)
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+=@-]")
+
+
+def safe_name(text: str) -> str:
+    """A file name for free text: characters other than letters, digits and `. _ + = @ -` become "_"
+    (so no "/" and no path), a leading dot too (no "..", no hidden file). A name that had to change,
+    or is too long, ends in a short hash of the text, so two texts never share a file."""
+    name = _UNSAFE.sub("_", text)
+    name = "_" + name[1:] if name.startswith(".") else name
+    if name != text or len(name) > 120 or not name:
+        name = f"{name[:100]}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+    return name
+
+
+def file_in(folder: str | os.PathLike, name: str, suffix: str = "") -> epath.Path:
+    """`folder`/`safe_name(name)``suffix`, checked to lie inside `folder`."""
+    path = run_path(folder) / (safe_name(name) + suffix)
+    inner, outer = os.path.normpath(os.fspath(path)), os.path.normpath(os.fspath(folder))
+    if os.path.dirname(inner) != outer:
+        raise ValueError(f"{name!r} would be written to {path}, outside {folder}")
+    return path
+
+
+def transcript_path(folder: str | os.PathLike, env_id: str, opponent: str) -> epath.Path:
+    """Where the games of `env_id` against `opponent` are written in `folder`."""
+    return file_in(folder, f"{env_id}_vs_{opponent}", ".jsonl")

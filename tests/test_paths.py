@@ -13,7 +13,7 @@ from spiral_jax.envs import GameRecord, Turn
 from spiral_jax.eval import benchmarks
 from spiral_jax.eval.transcripts import read_transcripts, write_transcripts
 from spiral_jax.metrics import MetricsWriter, read_scalars
-from spiral_jax.paths import is_remote, replace_text, run_path
+from spiral_jax.paths import file_in, is_remote, replace_text, run_path, safe_name, transcript_path
 from spiral_jax.rollout import ModelTurn, PlayedGame
 
 
@@ -87,3 +87,25 @@ def test_summary_is_replaced_whole(out):
         replace_text(run_path(given) / "summary.json", json.dumps({"version": version}))
     assert json.loads((files / "summary.json").read_text()) == {"version": 2}
     assert not (files / "summary.json.tmp").exists()
+
+
+HOSTILE = "openai:m@http://127.0.0.1:1/ok/../../../../escaped/v1"
+
+
+def test_names_from_user_text_stay_inside_their_folder(out):
+    """An opponent spec with "/" and ".." becomes one file name in the folder it is written to: each
+    step's transcript is its own file, nothing lands outside out_dir, and plain names stay as they are."""
+    given, files = out
+    for step in (0, 1):
+        path = transcript_path(run_path(given) / "eval" / f"step{step}", "TicTacToe-v0", HOSTILE)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"step {step}")
+    written = sorted(p.relative_to(files.parent) for p in files.parent.rglob("*") if p.is_file())
+    assert len(written) == 2 and all(p.parts[0] == "run" and len(p.parts) == 4 for p in written), written
+    assert [p.parts[2] for p in written] == ["step0", "step1"]
+    assert (files / "eval" / "step1" / written[1].name).read_text() == "step 1"
+    assert transcript_path(given, "TicTacToe-v0", "random").name == "TicTacToe-v0_vs_random.jsonl"
+    # names that had to change keep apart texts that differ only in their unsafe characters
+    assert len({safe_name(t) for t in ("a/b", "a_b", "a:b", "a?b", "..", ".", "")}) == 7
+    assert all("/" not in safe_name(t) and not safe_name(t).startswith(".") for t in ("..", ".x", "../../etc"))
+    assert file_in(given, "../../x", ".jsonl").parent == run_path(given)

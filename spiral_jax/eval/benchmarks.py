@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from spiral_jax.eval.games import wilson_interval
 from spiral_jax.eval.math_grader import grade_choice, judge, last_boxed, math_verify_available
-from spiral_jax.paths import run_path
+from spiral_jax.paths import file_in, run_path
 
 # name -> kind; all read from local JSONL here.
 BENCHMARKS = {"MATH500": "math", "AIME24": "math", "AIME25": "math", "OlympiadBench": "math",
@@ -153,7 +153,7 @@ def run_benchmark(name: str, items: Sequence[Item], generate: GenerateFn, k: int
     out_dir = run_path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     first, every, boxed, tokens, cut = [], [], [], [], []
-    with (out_dir / f"{name}.items.jsonl").open("w") as f:
+    with file_in(out_dir, name, ".items.jsonl").open("w") as f:
         for item, prompt, responses in zip(items, prompts, outputs):
             responses = [r if isinstance(r, Response) else Response(str(r)) for r in responses]
             if len(responses) != k:

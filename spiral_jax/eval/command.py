@@ -14,6 +14,7 @@ from pathlib import Path
 
 from spiral_jax.api_player import is_api_spec
 from spiral_jax.eval import benchmarks, game_report, hub, suite
+from spiral_jax.paths import file_in
 
 SUITES = ("games", "transfer", "kuhn", "crossplay", "bench")
 
@@ -63,7 +64,7 @@ def run_eval(ctx: suite.EvalContext, c, args) -> str:
     files, m = {}, c.eval.math
     for spec in args.bench or m.files:
         local = "=" in spec or spec.endswith(".jsonl") or Path(spec).is_file()
-        files.update(benchmarks.local_files([spec]) if local else {spec: hub.download(spec, out / "data" / f"{spec}.jsonl")})
+        files.update(benchmarks.local_files([spec]) if local else {spec: hub.download(spec, file_in(out / "data", spec, ".jsonl"))})
     if not files:
         raise ValueError("--bench needs NAME=file.jsonl (or NAME, to download from the hub) entries, "
                          "or eval.math.files in the config")

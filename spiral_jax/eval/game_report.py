@@ -19,7 +19,7 @@ from tqdm import tqdm
 from spiral_jax.distributed import is_leader
 from spiral_jax.eval.games import OUTCOMES, GameStats, evaluate
 from spiral_jax.eval.transcripts import write_transcripts
-from spiral_jax.paths import run_path
+from spiral_jax.paths import run_path, transcript_path
 
 TRANSFER_GAMES = ("Snake-v0", "PigDice-v1", "ConnectFour-v0", "Nim-v0", "LiarsDice-v1", "SimpleTak-v0")
 
@@ -41,7 +41,7 @@ def evaluate_games(rollout, params, env_ids: Sequence[str], opponents: Sequence[
         results[env_id, opponent] = stats
         if out_dir is not None:
             llm = ("model", opponent) if weights is not None else ("model",)
-            write_transcripts(run_path(out_dir) / "transcripts" / f"{env_id}_vs_{opponent}.jsonl".replace("/", "_"),
+            write_transcripts(transcript_path(run_path(out_dir) / "transcripts", env_id, opponent),
                               games, llm, extra={"settings": settings or {}})
     return results
 

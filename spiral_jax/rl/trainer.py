@@ -38,7 +38,7 @@ from spiral_jax.eval.suite import EvalContext, cache_size, run_benchmarks, run_k
 from spiral_jax.eval.transcripts import write_transcripts
 from spiral_jax.metrics import MetricsWriter
 from spiral_jax.models import load_policy_weights
-from spiral_jax.paths import replace_text, run_path
+from spiral_jax.paths import replace_text, run_path, transcript_path
 from spiral_jax.rl.bootstrap import imitation_samples
 from spiral_jax.rl.rae import baseline_metrics, init_rae_state, label_games
 from spiral_jax.rl.reshard import make_reshard
@@ -438,7 +438,7 @@ class Trainer:
             if api:  # moves the API did not answer (each one that player's invalid move)
                 scalars[f"eval/{env_id}/{opponent}/api_failures"] = api.failures - failed
             if is_leader():
-                write_transcripts(self.out / "eval" / f"step{self.step}" / f"{env_id}_vs_{opponent}.jsonl",
+                write_transcripts(transcript_path(self.out / "eval" / f"step{self.step}", env_id, opponent),
                                   games, extra={"step": self.step, "settings": settings})
             for i, g in enumerate(games[:transcripts]):
                 self.writer.text(self.step, f"transcripts/{env_id}/{opponent}/{i}", transcript(g))

@@ -142,3 +142,14 @@ def test_check_says_what_is_wrong(hostile, kind, error, message):
     with pytest.raises(error, match=message):
         _player(hostile[0], kind).check()
     assert _player(hostile[0], kind).reply("a") == ""  # and in a game: an invalid move, no exception
+
+
+def test_eval_transcripts_of_a_spec_with_dot_dot_stay_in_the_report_folder(hostile, tiny_ctx, tmp_path):
+    """`spiral-jax eval` (suite.run_games) names the transcript after the spec without leaving its folder."""
+    from spiral_jax.eval.suite import run_games
+
+    spec = f"openai:m@{hostile[0].rsplit('/v1', 1)[0]}/ok/../../../../escaped/v1"
+    results = run_games(tiny_ctx, tmp_path / "report", ["TicTacToe-v0"], [spec], 2)
+    assert results["TicTacToe-v0", spec].games == 2
+    written = [p.relative_to(tmp_path) for p in tmp_path.rglob("*.jsonl")]
+    assert len(written) == 1 and written[0].parts[:2] == ("report", "transcripts"), written
