@@ -38,9 +38,10 @@ setup(
         # grader, the plots and the TextArena adapter against the real package too. pytest-xdist runs
         # the suite in two processes: most of a test's time is XLA compiling on one core.
         # jax[tpu] (with libtpu, the TPU compiler) so CI compiles programs for TPU slices ahead of time
-        # (tests/test_aot.py); no TPU is needed for that.
+        # (tests/test_aot.py); no TPU is needed for that. openai: `spiral-jax serve` is tested with the
+        # official client, as its users call it.
         "test": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "torch==2.13.0", "math-verify",
-                 "matplotlib", "textarena", f"jax[tpu]=={JAX_TPU}"],
+                 "matplotlib", "textarena", f"jax[tpu]=={JAX_TPU}", "openai"],
         # gcsfs: a gs:// out_dir for everything a run writes besides checkpoints (spiral_jax/paths.py).
         "gcs": ["gcsfs"],
         "tpu": [f"jax[tpu]=={JAX_TPU}", "gcsfs"],

@@ -64,6 +64,14 @@ flags.DEFINE_string("host", "127.0.0.1", "serve: the address to listen on (0.0.0
 flags.DEFINE_integer("port", 8000, "serve: the port (0: any free one).")
 flags.DEFINE_string("served_name", "", "serve: the model name clients use (default: out_dir's last part).")
 flags.DEFINE_integer("max_tokens", 4096, "serve: the most new tokens one request may ask for.")
+flags.DEFINE_string("api_key", "", "serve: a key every request must send as 'Authorization: Bearer KEY' "
+                    "(default: none; give one whenever --host is not a loopback address).")
+flags.DEFINE_list("allow_origin", [], "serve: browser origins allowed to call the server (e.g. "
+                  "https://app.example; '*': any); requests from any other origin get 403.")
+flags.DEFINE_float("max_body_mb", 4.0, "serve: the largest request body in MB (bigger ones get 413).")
+flags.DEFINE_float("timeout_s", 60.0, "serve: close a connection that sends nothing for this long.")
+flags.DEFINE_float("shutdown_s", 30.0, "serve: on SIGTERM/SIGINT, how long running answers may finish "
+                   "(waiting requests get 503 at once; a second signal exits at once).")
 flags.DEFINE_string("hardware", "", "plan: a hardware preset (v4-8, v5e-8, v5p-8, v6e-8, 8xH100); "
                     "default: the devices JAX sees here.")
 flags.DEFINE_integer("devices", 0, "plan: the device count, instead of --hardware.")
@@ -85,8 +93,10 @@ COMMANDS = {
     "export": ("Write the newest checkpoint as a Hugging Face folder (safetensors, config, tokenizer).",
                ("config", "out", "overwrite", "dtype", "max_shard_gib")),
     "serve": ("Serve the newest checkpoint in out_dir (or model.path) behind an OpenAI-compatible endpoint "
-              "(GET /v1/models, POST /v1/chat/completions), e.g. as an openai:NAME@URL opponent.",
-              ("config", "host", "port", "served_name", "max_tokens")),
+              "(GET /v1/models, POST /v1/chat/completions and /v1/completions, streaming included), e.g. as "
+              "an openai:NAME@URL opponent.",
+              ("config", "host", "port", "served_name", "max_tokens", "api_key", "allow_origin", "max_body_mb",
+               "timeout_s", "shutdown_s")),
     "plan": ("Memory per device of a config on some hardware, before a run; exit status 1 if it does not fit.",
              ("config", "hardware", "devices", "device_memory_gib", "compile")),
     "config": ("Print the resolved config: the file's values with the --config.a.b=v overrides applied.",
@@ -291,30 +301,58 @@ def _run(command: str, c) -> int:
 
 
 def _serve(c, cfg, params, tokenizer, mesh) -> int:
-    """Answer chat completions until SIGINT/SIGTERM."""
+    """Answer completions until SIGINT/SIGTERM; then stop accepting, let running answers finish for
+    --shutdown_s and exit (a second signal exits at once)."""
     import signal
 
     from spiral_jax.sampling import Sampler, bucket_length, cache_slots
-    from spiral_jax.serve import ChatServer
+    from spiral_jax.serve import ChatServer, ServeSettings
 
     prompt = c.rollout.max_prompt_len
     sampler = Sampler(cfg, mesh, max_prompt_len=prompt, max_cache_len=cache_slots(bucket_length(prompt), FLAGS.max_tokens))
     name = FLAGS.served_name or Path(c.out_dir.rstrip("/")).name
-    server = ChatServer(sampler, tokenizer, params, name, FLAGS.host, FLAGS.port, max_rows=c.rollout.games_per_batch,
-                        max_tokens=FLAGS.max_tokens, seed=c.seed)
-    def stop(signum, frame):
-        raise KeyboardInterrupt
-
+    try:
+        settings = ServeSettings(FLAGS.host, FLAGS.port, max_rows=c.rollout.games_per_batch,
+                                 max_tokens=FLAGS.max_tokens, seed=c.seed, api_key=FLAGS.api_key or None,
+                                 allow_origin=tuple(FLAGS.allow_origin), max_body_bytes=int(FLAGS.max_body_mb * 1e6),
+                                 timeout_s=FLAGS.timeout_s, shutdown_s=FLAGS.shutdown_s)
+        server = ChatServer(sampler, tokenizer, params, name, settings)
+    except OSError as err:
+        raise ValueError(f"cannot listen on {FLAGS.host}:{FLAGS.port} ({err.strerror or err}); pick another "
+                         f"--port or --host") from None
+    stop = stop_on_signal(server, FLAGS.shutdown_s)
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    if FLAGS.api_key == "" and not FLAGS.host.startswith("127.") and FLAGS.host not in ("localhost", "::1"):
+        print(f"[serve] WARNING: listening on {FLAGS.host} without --api_key: anyone who can reach it can use it",
+              file=sys.stderr, flush=True)
     print(f"[serve] {name} at {server.url} (prompts up to {prompt} tokens, answers up to {FLAGS.max_tokens}); "
           f"as an opponent: --config.eval.opponents='(\"openai:{name}@{server.url}\",)'", file=sys.stderr, flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        print("[serve] stopped", file=sys.stderr)
-    finally:
-        server.close()
+    server.serve_forever()
+    server.close()
+    print("[serve] stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def stop_on_signal(server, shutdown_s: float):
+    """A signal handler for `serve`: the first signal ends serve_forever (the caller then closes the
+    server, which lets running answers finish for shutdown_s); a second one exits the process at
+    once, without unwinding threads that are inside XLA."""
+    import os
+    import threading
+
+    stopping = threading.Event()
+
+    def stop(signum, frame):
+        if stopping.is_set():
+            print("[serve] second signal: exiting now", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        stopping.set()
+        print(f"[serve] stopping: no new connections, waiting requests refused, running answers get up to "
+              f"{shutdown_s:g} s (a second signal exits at once)", file=sys.stderr, flush=True)
+        threading.Thread(target=server.http.shutdown, daemon=True).start()  # serve_forever then returns
+
+    return stop
 
 
 def _export(c, cfg, params, tokenizer) -> int:

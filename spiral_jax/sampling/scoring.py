@@ -42,3 +42,24 @@ def _scored(params, cfg, ids, mask, targets, weights):
     logp = jax.nn.log_softmax(forward(params, cfg, ids, mask)[:, :-1].astype(jnp.float32), axis=-1)
     picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
     return (picked * weights).sum(-1)
+
+
+def top_logprobs(params, cfg, prompt: Sequence[int], continuation: Sequence[int], k: int,
+                 bucket: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """The k most likely next tokens and their log-probs (temperature 1, whole vocabulary) at each
+    token of `continuation` after `prompt`: ([len(continuation), k] ids, [len(continuation), k] log-probs)."""
+    row = list(prompt) + list(continuation)
+    width = -(-len(row) // bucket) * bucket
+    ids = np.zeros((1, width), np.int32)
+    mask = np.zeros((1, width), bool)
+    ids[0, width - len(row):], mask[0, width - len(row):] = row, True
+    values, tokens = jax.device_get(_top(params, cfg, ids, mask, k))
+    # The token at position t is predicted at t - 1.
+    picked = slice(width - 1 - len(continuation), width - 1)
+    return tokens[0, picked], values[0, picked]
+
+
+@functools.partial(jax.jit, static_argnums=(1, 4))
+def _top(params, cfg, ids, mask, k):
+    logp = jax.nn.log_softmax(forward(params, cfg, ids, mask).astype(jnp.float32), axis=-1)
+    return jax.lax.top_k(logp, k)

@@ -1,97 +1,13 @@
-"""API opponents (openai:MODEL@URL) and `spiral-jax serve`: the served model answers as the sampler
-does, concurrent requests share batches, evaluation games run against the served model, and a reply
-that cannot be used is that player's invalid move, never a crash."""
+"""API opponents (openai:MODEL@URL): a reply that cannot be used is that player's invalid move, never
+a crash; keys and concurrency (`spiral-jax serve` as an opponent: tests/eval/test_serve.py)."""
 import http.server
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
 from spiral_jax.api_player import ApiPlayer
-from spiral_jax.eval.suite import run_games
-from spiral_jax.eval.transcripts import read_transcripts
-from spiral_jax.sampling import SamplingParams
-from spiral_jax.serve import ChatServer
-
-
-@pytest.fixture(scope="module")
-def served(tiny_ctx):
-    server = ChatServer(tiny_ctx.sampler, tiny_ctx.tokenizer, tiny_ctx.params, "tiny", port=0, max_rows=8,
-                        max_tokens=16)
-    server.start()
-    yield server
-    server.close()
-
-
-def _post(url: str, body) -> tuple[int, dict]:
-    req = urllib.request.Request(f"{url}/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
-
-
-def test_serve_answers_as_the_sampler_does(served, tiny_ctx):
-    """A seeded request gets what `Sampler.generate` samples for the same prompt (the config's template
-    around the user message), seed and row ids."""
-    tok = tiny_ctx.tokenizer
-    status, reply = _post(served.url, {"model": "tiny", "messages": [{"role": "user", "content": "Your move."}],
-                                       "n": 2, "seed": 3, "temperature": 0.6, "top_p": 0.95, "max_tokens": 8})
-    assert status == 200 and reply["model"] == "tiny" and len(reply["choices"]) == 2
-    prompt = tok.encode(tok.template.render_chat([{"role": "user", "content": "Your move."}], tok.hf))
-    observation = "X to move."  # an API player's game turn reaches the model as the trainer's prompt
-    rendered = tok.template.render_chat([{"role": "user", "content": tok.template.user_text(observation)}], tok.hf)
-    assert tok.encode(rendered) == tok.prompt_ids(observation)
-    want = tiny_ctx.sampler.generate(tiny_ctx.params, [prompt, prompt],
-                                     SamplingParams(8, 0.6, 0, 0.95, stop_token_ids=tok.stop_ids), seed=3,
-                                     row_ids=[0, 1])
-    assert [c["message"]["content"] for c in reply["choices"]] == [tok.decode(t) for t in want.tokens]
-    assert reply["usage"]["completion_tokens"] == sum(len(t) for t in want.tokens)
-    assert reply["usage"]["prompt_tokens"] == len(prompt)
-    with urllib.request.urlopen(f"{served.url}/models") as r:
-        assert json.loads(r.read())["data"][0]["id"] == "tiny"
-
-
-@pytest.mark.parametrize("body,message", [
-    ({"messages": []}, "messages must be a non-empty list"),
-    ({"messages": [{"role": "user", "content": "hi"}], "n": 9}, "n must be between 1 and 8"),
-    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 17}, "max_tokens must be between 1 and 16"),
-    ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature must be a number"),
-    ({"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, "top_p must be in"),
-    ({"messages": [{"role": "user", "content": "word " * 2000}]}, "this server takes at most 768"),
-])
-def test_bad_requests_get_400_with_the_reason(served, body, message):
-    status, reply = _post(served.url, body)
-    assert status == 400 and message in reply["error"]["message"]
-
-
-def test_concurrent_requests_share_batches(served):
-    """Requests that arrive while the sampler is busy go into one generate call together."""
-    batches, replies = served.batches, []
-    body = {"messages": [{"role": "user", "content": "Go."}], "max_tokens": 16, "temperature": 1.0}
-    threads = [threading.Thread(target=lambda: replies.append(_post(served.url, body))) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert [status for status, _ in replies] == [200] * 8
-    assert served.batches - batches < 8
-
-
-def test_eval_games_against_the_served_model(served, tiny_ctx, tmp_path):
-    """An openai:NAME@URL opponent plays evaluation games through the server: every game ends, and
-    the opponent's responses are the server's answers (the tiny model's text, not empty)."""
-    spec = f"openai:tiny@{served.url}"
-    results = run_games(tiny_ctx, tmp_path, ["TicTacToe-v0"], [spec], 4)
-    assert results["TicTacToe-v0", spec].games == 4
-    games = read_transcripts(next((tmp_path / "transcripts").glob("*.jsonl")))
-    api_turns = [t for g in games for t in g["turns"] if t["policy"] == spec]
-    assert api_turns and all(t["response"] for t in api_turns)
 
 
 class _FakeApi(http.server.BaseHTTPRequestHandler):

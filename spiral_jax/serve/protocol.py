@@ -1,0 +1,325 @@
+"""The OpenAI wire format: request bodies in (checked field by field), completions and stream chunks out.
+
+Two endpoints share it: chat completions (`messages`, rendered with the config's prompt template, so
+an API player's game turn reaches the model as exactly the prompt the trainer's rollouts give it) and
+text completions (`prompt`, tokenized as it is). A field this server does not implement is a 400 that
+names it, never ignored: a client that asks for something gets it or hears why not.
+
+Log-probs are the model's own, at temperature 1 over the whole vocabulary (what the trainer calls raw
+log-probs), whatever temperature or top-p the tokens were sampled with.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+import uuid
+
+from spiral_jax.sampling import SamplingParams
+
+MAX_TOP_LOGPROBS = 20
+MAX_STOP_STRINGS = 4
+_SEED_RANGE = 1 << 63
+# Fields a client may send with only their neutral value (what the server does anyway).
+_NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "response_format": {"type": "text"}, "echo": False,
+            "suffix": None, "parallel_tool_calls": None, "tools": None, "tool_choice": None, "logit_bias": None}
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "seed", "stream", "stream_options", "stop",
+           "logprobs", "user", *_NEUTRAL}
+CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
+TEXT_FIELDS = _COMMON | {"prompt", "best_of"}
+
+
+class ApiError(Exception):
+    """A request answered with this HTTP status and message (the OpenAI error body)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+    def body(self) -> dict:
+        kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}.get(self.status,
+                                                                                                  "server_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": None}}
+
+
+def bad(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param)
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What this server takes: the served model's name and the bounds of one request."""
+
+    model: str
+    max_rows: int  # choices per request (n x prompts)
+    max_tokens: int  # new tokens per choice
+    max_prompt_len: int  # prompt tokens
+    chars_per_token: int = 16  # a prompt longer than max_prompt_len x this many characters is refused untokenized
+
+
+@dataclasses.dataclass
+class Ask:
+    """One request, checked: what to sample and how to answer."""
+
+    kind: str  # "chat" or "text"
+    prompts: list[list[int]]  # token ids; each gets n choices
+    n: int
+    sampling: SamplingParams
+    seed: int | None  # None: the server's own randomness
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    logprobs: bool
+    top_logprobs: int
+    id: str = ""
+    created: int = 0
+
+    @property
+    def rows(self) -> int:
+        return len(self.prompts) * self.n
+
+
+def decode_body(raw: bytes) -> dict:
+    """The JSON object of a request body; 400 for anything else (bad UTF-8 or JSON, NaN/Infinity,
+    nesting too deep to parse, strings no encoder can write)."""
+    def constant(name):
+        raise bad(f"the body holds {name}, which is not JSON")
+
+    try:
+        body = json.loads(raw.decode("utf-8"), parse_constant=constant)
+    except ApiError:
+        raise
+    except UnicodeDecodeError as err:
+        raise bad(f"the body is not UTF-8 ({err.reason} at byte {err.start})") from None
+    except RecursionError:
+        raise bad("the body's JSON is nested too deeply") from None
+    except ValueError as err:
+        raise bad(f"the body is not valid JSON: {err}") from None
+    if not isinstance(body, dict):
+        raise bad("the body must be a JSON object")
+    return body
+
+
+def _text(value, param: str) -> str:
+    if not isinstance(value, str):
+        raise bad(f"{param} must be a string, got {type(value).__name__}", param)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad(f"{param} holds a lone UTF-16 surrogate, which is not text", param) from None
+    return value
+
+
+def _number(body: dict, key: str, default, kind, low=None, high=None):
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
+            kind is int and value != int(value)):
+        raise bad(f"{key} must be a finite {'whole ' if kind is int else ''}number, got {value!r}", key)
+    value = kind(value)
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise bad(f"{key} must be between {low} and {high}, got {value}", key)
+    return value
+
+
+def _check_fields(body: dict, allowed: set[str], limits: Limits) -> None:
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise bad(f"this server does not support the parameter {unknown[0]!r}", unknown[0])
+    for key, neutral in _NEUTRAL.items():
+        if key in body and body[key] != neutral and not (key in ("tools", "logit_bias") and not body[key]):
+            raise bad(f"this server does not support {key}={body[key]!r} (only {neutral!r})", key)
+    if "model" in body and body["model"] != limits.model:
+        raise ApiError(404, f"the model {body['model']!r} is not served here; this server has {limits.model!r}",
+                       "model")
+
+
+def _sampling(body: dict, limits: Limits, max_tokens: int, stop_ids) -> SamplingParams:
+    temperature = _number(body, "temperature", 1.0, float, 0.0, 2.0)
+    top_p = _number(body, "top_p", 1.0, float, 0.0, 1.0)
+    if top_p == 0:
+        raise bad("top_p must be above 0 (1 keeps the whole distribution)", "top_p")
+    if temperature == 0:  # what OpenAI clients send for the most likely answer
+        return SamplingParams(max_tokens, greedy=True, stop_token_ids=stop_ids)
+    return SamplingParams(max_tokens, temperature, 0, top_p, stop_token_ids=stop_ids)
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not 1 <= len(stop) <= MAX_STOP_STRINGS:
+        raise bad(f"stop must be a string or a list of 1 to {MAX_STOP_STRINGS} strings", "stop")
+    stop = tuple(_text(s, "stop") for s in stop)
+    if not all(stop):
+        raise bad("stop strings must not be empty", "stop")
+    return stop
+
+
+def _stream(body: dict) -> tuple[bool, bool]:
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise bad("stream must be true or false", "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict) or set(options) - {"include_usage"}:
+        raise bad("stream_options may hold only include_usage", "stream_options")
+    if options and not stream:
+        raise bad("stream_options needs stream=true", "stream_options")
+    return stream, bool(options.get("include_usage", False))
+
+
+def _check_length(prompt: list[int], limits: Limits) -> list[int]:
+    if len(prompt) > limits.max_prompt_len:
+        raise bad(f"the prompt is {len(prompt)} tokens; this server takes at most {limits.max_prompt_len}")
+    if not prompt:
+        raise bad("the prompt is empty")
+    return prompt
+
+
+def _check_chars(texts, limits: Limits) -> None:
+    """Refuse a prompt too long to be within the token limit before tokenizing it (a 50 MB message
+    would otherwise take minutes and gigabytes to tokenize)."""
+    chars = sum(len(t) for t in texts)
+    if chars > limits.max_prompt_len * limits.chars_per_token:
+        raise bad(f"the prompt is {chars} characters; this server takes at most {limits.max_prompt_len} tokens "
+                  f"(at most {limits.max_prompt_len * limits.chars_per_token} characters)")
+
+
+def parse_chat(body: dict, tokenizer, limits: Limits) -> Ask:
+    _check_fields(body, CHAT_FIELDS, limits)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str)
+            for m in messages):
+        raise bad("messages must be a non-empty list of {\"role\": ..., \"content\": \"...\"}", "messages")
+    for m in messages:
+        _text(m["content"], "messages"), _text(m["role"], "messages")
+    _check_chars([m["content"] for m in messages], limits)
+    if "max_tokens" in body and "max_completion_tokens" in body:
+        raise bad("give max_tokens or max_completion_tokens, not both", "max_completion_tokens")
+    key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    max_tokens = _number(body, key, limits.max_tokens, int, 1, limits.max_tokens)
+    logprobs = body.get("logprobs") or False
+    if not isinstance(logprobs, bool):
+        raise bad("logprobs must be true or false", "logprobs")
+    top = _number(body, "top_logprobs", 0, int, 0, MAX_TOP_LOGPROBS)
+    if top and not logprobs:
+        raise bad("top_logprobs needs logprobs=true", "top_logprobs")
+    try:
+        text = tokenizer.template.render_chat(messages, tokenizer.hf)
+    except Exception as err:  # noqa: BLE001 (a template that cannot render these messages)
+        raise bad(f"the chat template cannot render these messages: {err}", "messages") from None
+    prompt = _check_length(tokenizer.encode(text), limits)
+    return _ask("chat", body, [prompt], max_tokens, logprobs, top, tokenizer, limits)
+
+
+def parse_text(body: dict, tokenizer, limits: Limits) -> Ask:
+    _check_fields(body, TEXT_FIELDS, limits)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        texts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        texts = prompt
+    else:
+        raise bad("prompt must be a string or a non-empty list of strings", "prompt")
+    texts = [_text(t, "prompt") for t in texts]
+    _check_chars(texts, limits)
+    max_tokens = _number(body, "max_tokens", 16, int, 1, limits.max_tokens)  # OpenAI's default is 16
+    top = _number(body, "logprobs", 0, int, 0, 5)  # the number of alternatives per token
+    n = _number(body, "n", 1, int, 1, limits.max_rows)
+    if _number(body, "best_of", n, int, 1, limits.max_rows) != n:
+        raise bad("best_of other than n is not supported", "best_of")
+    prompts = [_check_length(tokenizer.encode(t), limits) for t in texts]
+    return _ask("text", body, prompts, max_tokens, "logprobs" in body and body["logprobs"] is not None, top,
+                tokenizer, limits)
+
+
+def _ask(kind, body, prompts, max_tokens, logprobs, top, tokenizer, limits: Limits) -> Ask:
+    n = _number(body, "n", 1, int, 1, limits.max_rows)
+    if n * len(prompts) > limits.max_rows:
+        raise bad(f"{len(prompts)} prompts x n={n} is {n * len(prompts)} answers; this server gives at most "
+                  f"{limits.max_rows} per request", "n")
+    seed = _number(body, "seed", None, int, -_SEED_RANGE, _SEED_RANGE - 1)
+    stream, usage = _stream(body)
+    if stream and logprobs:
+        raise bad("logprobs with stream=true is not supported; ask without streaming", "logprobs")
+    prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    return Ask(kind, prompts, n, _sampling(body, limits, max_tokens, tokenizer.stop_ids),
+               None if seed is None else seed % (1 << 31), _stop(body), stream, usage, bool(logprobs), top,
+               f"{prefix}-{uuid.uuid4().hex[:24]}", int(time.time()))
+
+
+# ------------------------------------------------------------------------------------------- answers
+
+
+@dataclasses.dataclass
+class Choice:
+    """One answer: its text, tokens and raw log-probs (cut at a stop string), and why it ended."""
+
+    index: int
+    text: str
+    tokens: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" or "length"
+    top: list[list[tuple[int, float]]] | None = None  # per token: the most likely (id, log-prob)
+
+
+def usage(ask: Ask, choices) -> dict:
+    prompt = sum(len(p) for p in ask.prompts)
+    used = sum(len(c.tokens) for c in choices)
+    return {"prompt_tokens": prompt, "completion_tokens": used, "total_tokens": prompt + used}
+
+
+def _chat_logprobs(c: Choice, piece) -> dict:
+    def entry(token, lp):
+        text = piece(token)
+        return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+
+    content = []
+    for i, (token, lp) in enumerate(zip(c.tokens, c.logprobs)):
+        content.append({**entry(token, lp), "top_logprobs": [entry(t, v) for t, v in (c.top[i] if c.top else [])]})
+    return {"content": content, "refusal": None}
+
+
+def _text_logprobs(c: Choice, piece) -> dict:
+    pieces = [piece(t) for t in c.tokens]
+    offsets = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
+    top = [{piece(t): v for t, v in alts} for alts in c.top] if c.top else [None] * len(pieces)
+    return {"tokens": pieces, "token_logprobs": list(c.logprobs), "top_logprobs": top, "text_offset": offsets}
+
+
+def completion(ask: Ask, choices: list[Choice], model: str, piece) -> dict:
+    """The whole answer. piece(token id) -> that token's text (for log-probs)."""
+    out = []
+    for c in choices:
+        if ask.kind == "chat":
+            entry = {"index": c.index, "message": {"role": "assistant", "content": c.text},
+                     "logprobs": _chat_logprobs(c, piece) if ask.logprobs else None}
+        else:
+            entry = {"index": c.index, "text": c.text, "logprobs": _text_logprobs(c, piece) if ask.logprobs else None}
+        out.append({**entry, "finish_reason": c.finish_reason})
+    return {"id": ask.id, "object": "chat.completion" if ask.kind == "chat" else "text_completion",
+            "created": ask.created, "model": model, "choices": out, "usage": usage(ask, choices),
+            "system_fingerprint": None}
+
+
+def chunk(ask: Ask, model: str, index: int | None = None, text: str | None = None, finish: str | None = None,
+          first: bool = False, usage: dict | None = None) -> dict:
+    """One server-sent event of a streamed answer: a choice's new text, its end, or (index None) the
+    closing usage chunk."""
+    if index is None:
+        choices = []
+    elif ask.kind == "chat":
+        delta = {"role": "assistant", "content": text or ""} if first else {} if text is None else {"content": text}
+        choices = [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]
+    else:
+        choices = [{"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}]
+    body = {"id": ask.id, "object": "chat.completion.chunk" if ask.kind == "chat" else "text_completion",
+            "created": ask.created, "model": model, "choices": choices, "system_fingerprint": None}
+    if ask.include_usage:
+        body["usage"] = usage
+    return body

@@ -1,0 +1,398 @@
+"""`spiral-jax serve` as its users call it: the official openai client (plain, streaming, n > 1, stop
+strings, log-probs, text completions, its exceptions), answers equal to the sampler's, continuous
+batching, and a server that holds up against hostile input, departing clients and shutdown."""
+import http.client
+import json
+import socket
+import threading
+import time
+
+import numpy as np
+import openai
+import pytest
+
+from spiral_jax.eval.suite import run_games
+from spiral_jax.eval.transcripts import read_transcripts
+from spiral_jax.sampling import Sampler, SamplingParams
+from spiral_jax.sampling.scoring import sequence_logprobs
+from spiral_jax.serve import ChatServer
+
+USER = [{"role": "user", "content": "Your move."}]
+
+
+@pytest.fixture(scope="module")
+def sampler(tiny_ctx):
+    """Room for the longest prompt's bucket (1024 slots) and 256 new tokens."""
+    return Sampler(tiny_ctx.cfg, None, max_prompt_len=768, max_cache_len=1024 + 256)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_ctx, sampler):
+    server = ChatServer(sampler, tiny_ctx.tokenizer, tiny_ctx.params, "tiny", port=0, max_rows=8, max_tokens=16)
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def endless(tiny_ctx, sampler):
+    """A server whose answers never stop early (no stop ids): every answer runs to its max_tokens."""
+    tok = type(tiny_ctx.tokenizer)(tiny_ctx.tokenizer.hf, tiny_ctx.tokenizer.template, frozenset())
+    server = ChatServer(sampler, tok, tiny_ctx.params, "tiny", port=0, max_rows=8, max_tokens=256, timeout_s=2.0,
+                        stream_steps=4)
+    server.start()
+    yield server
+    server.close(timeout_s=1)
+
+
+def client(server, **kw):
+    return openai.OpenAI(base_url=server.url, api_key=kw.pop("api_key", "unused"), max_retries=0, timeout=60, **kw)
+
+
+def _prompt(tok, messages=USER):
+    return tok.encode(tok.template.render_chat(messages, tok.hf))
+
+
+def _raw(server, request: bytes, read: bool = True) -> bytes:
+    """Send raw bytes, return the raw reply (the status line first)."""
+    host, port = server.http.server_address[:2]
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(request)
+        if not read:
+            return b""
+        out = b""
+        while True:
+            try:
+                data = sock.recv(65536)
+            except socket.timeout:
+                break
+            if not data:
+                break
+            out += data
+            if b"\r\n\r\n" in out:
+                head, _, rest = out.partition(b"\r\n\r\n")
+                length = [int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")]
+                if length and len(rest) >= length[0]:
+                    break
+        return out
+
+
+def _post(server, body, headers=None, path="/v1/chat/completions") -> tuple[int, dict, dict]:
+    host, port = server.http.server_address[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    conn.request("POST", path, data, {"Content-Type": "application/json", **(headers or {})})
+    r = conn.getresponse()
+    out = r.status, json.loads(r.read() or b"{}"), dict(r.getheaders())
+    conn.close()
+    return out
+
+
+# ----------------------------------------------------------------------------- the openai client
+
+
+def test_answers_equal_the_samplers(served, tiny_ctx, sampler):
+    """A seeded request gets what `Sampler.generate` samples for the same prompt (the config's template
+    around the user message), seed and row ids; an API player's game turn reaches the model as the
+    trainer's own prompt."""
+    tok = tiny_ctx.tokenizer
+    reply = client(served).chat.completions.create(model="tiny", messages=USER, n=2, seed=3, temperature=0.6,
+                                                   top_p=0.95, max_tokens=8)
+    prompt = _prompt(tok)
+    want = sampler.generate(tiny_ctx.params, [prompt, prompt],
+                                     SamplingParams(8, 0.6, 0, 0.95, stop_token_ids=tok.stop_ids), seed=3,
+                                     row_ids=[0, 1])
+    assert reply.model == "tiny" and [c.message.content for c in reply.choices] == [tok.decode(t) for t in want.tokens]
+    assert reply.usage.completion_tokens == sum(len(t) for t in want.tokens)
+    assert reply.usage.prompt_tokens == len(prompt)
+    observation = "X to move."
+    rendered = tok.template.render_chat([{"role": "user", "content": tok.template.user_text(observation)}], tok.hf)
+    assert tok.encode(rendered) == tok.prompt_ids(observation)
+    assert [m.id for m in client(served).models.list()] == ["tiny"]
+
+    greedy = client(served).chat.completions.create(model="tiny", messages=USER, temperature=0, max_tokens=8)
+    want = sampler.generate(tiny_ctx.params, [prompt], SamplingParams(8, greedy=True,
+                                                                               stop_token_ids=tok.stop_ids))
+    assert greedy.choices[0].message.content == tok.decode(want.tokens[0])
+
+
+def test_streaming_gives_the_same_text_and_usage(served):
+    c = client(served)
+    body = dict(model="tiny", messages=USER, n=2, seed=5, max_tokens=16)
+    whole = c.chat.completions.create(**body)
+    texts, reasons, usage = ["", ""], [None, None], None
+    for chunk in c.chat.completions.create(**body, stream=True, stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            reasons[choice.index] = choice.finish_reason or reasons[choice.index]
+    assert texts == [ch.message.content for ch in whole.choices]
+    assert reasons == [ch.finish_reason for ch in whole.choices]
+    assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
+    text = "".join(ch.choices[0].text for ch in c.completions.create(model="tiny", prompt="Hello", max_tokens=6, seed=1,
+                                                          stream=True))
+    assert text == c.completions.create(model="tiny", prompt="Hello", max_tokens=6, seed=1).choices[0].text
+
+
+def test_stop_strings_cut_the_answer(endless):
+    c = client(endless)
+    full = c.chat.completions.create(model="tiny", messages=USER, seed=2, max_tokens=60).choices[0].message.content
+    stop = full[20:23]
+    cut = full[:full.find(stop)]
+    got = c.chat.completions.create(model="tiny", messages=USER, seed=2, max_tokens=60, stop=[stop, "\x00never"])
+    assert got.choices[0].message.content == cut and got.choices[0].finish_reason == "stop"
+    assert got.usage.completion_tokens < 60
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+        model="tiny", messages=USER, seed=2, max_tokens=60, stop=stop, stream=True) if ch.choices)
+    assert streamed == cut
+
+
+def test_logprobs_are_the_models(served, tiny_ctx, sampler):
+    """Each token's log-prob is the model's (temperature 1, what scoring the answer gives); the top
+    alternatives are sorted and the sampled token is never above the first."""
+    tok = tiny_ctx.tokenizer
+    reply = client(served).chat.completions.create(model="tiny", messages=USER, seed=4, max_tokens=8, temperature=0.6,
+                                                   top_p=0.95,
+                                                   logprobs=True, top_logprobs=3)
+    content = reply.choices[0].logprobs.content
+    want = sampler.generate(tiny_ctx.params, [_prompt(tok)],
+                                     SamplingParams(8, 0.6, 0, 0.95, stop_token_ids=tok.stop_ids), seed=4)
+    np.testing.assert_allclose([t.logprob for t in content], want.raw_logprobs[0], atol=1e-5)
+    score = sequence_logprobs(tiny_ctx.params, tiny_ctx.cfg, [(_prompt(tok), want.tokens[0])])[0]
+    np.testing.assert_allclose(sum(t.logprob for t in content), score, atol=1e-3)
+    for t in content:
+        tops = [a.logprob for a in t.top_logprobs]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True) and t.logprob <= tops[0] + 1e-5 and t.logprob < 0
+    text = client(served).completions.create(model="tiny", prompt="Hello", max_tokens=5, seed=1, logprobs=2)
+    lp = text.choices[0].logprobs
+    assert len(lp.token_logprobs) == len(lp.tokens) == len(lp.top_logprobs) == text.usage.completion_tokens
+    assert all(len(alts) <= 2 for alts in lp.top_logprobs)
+
+
+def test_client_exceptions(served, tiny_ctx):
+    c = client(served)
+    with pytest.raises(openai.BadRequestError, match="frequency_penalty"):
+        c.chat.completions.create(model="tiny", messages=USER, frequency_penalty=0.5)
+    with pytest.raises(openai.BadRequestError, match="'tools_v9'"):
+        c.chat.completions.create(model="tiny", messages=USER, extra_body={"tools_v9": 1})
+    with pytest.raises(openai.NotFoundError, match="'tiny'"):
+        c.chat.completions.create(model="gpt-9", messages=USER)
+    with pytest.raises(openai.BadRequestError, match="temperature must be between 0.0 and 2.0"):
+        c.chat.completions.create(model="tiny", messages=USER, temperature=1e9)
+    with pytest.raises(openai.BadRequestError, match="logprobs with stream"):
+        c.chat.completions.create(model="tiny", messages=USER, logprobs=True, stream=True)
+    keyed = ChatServer(served.scheduler.sampler, tiny_ctx.tokenizer, tiny_ctx.params, "tiny", port=0, max_rows=8,
+                       max_tokens=4, api_key="s3cret")
+    keyed.start()
+    try:
+        with pytest.raises(openai.AuthenticationError, match="API key"):
+            client(keyed, api_key="wrong").models.list()
+        assert client(keyed, api_key="s3cret").chat.completions.create(model="tiny", messages=USER).choices
+    finally:
+        keyed.close()
+
+
+# --------------------------------------------------------------------------- continuous batching
+
+
+def test_a_long_answer_does_not_hold_short_ones_back(endless):
+    """Short requests sent after a long one finish first, while it is still decoding."""
+    c, done = client(endless), []
+
+    def ask(kind, tokens):
+        reply = c.chat.completions.create(model="tiny", messages=USER, max_tokens=tokens)
+        done.append((kind, reply.usage.completion_tokens))
+
+    long = threading.Thread(target=ask, args=("long", 256))
+    long.start()
+    while not (endless.scheduler.engine and endless.scheduler.engine.live):
+        time.sleep(0.01)
+    shorts = [threading.Thread(target=ask, args=("short", 4)) for _ in range(3)]
+    for t in shorts:
+        t.start()
+    for t in shorts + [long]:
+        t.join()
+    assert done == [("short", 4)] * 3 + [("long", 256)]
+
+
+def test_a_departed_clients_answers_are_cancelled(endless):
+    engine_busy = lambda: endless.scheduler.engine is not None and endless.scheduler.engine.live  # noqa: E731
+    for stream in (False, True):
+        host, port = endless.http.server_address[:2]
+        body = json.dumps({"model": "tiny", "messages": USER, "n": 4, "max_tokens": 256, "stream": stream}).encode()
+        sock = socket.create_connection((host, port))
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.time() + 10
+        while not engine_busy() and time.time() < deadline:
+            time.sleep(0.01)
+        assert engine_busy()
+        sock.close()
+        deadline = time.time() + 5
+        while engine_busy() and time.time() < deadline:
+            time.sleep(0.05)
+        assert not engine_busy(), "the departed client's answers still hold their slots"
+
+
+# ------------------------------------------------------------------------------------ hostility
+
+
+@pytest.mark.parametrize("request_bytes,status,message", [
+    (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100000000000\r\n\r\n", 413,
+     b"at most 4194304"),
+    (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: abc\r\n\r\n", 400, b"Content-Length"),
+    (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: -1\r\n\r\n", 400, b"Content-Length"),
+    (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n\r\n", 411, b"Content-Length"),
+    (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 4\r\n\r\n\xff\xfe{}", 400, b"UTF-8"),
+    (b"GET /v1/models HTTP/1.1\r\nHost: evil.example\r\n\r\n", 403, b"loopback"),
+    (b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nOrigin: https://evil.example\r\n\r\n", 403, b"--allow_origin"),
+])
+def test_malformed_requests_are_refused_at_once(served, request_bytes, status, message):
+    start = time.time()
+    reply = _raw(served, request_bytes)
+    assert reply.startswith(b"HTTP/1.1 %d" % status) and message in reply, reply[:300]
+    assert time.time() - start < 5
+
+
+@pytest.mark.parametrize("body,message", [
+    ({"messages": []}, "messages must be a non-empty list"),
+    ({"messages": USER, "n": 9}, "n must be between 1 and 8"),
+    ({"messages": USER, "max_tokens": 17}, "max_tokens must be between 1 and 16"),
+    ({"messages": USER, "temperature": "hot"}, "temperature must be a finite number"),
+    ({"messages": USER, "top_p": 0}, "top_p must be above 0"),
+    ({"messages": USER, "temperature": float("inf")}, "not JSON"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "n": 1e400}', "n must be a finite whole number"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "n": NaN}', "not JSON"),
+    ({"messages": USER, "seed": 2 ** 70}, "seed must be between"),
+    (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "surrogate"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    ({"messages": [{"role": "user", "content": "word " * 2000}]}, "this server takes at most 768"),
+    ({"messages": [{"role": "user", "content": "w" * 20_000}]}, "characters"),
+    ({"messages": USER, "stream_options": {"include_usage": True}}, "needs stream=true"),
+    ({"messages": USER, "stop": [""]}, "must not be empty"),
+])
+def test_bad_values_get_400_naming_them(served, body, message):
+    status, reply, _ = _post(served, body if isinstance(body, bytes) else json.dumps(body, allow_nan=True).encode())
+    assert status == 400 and message in reply["error"]["message"], reply
+
+
+def test_cross_origin_requests_only_when_allowed(tiny_ctx, sampler):
+    server = ChatServer(sampler, tiny_ctx.tokenizer, tiny_ctx.params, "tiny", port=0, max_rows=8,
+                        max_tokens=4, allow_origin=("https://ok.example",))
+    server.start()
+    try:
+        status, _, headers = _post(server, {"messages": USER}, {"Origin": "https://ok.example"})
+        assert status == 200 and headers["Access-Control-Allow-Origin"] == "https://ok.example"
+        status, reply, _ = _post(server, {"messages": USER}, {"Origin": "https://evil.example"})
+        assert status == 403 and "--allow_origin" in reply["error"]["message"]
+    finally:
+        server.close()
+
+
+def test_idle_connections_are_closed(endless):
+    host, port = endless.http.server_address[:2]
+    with socket.create_connection((host, port), timeout=10) as sock:
+        start = time.time()
+        assert sock.recv(10) == b""  # the server closed it
+        assert 1.5 < time.time() - start < 6  # timeout_s=2
+
+
+def test_shutdown_refuses_waiting_work_and_bounds_running_work(tiny_ctx, sampler):
+    """close(): waiting requests get 503 at once; running ones have the bound to finish, then 503."""
+    tok = type(tiny_ctx.tokenizer)(tiny_ctx.tokenizer.hf, tiny_ctx.tokenizer.template, frozenset())
+    server = ChatServer(sampler, tok, tiny_ctx.params, "tiny", port=0, max_rows=8, max_tokens=256)
+    server.start()
+    replies = []
+    body = {"messages": USER, "n": 8, "max_tokens": 256}
+    threads = [threading.Thread(target=lambda: replies.append(_post(server, body)[:2])) for _ in range(3)]
+    for t in threads:
+        t.start()
+    deadline = time.time() + 10
+    while not (server.scheduler.engine and server.scheduler.engine.live) and time.time() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)
+    start = time.time()
+    server.close(timeout_s=0.05)
+    for t in threads:
+        t.join(10)
+    assert time.time() - start < 5
+    assert sorted(status for status, _ in replies) == [503, 503, 503]
+    assert {reply["error"]["message"].split(" before")[0] for _, reply in replies} == {"the server shut down"}
+
+
+def test_eval_games_against_the_served_model(served, tiny_ctx, tmp_path):
+    """An openai:NAME@URL opponent plays evaluation games through the server: every game ends, and
+    the opponent's responses are the server's answers (the tiny model's text, not empty)."""
+    spec = f"openai:tiny@{served.url}"
+    results = run_games(tiny_ctx, tmp_path, ["TicTacToe-v0"], [spec], 4)
+    assert results["TicTacToe-v0", spec].games == 4
+    games = read_transcripts(next((tmp_path / "transcripts").glob("*.jsonl")))
+    api_turns = [t for g in games for t in g["turns"] if t["policy"] == spec]
+    assert api_turns and all(t["response"] for t in api_turns)
+
+
+@pytest.mark.slow
+def test_200_concurrent_clients_are_all_answered(served):
+    replies = []
+    body = {"messages": USER, "max_tokens": 4}
+    threads = [threading.Thread(target=lambda: replies.append(_post(served, body)[0])) for _ in range(200)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert replies.count(200) == 200, sorted(set(replies))
+
+
+@pytest.mark.slow
+def test_the_serve_command_lets_running_answers_finish_on_sigterm(tmp_path):
+    """`spiral-jax serve` on a trained checkpoint: SIGTERM with a request running lets it finish, then
+    the command exits 0."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    from spiral_jax.cli import main as cli_main
+    from tests.trainer.test_trainer import REPO, _config_file
+
+    config = _config_file(tmp_path, **{"train.steps": 1})
+    assert cli_main(["spiral-jax", "train", f"--config={config}"]) == 0
+
+    cli = "import sys; from spiral_jax.cli import main; sys.exit(main())"
+    proc = subprocess.Popen([sys.executable, "-c", cli, "serve", f"--config={config}", "--port=0", "--max_tokens=64",
+                             "--shutdown_s=20"], cwd=REPO, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": REPO})
+    url = next((m.group(1) for line in proc.stderr if (m := re.search(r" at (http://\S+/v1) ", line))), None)
+    assert url, f"serve did not start: exit {proc.wait()}"
+    c = openai.OpenAI(base_url=url, api_key="-", max_retries=0, timeout=60)
+    name = c.models.list().data[0].id
+    replies = []
+    request = threading.Thread(target=lambda: replies.append(c.chat.completions.create(
+        model=name, messages=USER, max_tokens=64, n=4)))
+    request.start()
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    request.join(60)
+    assert proc.wait(60) == 0 and replies and len(replies[0].choices) == 4
+    assert "stopped" in proc.stderr.read()
+
+
+def test_a_second_signal_exits_at_once(monkeypatch):
+    """The serve command's handler: the first signal stops serving (the server closes gracefully), a
+    second one exits the process at once with 128 + the signal's number."""
+    import os
+    import signal
+
+    from spiral_jax import cli
+
+    shutdowns, exits = [], []
+    fake = type("Fake", (), {"http": type("H", (), {"shutdown": lambda self: shutdowns.append(1)})()})()
+    monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
+    stop = cli.stop_on_signal(fake, 5)
+    stop(signal.SIGTERM, None)
+    time.sleep(0.1)
+    assert shutdowns == [1] and exits == []
+    stop(signal.SIGINT, None)
+    assert exits == [128 + signal.SIGINT]
