@@ -244,6 +244,7 @@ class TimedUpdate:
     def __call__(self, state, batch, ref_params=None):
         tokens, response = jax.device_get((batch.input_mask.sum(1), batch.loss_mask.sum(1)))
         self.rows = [(int(n), int(r)) for n, r in zip(tokens, response) if n]
+        self.slots = batch.tokens.size
         self.seconds = {}
         if not self.tc.on_policy:
             old, self.seconds["old log-probs"], _ = run_timed(
@@ -287,7 +288,8 @@ def _seconds(fn) -> float:
 
 
 def device_rates(args, dtype) -> tuple[float, float, str]:
-    """(bytes/s, FLOP/s, where they came from): the flags, else the data-sheet table, else measured."""
+    """(bytes/s, FLOP/s, where they came from): the flags, else the data-sheet table, else measured
+    (always on CPU, whose data sheet depends on the machine)."""
     kind = jax.devices()[0].device_kind
     sheet = None if jax.default_backend() == "cpu" else \
         next((v for k, v in DEVICES.items() if k.lower() in kind.lower()), None)
@@ -383,19 +385,21 @@ def main():
               f"{c.optim.epochs} PPO epochs, {r.games_per_batch} games per call, micro-batch "
               f"{c.optim.micro_batch_size}, {r.schedule} schedule"
               + (f" ({r.max_in_flight} slots)" if r.max_in_flight else ""))
-        print(f"device: {bandwidth / 1e12:.3g} TB/s, {peak / 1e12:.3g} TFLOP/s ({rates})")
+        reads = measured_bandwidth()
+        print(f"device: {bandwidth / 1e12:.3g} TB/s, {peak / 1e12:.3g} TFLOP/s ({rates}); a plain reduction "
+              f"reads {reads / 1e12:.3g} TB/s here")
         probes = Probes(trainer)
         for step in range(1, args.steps + 1):
             probes.reset()
             metrics, _, compiled = run_timed(trainer.train_step)
             print(f"step {step} of {args.steps}: {metrics['time/step']:.1f} s, of which "
                   f"{compiled:.1f} s compiling {int(metrics['compile/new_executables'])} programs")
-        report(trainer, c, args, metrics, compiled, probes, bandwidth, peak)
+        report(trainer, c, args, metrics, compiled, probes, bandwidth, peak, reads)
         trainer.ckpt.close()
         trainer.writer.close()
 
 
-def report(trainer, c, args, metrics, compiled, probes, bandwidth, peak):
+def report(trainer, c, args, metrics, compiled, probes, bandwidth, peak, reads):
     """Print the last step's figures, less the time XLA spent compiling; the last line sums them up."""
     cfg, r, devices = trainer.cfg, c.rollout, jax.device_count()
     calls, update, games = probes.calls, probes.update, probes.played.games
@@ -412,8 +416,8 @@ def report(trainer, c, args, metrics, compiled, probes, bandwidth, peak):
     parts["hand-over, packing, metrics"] = step - sum(parts.values())
     print(f"\nthe last step{f', less {compiled:.1f} s of compiling' if compiled else ''}:")
     for name, seconds in parts.items():
-        print(f"  {name:26s} {seconds:9.2f} s {seconds / step:6.1%}")
-    print(f"  {'step':26s} {step:9.2f} s")
+        print(f"  {name:28s} {seconds:9.2f} s {seconds / step:6.1%}")
+    print(f"  {'step':28s} {step:9.2f} s")
 
     turns = [t for g in games for t in g.model_turns if t.response_ids]
     lengths = np.array([len(t.response_ids) for t in turns])
@@ -442,7 +446,8 @@ def report(trainer, c, args, metrics, compiled, probes, bandwidth, peak):
     floor1 = floor(1, trainer.sampler._buckets([prompt], one)[0], BATCH1_STEPS - 1) / (BATCH1_STEPS - 1)
     print(f"decode step at batch 1: {step1 * 1e3:.2f} ms, HBM floor {floor1 * 1e3:.2f} ms "
           f"({weights / 1e9:.3g} GB of {cfg.compute_dtype} weights and the cache at "
-          f"{bandwidth * devices / 1e12:.3g} TB/s): {step1 / floor1:.2f}x")
+          f"{bandwidth * devices / 1e12:.3g} TB/s): {step1 / floor1:.2f}x; "
+          f"{step1 / floor1 * reads / bandwidth:.2f}x at the rate a plain reduction reads")
     if r.schedule == "rounds":
         steps = sum(k["steps"] for k in calls.calls)
         decode = sum(k["seconds"] - k["prefill"] for k in calls.calls)
@@ -457,7 +462,8 @@ def report(trainer, c, args, metrics, compiled, probes, bandwidth, peak):
     train_s, logprob_s = update.seconds["train"], update.seconds.get("old log-probs", 0.0)
     mfu = c.optim.epochs * epoch / (train_s * peak * devices)
     tokens, response = (sum(x) for x in zip(*update.rows))
-    line = (f"train: {len(update.rows)} rows, {tokens:,} tokens ({response:,} response), {c.optim.epochs} "
+    line = (f"train: {len(update.rows)} rows, {tokens:,} tokens ({tokens / update.slots:.0%} of the batch's "
+            f"slots; {response:,} response), {c.optim.epochs} "
             f"epochs of {epoch:.3g} FLOP in {train_s:.2f} s: MFU {mfu:.0%}")
     if logprob_s:
         line += f"; old log-probs {epoch / 3 / (logprob_s * peak * devices):.0%}"
