@@ -16,6 +16,7 @@ exits with 2, any other error with 1.
 """
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from pathlib import Path
@@ -197,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         elif is_disk_full(e):  # metrics, transcripts, an export
             reason = (f"the disk is full ({e}); free space or move out_dir to a bigger disk, then run again "
                       f"(train: with --resume)")
+        elif isinstance(e, OSError) and e.errno in (errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.EISDIR):
+            reason = (f"cannot write {e.filename or 'a file'}: {e.strerror}; choose a folder you can write "
+                      f"(train: --config.out_dir=NEW_FOLDER)")
         elif isinstance(e, OSError) and not isinstance(e, (FileNotFoundError, ConnectionError, PermissionError)):
             raise  # an unexpected system error keeps its traceback; a missing file or dead endpoint is said
         else:
@@ -271,13 +275,9 @@ def _run(command: str, c) -> int:
                               config_file=config_flags.get_config_filename(FLAGS["config"]))
             trainer.run()
         return PREEMPTED_EXIT_CODE if trainer.stopped else 0
-    if command == "export" and not FLAGS.out:
-        raise ValueError("--out is required (the folder to write the Hugging Face checkpoint to)")
-    if command == "export" and Path(FLAGS.out).exists() and not Path(FLAGS.out).is_dir():
-        raise ValueError(f"--out {FLAGS.out} is a file; export writes a folder (config, safetensors, tokenizer)")
-    if command == "export" and Path(FLAGS.out).is_dir() and any(Path(FLAGS.out).iterdir()) and not FLAGS.overwrite:
-        raise ValueError(f"--out {FLAGS.out} is not empty; pass an empty or new folder, or --overwrite to "
-                         f"replace everything in it")
+    if command == "export":  # before any weights are loaded: a folder that is unsafe to write fails now
+        from spiral_jax.run_dir import check_export_dir
+        check_export_dir(FLAGS.out, c.out_dir, FLAGS.overwrite)
     # eval / export / serve: the newest checkpoint's parameters in out_dir, else the weights at model.path.
     from spiral_jax.config import build_tokenizer, eval_sampling, load_policy, math_sampling, with_protocol
     from spiral_jax.distributed import host_local_mesh, initialize
@@ -360,10 +360,11 @@ def _export(c, cfg, params, tokenizer) -> int:
     import shutil
 
     from spiral_jax.models import save_pretrained
+    from spiral_jax.run_dir import clear_export_dir, record_export
 
     out = Path(FLAGS.out)
-    if out.is_dir():  # --overwrite: nothing of the old export may survive next to the new
-        shutil.rmtree(out)
+    clear_export_dir(out)  # --overwrite: nothing the old export wrote survives next to the new
+    before = {p.name for p in out.iterdir()} if out.is_dir() else set()
     save_pretrained(cfg, params, out, dtype=FLAGS.dtype, max_shard_bytes=int(FLAGS.max_shard_gib * 2**30),
                     generation_config={"eos_token_id": sorted(tokenizer.stop_ids),
                                        "bos_token_id": tokenizer.hf.bos_token_id})
@@ -375,8 +376,10 @@ def _export(c, cfg, params, tokenizer) -> int:
                 shutil.copy(f, out / f.name)
     else:
         tokenizer.hf.save_pretrained(out)
+    record_export(out, before)
     for written in out.iterdir():
-        written.chmod(0o644)
+        if written.name not in before:
+            written.chmod(0o644)
     print(f"wrote a Hugging Face checkpoint ({FLAGS.dtype} safetensors, config, generation_config, tokenizer) "
           f"to {out}")
     return 0

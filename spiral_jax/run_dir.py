@@ -1,30 +1,47 @@
-"""A training run's claim on its out_dir: one run per folder, and never two at once.
+"""A training run's claim on its out_dir: one run per folder, never two at once, and never a
+deletion of files a run did not write.
 
 A fresh `train` refuses a folder that holds another run's files, so checkpoints, TensorBoard events
 and summaries of two runs never mix (`--resume` continues that run; `--overwrite` deletes it first).
-While a run trains, `out_dir/run.lock` names its process, host and start time; a second run on the
-same folder refuses, naming the first. A lock left by a process that died on this host (kill -9, a
-crash) is stale: it is reported and taken over. On a remote out_dir (gs://...) only the leftover-run
-check applies: object stores have no atomic create, so locking them is left to the scheduler. On
-several hosts every host checks for a leftover run, and only the leader locks and deletes.
+A fresh run writes `out_dir/run_manifest.json`, the entries it owns; `--overwrite` deletes exactly
+those, and refuses a folder without a manifest (files that merely have a run's names, such as a
+user's config.json, are never deleted). `spiral-jax export` does the same with `export_manifest.json`
+in its --out folder, and refuses the current folder, its parents, the home folder and the run's own
+out_dir.
+
+While a run trains, `out_dir/run.lock` names its process, host, start time and a token of its own;
+a second run on the same folder refuses, naming the first. The lock appears whole and at once (written
+to a temporary file, then hard-linked into place, which fails if a lock exists). A lock left by a
+process that died on this host (kill -9, a crash) is stale: it is reported and taken over, by one run
+only: a run deletes a stale lock only after creating `run.lock.takeover-<hash of that lock>` with
+O_EXCL and re-reading the lock unchanged, so two runs taking over at once cannot both hold it. On a
+remote out_dir (gs://...) only the leftover-run check applies: object stores have no atomic create,
+so locking them is left to the scheduler. On several hosts every host checks for a leftover run, and
+only the leader locks and deletes.
 """
 from __future__ import annotations
 
 import datetime
+import errno
+import hashlib
 import json
 import os
 import socket
+import time
+import uuid
 from pathlib import Path
 
 from spiral_jax.paths import is_remote, run_path
 
 LOCK_NAME = "run.lock"
-# What a run writes into out_dir; --overwrite removes exactly these.
+MANIFEST_NAME = "run_manifest.json"
+EXPORT_MANIFEST_NAME = "export_manifest.json"
+# What a run writes into out_dir, which its manifest lists.
 RUN_FILES = ("checkpoints", "tensorboard", "eval", "summary.json", "config.json")
 
 
 class RunDirError(ValueError):
-    """out_dir belongs to another run, or another run is using it now."""
+    """out_dir belongs to another run, another run is using it now, or it cannot be written."""
 
 
 def _alive(pid: int) -> bool:
@@ -35,6 +52,16 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # someone else's live process
         return True
     return True
+
+
+def _present(root, names) -> list[str]:
+    """Those of `names` in `root` that hold something (a file, or a folder that is not empty)."""
+    found = []
+    for name in names:
+        path = root / name
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            found.append(name)
+    return found
 
 
 def leftover_run(out_dir: str) -> str | None:
@@ -49,10 +76,57 @@ def leftover_run(out_dir: str) -> str | None:
         if step is not None:
             found.append(f"checkpoints up to step {step}")
     if not is_remote(out_dir):
-        root = Path(out_dir)
-        found += [name for name in RUN_FILES[1:]
-                  if (root / name).exists() and (not (root / name).is_dir() or any((root / name).iterdir()))]
+        found += _present(Path(out_dir), RUN_FILES[1:])
     return ", ".join(found) or None
+
+
+def read_manifest(folder, name: str = MANIFEST_NAME) -> list[str] | None:
+    """The entries a manifest in `folder` lists, or None without one. Each entry is a plain name in
+    `folder` (a manifest naming anything else is refused, not followed)."""
+    path = run_path(folder) / name
+    if not path.exists():
+        return None
+    try:
+        entries = json.loads(path.read_text())["entries"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise RunDirError(f"{path} cannot be read ({e}); delete the folder's contents yourself or choose "
+                          f"another folder") from None
+    bad = [e for e in entries if not isinstance(e, str) or e in ("", ".", "..") or "/" in e or "\\" in e]
+    if bad:
+        raise RunDirError(f"{path} lists {bad!r}, which are not names of entries in {folder}; nothing was "
+                          f"deleted: delete the folder's contents yourself or choose another folder")
+    return list(entries)
+
+
+def write_manifest(folder, entries, name: str = MANIFEST_NAME, written_by: str = "spiral-jax train") -> None:
+    path = run_path(folder) / name
+    path.write_text(json.dumps({"written_by": written_by, "entries": sorted(entries),
+                                "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds")},
+                               indent=1) + "\n")
+
+
+def delete_listed(folder, entries) -> list[str]:
+    """Delete each listed entry of `folder` that exists; the names deleted."""
+    deleted = []
+    for name in entries:
+        path = run_path(folder) / name
+        if path.is_dir():
+            path.rmtree()
+        elif path.exists():
+            path.unlink()
+        else:
+            continue
+        deleted.append(name)
+    return deleted
+
+
+def unwritable(folder: str, error: OSError) -> RunDirError:
+    """The one-line error for a folder that cannot be created or written."""
+    reason = error.strerror or str(error)
+    if isinstance(error, (NotADirectoryError, FileExistsError)) or error.errno in (errno.ENOTDIR, errno.EEXIST):
+        reason = "a file is in the way (a part of the path is a file, not a folder)"
+    return RunDirError(f"cannot write to {folder}: {reason}. Choose a folder you can write, e.g. "
+                       f"--config.out_dir=runs/NEW_NAME")
 
 
 class RunDir:
@@ -64,12 +138,24 @@ class RunDir:
             raise RunDirError("--resume continues the run in out_dir and --overwrite deletes it; pass one")
         self.out_dir, self.resume, self.overwrite, self.leader, self.log = out_dir, resume, overwrite, leader, log
         self.lock = None if is_remote(out_dir) or not leader else Path(out_dir) / LOCK_NAME
+        self.token = uuid.uuid4().hex  # tells this claim's lock from any other, in this process too
 
     def __enter__(self) -> "RunDir":
         if self.lock is not None:
-            self._acquire()
+            try:
+                self._acquire()
+            except RunDirError:
+                raise
+            except OSError as e:  # a read-only disk, a path through a file, no permission
+                raise unwritable(self.out_dir, e) from None
         try:
             self._check_leftover()
+            if not self.resume and self.leader:  # from now on, what this run writes is listed as its own
+                run_path(self.out_dir).mkdir(parents=True, exist_ok=True)
+                write_manifest(self.out_dir, RUN_FILES)
+        except OSError as e:
+            self._release()
+            raise unwritable(self.out_dir, e) from None
         except BaseException:
             self._release()
             raise
@@ -89,44 +175,75 @@ class RunDir:
         leftover = leftover_run(self.out_dir)
         if leftover is None:
             return
+        listed = read_manifest(self.out_dir)
+        if listed is None:
+            raise RunDirError(
+                f"out_dir {self.out_dir} holds files a run writes ({leftover}) but no {MANIFEST_NAME}, so they "
+                f"may not be a run's, and nothing was deleted"
+                + (" (--overwrite deletes only what a run's manifest lists)" if self.overwrite else "")
+                + f". Choose another folder (--config.out_dir=NEW_FOLDER), or move those files yourself"
+                + ("; --resume continues a run whose checkpoints are there" if "checkpoints" in leftover else ""))
         if not self.overwrite:
             raise RunDirError(
                 f"out_dir {self.out_dir} already holds a run ({leftover}). Pass --resume to continue it, "
                 f"--overwrite to delete it and start over, or --config.out_dir=NEW_FOLDER for a new run")
         if not self.leader:
             return
-        for name in RUN_FILES:
-            path = run_path(self.out_dir) / name
-            if path.is_dir():
-                path.rmtree()
-            elif path.exists():
-                path.unlink()
-        self.log(f"--overwrite: deleted the previous run in {self.out_dir} ({leftover})")
+        delete_listed(self.out_dir, listed)
+        self.log(f"--overwrite: deleted the previous run in {self.out_dir} ({leftover}): "
+                 f"{', '.join(listed)} as its {MANIFEST_NAME} lists; nothing else")
+
+    # ------------------------------------------------------------------------------------ lock
 
     def _acquire(self) -> None:
         self.lock.parent.mkdir(parents=True, exist_ok=True)
-        record = {"pid": os.getpid(), "host": socket.gethostname(),
-                  "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
-        for _ in range(2):
+        record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "token": self.token,
+                             "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")})
+        for attempt in range(200):
+            if self._create(record):
+                return
+            try:
+                text = self.lock.read_text()
+            except FileNotFoundError:  # released or taken over in between: try again
+                continue
+            self._take_over_if_stale(text, attempt)
+        raise RunDirError(f"could not lock {self.lock}: other runs keep taking it; if no run uses "
+                          f"{self.out_dir}, delete {self.lock} and {self.lock}.takeover-* and start again")
+
+    def _create(self, record: str) -> bool:
+        """Make the lock hold `record`, whole, if there is none: True when this call made it."""
+        tmp = self.lock.with_name(f"{LOCK_NAME}.{self.token}.tmp")
+        tmp.write_text(record)
+        try:
+            os.link(tmp, self.lock)
+            return True
+        except FileExistsError:
+            return False
+        except OSError as e:  # file systems without hard links: an exclusive create, then the record
+            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                raise
             try:
                 fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
-                self._take_over_if_stale()
-                continue
+                return False
             with os.fdopen(fd, "w") as f:
-                json.dump(record, f)
-            return
-        raise RunDirError(f"could not lock {self.lock}: another run took it at the same moment")
+                f.write(record)
+            return True
+        finally:
+            tmp.unlink(missing_ok=True)
 
-    def _take_over_if_stale(self) -> None:
+    def _take_over_if_stale(self, text: str, attempt: int) -> None:
+        """Raise when the lock `text` (read from run.lock) belongs to a live or unknown run; delete it
+        when its process is gone, unless another run is taking it over (then the caller tries again)."""
         try:
-            holder = json.loads(self.lock.read_text())
+            holder = json.loads(text)
             pid, host, started = int(holder["pid"]), str(holder["host"]), str(holder["started"])
-        except (OSError, ValueError, KeyError, TypeError):
-            holder = None
-        if holder is None:
+        except (ValueError, KeyError, TypeError):
+            if not text and attempt < 20:  # an exclusive create whose record is not written yet
+                time.sleep(0.01)
+                return
             raise RunDirError(f"{self.lock} exists but cannot be read; if no run uses {self.out_dir}, "
-                              f"delete the file and start again")
+                              f"delete the file and start again") from None
         if host != socket.gethostname():
             raise RunDirError(
                 f"out_dir {self.out_dir} is in use by process {pid} on host {host} (started {started}). "
@@ -135,15 +252,87 @@ class RunDir:
             raise RunDirError(
                 f"out_dir {self.out_dir} is in use by process {pid} on this host (started {started}). "
                 f"Wait for it, stop it, or use another out_dir")
-        self.log(f"{self.lock}: stale lock of process {pid} (started {started}, no longer running); "
-                 f"taking it over")
-        self.lock.unlink(missing_ok=True)
+        claim = self.lock.with_name(f"{LOCK_NAME}.takeover-{hashlib.sha256(text.encode()).hexdigest()[:16]}")
+        try:
+            os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:  # another run is replacing this very lock: see what it leaves
+            time.sleep(0.01)
+            return
+        try:
+            try:
+                unchanged = self.lock.read_text() == text
+            except FileNotFoundError:
+                unchanged = False
+            if unchanged:  # only the holder of `claim` deletes this lock, so it is still the stale one
+                self.lock.unlink()
+                self.log(f"{self.lock}: stale lock of process {pid} (started {started}, no longer running); "
+                         f"taking it over")
+        finally:
+            claim.unlink(missing_ok=True)
 
     def _release(self) -> None:
         if self.lock is None:
             return
         try:
-            if json.loads(self.lock.read_text()).get("pid") == os.getpid():
+            if json.loads(self.lock.read_text()).get("token") == self.token:
                 self.lock.unlink()
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):
             pass
+
+
+# ---------------------------------------------------------------------------------------- export
+
+def _resolved(path) -> Path:
+    return Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
+
+
+def check_export_dir(out: str, out_dir: str, overwrite: bool) -> None:
+    """Refuse an export folder that is not safe to write (and, with --overwrite, to clear): the
+    current folder or a parent of it, the home folder or a parent of it, the run's out_dir or a parent
+    of it, a run file inside out_dir, a file, a non-empty folder without --overwrite, and a non-empty
+    folder that no export wrote."""
+    if not out:
+        raise ValueError("--out is required (the folder to write the Hugging Face checkpoint to)")
+    target = _resolved(out)
+    guarded = {"the current folder": Path.cwd().resolve(), "the home folder": _resolved("~").resolve()}
+    if not is_remote(out_dir):
+        guarded["the run's out_dir"] = _resolved(out_dir).resolve()
+    real = target.resolve()
+    for what, folder in guarded.items():
+        if real == folder or real in folder.parents:
+            relation = "" if real == folder else "a parent of "
+            raise ValueError(f"--out {out} is {relation}{what} ({folder}); export into a new folder of its "
+                             f"own, e.g. --out exported/NAME")
+    run = guarded.get("the run's out_dir")
+    if run is not None and run in real.parents and real.relative_to(run).parts[0] in (*RUN_FILES, LOCK_NAME):
+        raise ValueError(f"--out {out} is inside the run's {real.relative_to(run).parts[0]}; export into a "
+                         f"folder of its own, e.g. --out {run / 'hf'}")
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"--out {out} is a file; export writes a folder (config, safetensors, tokenizer)")
+    blocker = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise ValueError(f"cannot write to --out {out}: {blocker} is a file, not a folder; choose a folder "
+                         f"you can write")
+    if not target.is_dir() or not any(target.iterdir()):
+        return
+    if not overwrite:
+        raise ValueError(f"--out {out} is not empty; pass an empty or new folder, or --overwrite to replace "
+                         f"an earlier export there")
+    if read_manifest(target, EXPORT_MANIFEST_NAME) is None:
+        raise ValueError(f"--out {out} is not empty and holds no {EXPORT_MANIFEST_NAME}, so it is not an "
+                         f"earlier export; --overwrite deletes only what an export listed, and nothing was "
+                         f"deleted. Pass an empty or new folder")
+
+
+def clear_export_dir(out: str) -> list[str]:
+    """Delete what the earlier export in `out` listed (and its manifest); other files stay."""
+    listed = read_manifest(out, EXPORT_MANIFEST_NAME)
+    if listed is None:
+        return []
+    return delete_listed(out, [*listed, EXPORT_MANIFEST_NAME])
+
+
+def record_export(out: str, before: set[str]) -> None:
+    """List in `out`'s manifest what the export wrote: the entries that were not there `before`."""
+    written = {p.name for p in Path(out).iterdir()} - set(before) - {EXPORT_MANIFEST_NAME}
+    write_manifest(out, written, EXPORT_MANIFEST_NAME, written_by="spiral-jax export")

@@ -181,18 +181,32 @@ def test_updates_skipped_in_a_row_stop_the_run(tmp_path):
 # ------------------------------------------------------------------------------------------- export
 
 def test_export_refuses_a_non_empty_folder_and_overwrites_cleanly(tmp_path, capsys):
+    """A folder no export wrote is never cleared; --overwrite of an earlier export deletes what that
+    export listed in export_manifest.json (a stale shard too) and keeps anything else."""
     config = _config_file(tmp_path, **{"train.steps": 1})
     assert _train(config) == 0
     out = tmp_path / "exported"
     out.mkdir()
     (out / "config.json").write_text('{"mine": true}')
-    (out / "model.safetensors.index.json").write_text("{}")
-    assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={out}"]) == 1
+    export = ["spiral-jax", "export", f"--config={config}", f"--out={out}"]
+    assert cli_main(export) == 1
     assert "is not empty" in capsys.readouterr().err and (out / "config.json").read_text() == '{"mine": true}'
-    assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={out}", "--overwrite"]) == 0
-    assert not (out / "model.safetensors.index.json").exists()
+    assert cli_main([*export, "--overwrite"]) == 1
+    assert "holds no export_manifest.json" in capsys.readouterr().err
+    assert (out / "config.json").read_text() == '{"mine": true}'
+    (out / "config.json").unlink()
+    assert cli_main(export) == 0
+    manifest = json.loads((out / "export_manifest.json").read_text())
+    assert "config.json" in manifest["entries"] and "model.safetensors" in manifest["entries"]
+    (out / "model-00002-of-00002.safetensors").write_text("a shard of an earlier, larger export")
+    (out / "export_manifest.json").write_text(json.dumps({"entries": [*manifest["entries"],
+                                                                      "model-00002-of-00002.safetensors"]}))
+    (out / "notes.txt").write_text("mine")
+    assert cli_main([*export, "--overwrite"]) == 0
+    assert not (out / "model-00002-of-00002.safetensors").exists() and (out / "notes.txt").read_text() == "mine"
     assert json.loads((out / "config.json").read_text())["model_type"] == "qwen3"
-    assert {oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {"0o644"}
+    assert {oct(p.stat().st_mode & 0o777) for p in out.iterdir() if p.name != "notes.txt"} == {"0o644"}
+    assert "notes.txt" not in json.loads((out / "export_manifest.json").read_text())["entries"]
 
 
 # ------------------------------------------------------------------------------------ clear errors

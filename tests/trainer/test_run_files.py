@@ -1,9 +1,20 @@
 """What a run writes stays in its out_dir and what it deletes is its own: transcript names made from
 hostile opponent specs, --overwrite by the run's manifest, export folders that are never the current,
 home or run folder, an atomic lock takeover, and an unwritable out_dir as one line."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from spiral_jax.cli import main as cli_main
 from spiral_jax.rl.trainer import Trainer
+from spiral_jax.run_dir import RunDir, RunDirError, write_manifest
 from tests.eval.test_api_player import _serve
-from tests.trainer.test_trainer import tiny_config
+from tests.trainer.test_trainer import REPO, _config_file, tiny_config
 
 
 def test_training_eval_transcripts_of_a_hostile_spec_stay_in_out_dir(tmp_path):
@@ -24,3 +35,160 @@ def test_training_eval_transcripts_of_a_hostile_spec_stay_in_out_dir(tmp_path):
     assert [p.parts[:5] for p in written] == [("deep", "er", "run", "eval", "step0"),
                                               ("deep", "er", "run", "eval", "step1")], written
     assert not list(tmp_path.rglob("escaped*"))
+
+
+# ---------------------------------------------------------------------------------------- export
+
+def _export(config, out, *extra):
+    return cli_main(["spiral-jax", "export", f"--config={config}", f"--out={out}", "--overwrite", *extra])
+
+
+def test_export_refuses_the_current_home_and_run_folders(tmp_path, monkeypatch, capsys):
+    """`export --out . --overwrite` once deleted the current folder's contents: each of these folders is
+    refused before any weights load, and what is in them stays."""
+    config = _config_file(tmp_path)  # out_dir tmp_path/run (no run needed: the check comes first)
+    here, home = tmp_path / "work" / "here", tmp_path / "home"
+    for folder in (here, home, tmp_path / "run" / "checkpoints"):
+        folder.mkdir(parents=True)
+        (folder / "precious.txt").write_text("keep")
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("HOME", str(home))
+    cases = {".": "is the current folder", "..": "is a parent of the current folder",
+             str(tmp_path): "is a parent of the current folder", "~": "is the home folder",
+             str(tmp_path / "run"): "is the run's out_dir", str(tmp_path / "run" / "checkpoints"): "inside the run's checkpoints",
+             str(tmp_path / "run" / "checkpoints" / "x"): "inside the run's checkpoints"}
+    for out, message in cases.items():
+        assert _export(config, out) == 1, out
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, (out, err)
+    assert all((f / "precious.txt").read_text() == "keep" for f in (here, home, tmp_path / "run" / "checkpoints"))
+    (tmp_path / "file").write_text("x")
+    assert _export(config, tmp_path / "file" / "hf") == 1
+    assert f"{tmp_path / 'file'} is a file, not a folder" in capsys.readouterr().err
+
+
+# -------------------------------------------------------------------------------------- --overwrite
+
+def test_overwrite_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
+    """Files with a run's names (config.json, eval/) but no run manifest are a user's: --overwrite
+    deletes nothing and says why."""
+    config = _config_file(tmp_path, **{"train.steps": 1})
+    (tmp_path / "run" / "eval" / "mydata").mkdir(parents=True)
+    (tmp_path / "run" / "eval" / "mydata" / "results.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "run" / "config.json").write_text('{"mine": true}')
+    for extra in ((), ("--overwrite",)):
+        assert cli_main(["spiral-jax", "train", f"--config={config}", *extra]) == 1
+        err = capsys.readouterr().err
+        assert "holds files a run writes (eval, config.json) but no run_manifest.json" in err, err
+        assert "nothing was deleted" in err and "Traceback" not in err
+    assert (tmp_path / "run" / "eval" / "mydata" / "results.csv").read_text() == "a,b\n1,2\n"
+    assert (tmp_path / "run" / "config.json").read_text() == '{"mine": true}'
+    assert not (tmp_path / "run" / "run.lock").exists()
+
+
+def test_overwrite_deletes_only_what_the_manifest_lists(tmp_path):
+    run = tmp_path / "run"
+    (run / "eval" / "step0").mkdir(parents=True)
+    (run / "eval" / "step0" / "games.jsonl").write_text("{}")
+    (run / "summary.json").write_text("{}")
+    (run / "notes.txt").write_text("mine")
+    write_manifest(run, ("eval", "summary.json"))
+    logged = []
+    with RunDir(str(run), resume=False, overwrite=True, log=logged.append):
+        assert sorted(p.name for p in run.iterdir()) == ["notes.txt", "run.lock", "run_manifest.json"]
+    assert "eval, summary.json as its run_manifest.json lists" in logged[0]
+    write_manifest(run, ("../elsewhere",))
+    (run / "summary.json").write_text("{}")
+    with pytest.raises(RunDirError, match=r"lists \['../elsewhere'\], which are not names of entries"):
+        RunDir(str(run), resume=False, overwrite=True).__enter__()
+
+
+# -------------------------------------------------------------------------------------------- lock
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_stale_lock_is_taken_over_by_exactly_one_of_many_at_once(tmp_path):
+    """Rounds of 12 threads taking over the same stale lock at the same moment: each round exactly one
+    holds the lock, and the others refuse naming it."""
+    out = tmp_path / "run"
+    out.mkdir()
+    lock, stale = out / "run.lock", _dead_pid()
+    for round_ in range(40):
+        lock.write_text(json.dumps({"pid": stale, "host": socket.gethostname(), "started": f"round {round_}"}))
+        start, held = threading.Barrier(12), threading.Barrier(12)
+        winners, refusals = [], []
+
+        def contend():
+            claim = RunDir(str(out), resume=True, log=lambda *_: None)
+            start.wait()
+            try:
+                claim._acquire()
+                winners.append(claim)
+            except RunDirError as e:
+                refusals.append(str(e))
+            held.wait()  # everyone has tried while the winner still holds the lock
+
+        threads = [threading.Thread(target=contend) for _ in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(winners) == 1 and len(refusals) == 11, (round_, len(winners), refusals[:2])
+        assert json.loads(lock.read_text())["token"] == winners[0].token
+        assert all(f"in use by process {os.getpid()}" in r for r in refusals), refusals[:2]
+        winners[0]._release()
+        assert not lock.exists() and not list(out.glob("run.lock.*"))
+
+
+CONTENDER = """
+import os, sys, time
+from spiral_jax.run_dir import RunDir, RunDirError
+out, go, done = sys.argv[1:]
+claim = RunDir(out, resume=True, log=lambda *_: None)
+print("ready", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.001)
+try:
+    claim._acquire()
+    print("won", flush=True)
+except RunDirError:
+    print("refused", flush=True)
+while not os.path.exists(done):  # a winner holds the lock, alive, until every process has tried
+    time.sleep(0.01)
+"""
+
+
+def test_a_stale_lock_is_taken_over_by_exactly_one_of_many_processes(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    lock, stale = out / "run.lock", _dead_pid()
+    env = dict(os.environ, PYTHONPATH=REPO)
+    for round_ in range(3):
+        lock.write_text(json.dumps({"pid": stale, "host": socket.gethostname(), "started": f"round {round_}"}))
+        go, done = tmp_path / f"go{round_}", tmp_path / f"done{round_}"
+        procs = [subprocess.Popen([sys.executable, "-c", CONTENDER, str(out), str(go), str(done)], env=env,
+                                  stdout=subprocess.PIPE, text=True) for _ in range(8)]
+        assert [p.stdout.readline().strip() for p in procs] == ["ready"] * 8
+        go.touch()  # all at once
+        results = [p.stdout.readline().strip() for p in procs]
+        done.touch()
+        for p in procs:
+            p.wait(timeout=30)
+        assert sorted(results) == ["refused"] * 7 + ["won"], (round_, results)
+        lock.unlink()  # the winner has exited: its lock is stale now, as the next round needs
+
+
+# --------------------------------------------------------------------------------- unwritable out_dir
+
+def test_an_unwritable_out_dir_is_one_line(tmp_path, capsys):
+    """An out_dir below a regular file cannot be created, for root too: one line, no traceback."""
+    (tmp_path / "afile").write_text("x")
+    config = _config_file(tmp_path, **{"out_dir": str(tmp_path / "afile" / "run")})
+    assert cli_main(["spiral-jax", "train", f"--config={config}"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"spiral-jax train: RunDirError: cannot write to {tmp_path / 'afile' / 'run'}: a file is "
+                          f"in the way") and len(err.splitlines()) == 1, err
