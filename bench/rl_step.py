@@ -11,7 +11,8 @@ Random weights never stop, and a stand-in plays the tokenizer's part:
   that the token is drawn with probability 1/mean (`--mean_tokens`, by default a quarter of the cap:
   1024 for 4096 new tokens). Response lengths are then geometric, cut at the cap: mean 1005 tokens,
   median 710, 1.8% of responses run to the cap of 4096 (invalid moves, as truncated responses are),
-  so most sampler calls of 32-64 moves wait for one at the cap. Every run samples the same lengths
+  so a sampler call of 64 moves waits for one at the cap more often than not (69%; 44% at 32
+  moves). Every run samples the same lengths
   (the sampler's randomness is seeded), and both rollout schedules the same tokens. Training scores
   the responses with the unbiased weights, as it would a real policy's.
 - text: a prompt is one token per 4 characters of the templated observation (about what Qwen's
@@ -24,14 +25,15 @@ generated per second, the decode step against the HBM floor (the weights in the 
 the keys and values of every row's prompt bucket and tokens so far, read once per step, over the
 memory bandwidth) at batch 1 and at the rollout's batch, the train step's MFU (model FLOPs: 6 x
 (non-embedding parameters x tokens + unembedding x response tokens) plus causal attention, per
-epoch, over the device's peak), and the peak memory against `spiral-jax plan`'s estimate. The first
-step compiles; the figures are the last step's (`--steps`, default 2). Bandwidth and peak FLOP/s
+epoch, over the device's peak), and the peak memory against `spiral-jax plan`'s estimate. Every phase
+is timed less the XLA compiling done in it: the first step compiles, and a later one may still meet
+a new bucket. The figures are the last step's (`--steps`, default 2). Bandwidth and peak FLOP/s
 come from a table of data sheets by device kind, else from flags, else (CPU) measured here.
 
     python bench/rl_step.py --shape tiny                      # CPU, seconds
     python bench/rl_step.py --shape 4b                        # the paper's sizes, on a GPU
     python bench/rl_step.py --shape 1.7b --max_new_tokens 1024 --schedule continuous --max_in_flight 32
-    python bench/rl_step.py --config configs/kuhn_qwen3_4b_1xh200.py --shape config
+    python bench/rl_step.py --config configs/kuhn_qwen3_4b_1xh200.py --hardware 1xH200
 """
 import argparse
 import contextlib
@@ -401,34 +403,53 @@ def main():
 
 def report(trainer, c, args, metrics, compiled, probes, bandwidth, peak, reads):
     """Print the last step's figures, less the time XLA spent compiling; the last line sums them up."""
-    cfg, r, devices = trainer.cfg, c.rollout, jax.device_count()
-    calls, update, games = probes.calls, probes.update, probes.played.games
+    devices = jax.device_count()
     params = trainer.to_sampler(trainer.state.params)
-    if r.schedule == "rounds":
-        for k in calls.calls:
+    step = metrics["time/step"] - compiled
+    sampling = metrics["time/sampling"] - probes.played.compiled
+    print_phases(trainer, c, metrics, compiled, probes, params, step, sampling)
+    print_rollout(trainer, c, metrics, probes, sampling)
+    batch1 = print_decode(trainer, c, probes, params, bandwidth, reads)
+    mfu = print_train(trainer.cfg, c, probes.update, peak)
+    print_memory(c, args, metrics)
+    print(f"rl step {step:.1f} s, decode {batch1:.2f}x HBM floor, train MFU {mfu * 100:.0f}%, "
+          f"GPU-seconds per step {step * devices:.0f}")
+
+
+def print_phases(trainer, c, metrics, compiled, probes, params, step, sampling):
+    """The step's phases. Prefill: each "rounds" call's program run again for one token (the
+    decode is the rest of the call), or the decode engine's inserts."""
+    if c.rollout.schedule == "rounds":
+        for k in probes.calls.calls:
             k["prefill"] = run_program(trainer.sampler, params, k["prompts"], k["sampling"], 1)
-        prefill = sum(k["prefill"] for k in calls.calls)
+        prefill = sum(k["prefill"] for k in probes.calls.calls)
     else:
         prefill = probes.inserts.seconds
-    sampling, step = metrics["time/sampling"] - probes.played.compiled, metrics["time/step"] - compiled
     parts = {"prefill": prefill, "decode": sampling - prefill, "host and games": metrics["time/env"],
-             **update.seconds}
+             **probes.update.seconds}
     parts["hand-over, packing, metrics"] = step - sum(parts.values())
     print(f"\nthe last step{f', less {compiled:.1f} s of compiling' if compiled else ''}:")
     for name, seconds in parts.items():
         print(f"  {name:28s} {seconds:9.2f} s {seconds / step:6.1%}")
     print(f"  {'step':28s} {step:9.2f} s")
 
-    turns = [t for g in games for t in g.model_turns if t.response_ids]
-    lengths = np.array([len(t.response_ids) for t in turns])
+
+def print_rollout(trainer, c, metrics, probes, sampling):
+    r, games = c.rollout, probes.played.games
+    lengths = np.array([len(t.response_ids) for g in games for t in g.model_turns if t.response_ids])
     invalid = np.mean([not t.valid for g in games for t in g.record.turns])
-    calls_or_slots = f"{len(calls.calls)} sampler calls" if r.schedule == "rounds" else \
+    calls = f"{len(probes.calls.calls)} sampler calls" if r.schedule == "rounds" else \
         f"{max(e.slots for e in trainer.rollout.engines.values())} decode slots"
-    print(f"rollout: {len(games)} games, {len(turns)} moves ({invalid:.0%} invalid), {calls_or_slots}; responses mean "
+    print(f"rollout: {len(games)} games, {len(lengths)} moves ({invalid:.0%} invalid), {calls}; responses mean "
           f"{lengths.mean():.0f} tokens, median {np.median(lengths):.0f}, longest {lengths.max()} "
           f"({np.sum(lengths >= r.max_new_tokens)} at the cap); {lengths.sum():,} tokens generated at "
           f"{lengths.sum() / sampling:,.0f} tokens/s; slot utilization {metrics['rollout/slot_utilization']:.0%}")
 
+
+def print_decode(trainer, c, probes, params, bandwidth, reads) -> float:
+    """The decode step against the HBM floor at batch 1 (one of the step's prompts, no stop ids,
+    BATCH1_STEPS steps less one) and over the "rounds" calls; returns the batch-1 ratio."""
+    cfg, r, devices = trainer.cfg, c.rollout, jax.device_count()
     size = jnp.dtype(cfg.compute_dtype).itemsize
     weights, kv = cfg.num_params * size, 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * size
 
@@ -437,38 +458,47 @@ def report(trainer, c, args, metrics, compiled, probes, bandwidth, peak, reads):
         cache = rows * kv * (steps * prompt_bucket + steps * (steps + 1) / 2)
         return (steps * weights + cache) / (bandwidth * devices)
 
-    prompt = turns[0].prompt_ids
+    prompt = next(t.prompt_ids for g in probes.played.games for t in g.model_turns)
     one = SamplingParams(BATCH1_STEPS, r.temperature, r.top_k, r.top_p)  # no stop ids: every step decodes
     run_program(trainer.sampler, params, [prompt], one, 1)  # compiles
     times = {n: min(run_program(trainer.sampler, params, [prompt], one, n) for _ in range(3))
              for n in (1, BATCH1_STEPS)}
-    step1 = (times[BATCH1_STEPS] - times[1]) / (BATCH1_STEPS - 1)
-    floor1 = floor(1, trainer.sampler._buckets([prompt], one)[0], BATCH1_STEPS - 1) / (BATCH1_STEPS - 1)
-    print(f"decode step at batch 1: {step1 * 1e3:.2f} ms, HBM floor {floor1 * 1e3:.2f} ms "
+    step = (times[BATCH1_STEPS] - times[1]) / (BATCH1_STEPS - 1)
+    least = floor(1, trainer.sampler._buckets([prompt], one)[0], BATCH1_STEPS - 1) / (BATCH1_STEPS - 1)
+    print(f"decode step at batch 1: {step * 1e3:.2f} ms, HBM floor {least * 1e3:.2f} ms "
           f"({weights / 1e9:.3g} GB of {cfg.compute_dtype} weights and the cache at "
-          f"{bandwidth * devices / 1e12:.3g} TB/s): {step1 / floor1:.2f}x; "
-          f"{step1 / floor1 * reads / bandwidth:.2f}x at the rate a plain reduction reads")
+          f"{bandwidth * devices / 1e12:.3g} TB/s): {step / least:.2f}x; "
+          f"{step / least * reads / bandwidth:.2f}x at the rate a plain reduction reads")
+    calls = probes.calls.calls
     if r.schedule == "rounds":
-        steps = sum(k["steps"] for k in calls.calls)
-        decode = sum(k["seconds"] - k["prefill"] for k in calls.calls)
-        floors = sum(floor(k["rows"], k["prompt_bucket"], k["steps"]) for k in calls.calls)
-        rows = sum(k["rows"] * k["steps"] for k in calls.calls) / max(steps, 1)
+        steps = sum(k["steps"] for k in calls)
+        decode = sum(k["seconds"] - k["prefill"] for k in calls)
+        floors = sum(floor(k["rows"], k["prompt_bucket"], k["steps"]) for k in calls)
+        rows = sum(k["rows"] * k["steps"] for k in calls) / max(steps, 1)
         print(f"decode step at the rollout's batch ({rows:.0f} rows on average, {steps} steps): "
               f"{decode / steps * 1e3:.2f} ms, HBM floor {floors / steps * 1e3:.2f} ms: {decode / floors:.2f}x")
     else:
-        print("decode step at the rollout's batch: not split from the prefills (continuous schedule)")
+        print("decode step at the rollout's batch: not measured with the continuous schedule")
+    return step / least
 
+
+def print_train(cfg, c, update, peak) -> float:
+    """The epochs' model FLOPs over their time and the devices' peak: returns the MFU."""
+    devices = jax.device_count()
     epoch = train_flops(cfg, update.rows, 3)
     train_s, logprob_s = update.seconds["train"], update.seconds.get("old log-probs", 0.0)
     mfu = c.optim.epochs * epoch / (train_s * peak * devices)
     tokens, response = (sum(x) for x in zip(*update.rows))
     line = (f"train: {len(update.rows)} rows, {tokens:,} tokens ({tokens / update.slots:.0%} of the batch's "
-            f"slots; {response:,} response), {c.optim.epochs} "
-            f"epochs of {epoch:.3g} FLOP in {train_s:.2f} s: MFU {mfu:.0%}")
+            f"slots; {response:,} response), {c.optim.epochs} epochs of {epoch:.3g} FLOP in {train_s:.2f} s: "
+            f"MFU {mfu:.0%}")
     if logprob_s:
         line += f"; old log-probs {epoch / 3 / (logprob_s * peak * devices):.0%}"
     print(line)
+    return mfu
 
+
+def print_memory(c, args, metrics):
     hw = planner.hardware(args.hardware) if args.hardware else planner.local_hardware()
     p = planner.plan(c, hw)
     estimate = f"the plan's {p.peak / planner.GiB:.2f} GiB ({p.worst_phase}) on {hw.name}"
@@ -477,8 +507,6 @@ def report(trainer, c, args, metrics, compiled, probes, bandwidth, peak, reads):
               f"({metrics['memory/peak_gib'] * planner.GiB / p.peak:.2f}x)")
     else:
         print(f"memory: this backend reports no peak; {estimate}")
-    print(f"rl step {step:.1f} s, decode {step1 / floor1:.2f}x HBM floor, train MFU {mfu * 100:.0f}%, "
-          f"GPU-seconds per step {step * devices:.0f}")
 
 
 if __name__ == "__main__":

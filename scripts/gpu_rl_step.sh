@@ -60,4 +60,5 @@ run preset_1xh200 "${PRESET_S:-150}" --config configs/kuhn_qwen3_4b_1xh200.py --
 
 section "summary"
 cat "$OUT/summary.txt"
-echo "the paper's full lengths, when time allows: python3 bench/rl_step.py --hardware 1xH200 --config configs/kuhn_qwen3_4b_1xh200.py --steps 1"
+echo "the paper's full lengths, when time allows:"
+echo "  python3 bench/rl_step.py --hardware 1xH200 --config configs/kuhn_qwen3_4b_1xh200.py --steps 1"

@@ -43,7 +43,8 @@ def test_tiny_step_prints_its_breakdown_and_the_summary_line():
     parts = {m[1]: float(m[2]) for m in re.finditer(r"^  (\S.*?) +(-?\d+\.\d+) s +-?[\d.]+%$", result.stdout, re.M)}
     assert set(parts) == set(PHASES), result.stdout
     total = float(re.search(r"^  step +(\d+\.\d+) s$", result.stdout, re.M)[1])
-    assert abs(sum(parts.values()) - total) < 0.02 and np.isclose(total, step, atol=0.051), result.stdout
+    # Six parts printed to 0.01 s each add up to the printed step, which the last line rounds to 0.1 s.
+    assert abs(sum(parts.values()) - total) <= 0.035 and np.isclose(total, step, atol=0.051), result.stdout
     assert all(v >= 0 for k, v in parts.items() if k != "hand-over, packing, metrics"), parts
 
 
