@@ -2,22 +2,22 @@
 # One RL step of the paper's Kuhn recipe on one NVIDIA GPU (an H200), in about 12 minutes:
 #   1. scripts/gpu_attention_check.py (cuDNN fused attention against XLA's), when it exists: 1 min at
 #      most (its own estimate is about a minute; cut at 60 s so the benches keep their time);
-#   2. bench/rl_step.py at the Qwen3-0.6B, 1.7B and 4B shapes with the paper's sizes (128 samples,
-#      64 games per sampler call, micro-batch 8, 2 PPO epochs, bf16, remat) but responses capped at
-#      1024 new tokens (mean 256) instead of 4096, one step each: about 2, 2.5 and 4 min (cut at
-#      120, 150 and 240 s). Compiling is most of it: the rounds schedule compiles one sampler program
-#      per batch bucket (64 games down to 1) and prompt bucket, about ten, plus the train step and the
-#      old-log-prob pass, each 10-30 s for these shapes; the bench subtracts it from every phase. The
-#      step itself is 10-60 s at this cap (the 4B decode reads 8 GB of weights and up to 10 GB of
-#      cache per step, about 4,000 steps a rollout). At the full 4096-token cap the 4B step alone is
-#      about 4-5 min (four times the decode steps, each reading four times the cache), so it is not
-#      part of the 12 minutes: the command printed at the end runs it (about 8 min with compiling);
-#   3. the H200 preset (configs/kuhn_qwen3_4b_1xh200.py: micro-batch 4, 32 games per call) for two
-#      real steps at the same cap: about 2.5 min (cut at 150 s). The persistent compilation cache
-#      below hands it part 2's sampler programs of 32 games and fewer; its micro-batch of 4 compiles
-#      a train step of its own. Its second step runs warm: the steady-state figures.
+#   2. bench/rl_step.py at the Qwen3-0.6B and 1.7B shapes with the paper's sizes (128 samples, 64
+#      games per sampler call, micro-batch 8, 2 PPO epochs, bf16, remat) but responses capped at
+#      1024 new tokens (mean 256) instead of 4096, one step each: about 2 and 2.5 min (cut at 120 and
+#      150 s). Compiling is most of it: the rounds schedule compiles one sampler program per batch
+#      bucket (64 games down to 1) and prompt bucket, about ten, plus the train step and the
+#      old-log-prob pass, each 10-30 s at these shapes; the bench leaves it out of every phase. The
+#      step itself is 10-30 s at this cap;
+#   3. Qwen3-4B as the H200 preset (configs/kuhn_qwen3_4b_1xh200.py: micro-batch 4, 32 games per call;
+#      the recipe's micro-batch 8 and 64 games do not fit by the planner), two real steps at the same
+#      cap: about 5 min (cut at 330 s), 3 of them compiling. The second step runs warm: the
+#      steady-state figures. Each 4B decode step reads 8 GB of weights and up to 6 GB of cache, some
+#      thousands of steps a rollout. At the full 4096-token cap the step alone is about 4-5 min by
+#      that arithmetic (four times the decode steps, each reading up to four times the cache), so it
+#      is not part of the 12 minutes: the command printed at the end runs it (about 8 min).
 # Logs go to $OUT (default /tmp/gpu_rl_step), one per part, and summary.txt collects each bench's
-# last line. Override a part's limit with ATTENTION_S, SMALL_S, MEDIUM_S, LARGE_S, PRESET_S, the cap
+# last line. Override a part's limit with ATTENTION_S, SMALL_S, MEDIUM_S, PRESET_S, the cap
 # with NEW_TOKENS. Run from the repository root with spiral_jax importable (pip install -e
 # '.[cuda]', or PYTHONPATH=. where the packages are already there).
 set -u
@@ -25,7 +25,7 @@ OUT=${OUT:-/tmp/gpu_rl_step}
 NEW_TOKENS=${NEW_TOKENS:-1024}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
-# Programs compiled by one part load in the next one (and in a rerun on the same machine).
+# Programs compiled once load from here in a rerun on the same machine.
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/spiral_jax_xla_cache}
 
 nvidia-smi -L
@@ -55,8 +55,7 @@ fi
 
 run qwen3_0p6b "${SMALL_S:-120}" --shape 0.6b --max_new_tokens "$NEW_TOKENS" --steps 1
 run qwen3_1p7b "${MEDIUM_S:-150}" --shape 1.7b --max_new_tokens "$NEW_TOKENS" --steps 1
-run qwen3_4b "${LARGE_S:-240}" --shape 4b --max_new_tokens "$NEW_TOKENS" --steps 1
-run preset_1xh200 "${PRESET_S:-150}" --config configs/kuhn_qwen3_4b_1xh200.py --max_new_tokens "$NEW_TOKENS" --steps 2
+run qwen3_4b_1xh200 "${PRESET_S:-330}" --config configs/kuhn_qwen3_4b_1xh200.py --max_new_tokens "$NEW_TOKENS" --steps 2
 
 section "summary"
 cat "$OUT/summary.txt"
