@@ -30,10 +30,9 @@ is timed less the XLA compiling done in it: the first step compiles, and a later
 a new bucket. The figures are the last step's (`--steps`, default 2). Bandwidth and peak FLOP/s
 come from a table of data sheets by device kind, else from flags, else (CPU) measured here.
 
-    python bench/rl_step.py --shape tiny                      # CPU, seconds
-    python bench/rl_step.py --shape 4b                        # the paper's sizes, on a GPU
+    python bench/rl_step.py --shape tiny                                    # CPU, seconds
+    python bench/rl_step.py --config configs/kuhn_qwen3_4b_1xh200.py --hardware 1xH200   # Qwen3-4B
     python bench/rl_step.py --shape 1.7b --max_new_tokens 1024 --schedule continuous --max_in_flight 32
-    python bench/rl_step.py --config configs/kuhn_qwen3_4b_1xh200.py --hardware 1xH200
 """
 import argparse
 import contextlib
