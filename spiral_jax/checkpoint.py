@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
+import re
 import shutil
+import sys
+import types
 from pathlib import Path
 
 import jax
@@ -37,6 +41,40 @@ def is_disk_full(error: BaseException) -> bool:
     if getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
         return True
     return any(text in str(error) for text in ("No space left on device", "Disk quota exceeded"))
+
+
+def _reason(error: BaseException) -> str:
+    """An error as one short line: tensorstore's messages end in a dump of the array's spec, cut off."""
+    text = re.split(r"\.? See full TensorStore details", str(error), maxsplit=1)[0]
+    return " ".join(text.split())[:240] or type(error).__name__
+
+
+def _drop_closed_loop_noise() -> None:
+    """Silence what a failed orbax restore leaves behind, which Python would print as tracebacks
+    (dozens per damaged checkpoint, making a handled fallback look like a crash):
+
+    * tensorstore reads still in flight complete on their own threads and hand their results to the
+      asyncio event loop orbax has closed: RuntimeError("Event loop is closed"), raised where
+      nothing can catch it;
+    * orbax's read coroutines that never finished are closed when garbage-collected, and turn the
+      GeneratorExit into an exception of their own ("Exception ignored in: <coroutine ...>").
+
+    Both reach sys.unraisablehook; those are dropped, and anything else goes to the previous hook."""
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_closed_loop_noise", False):
+        return
+
+    def hook(unraisable):
+        error, source = unraisable.exc_value, unraisable.object
+        if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+            return
+        if (isinstance(source, types.CoroutineType) and isinstance(error.__cause__, GeneratorExit)
+                and "orbax" in source.cr_code.co_filename):
+            return
+        previous(unraisable)
+
+    hook.drops_closed_loop_noise = True
+    sys.unraisablehook = hook
 
 
 def _abstract(tree):
@@ -144,9 +182,11 @@ class Checkpointer:
         return self._newest_readable(params_of, log)
 
     def _newest_readable(self, restore, log):
+        """Each unreadable step is one line (the step, the reason, where it was moved); no traceback."""
         steps = sorted(self._manager.all_steps(), reverse=True)
         if not steps:
             raise FileNotFoundError(f"no checkpoint to resume from in {self.directory}")
+        _drop_closed_loop_noise()
         failures = []
         for step in steps:
             try:
@@ -156,11 +196,13 @@ class Checkpointer:
             except Exception as e:  # orbax and tensorstore raise many types for damaged files
                 if is_disk_full(e):
                     raise
-                reason = " ".join(str(e).split())[:300] or type(e).__name__
+                reason = _reason(e)
                 failures.append(f"step {step}: {reason}")
-                log(f"checkpoint step {step} in {self.directory} cannot be read ({reason}); "
-                    f"trying an older one")
+                older = [s for s in steps if s < step]
+                log(f"checkpoint step {step} in {self.directory} cannot be read ({reason}); set aside as "
+                    f"{step}.unreadable; " + (f"trying step {older[0]}" if older else "no older one to try"))
                 self._set_aside(step)
+                gc.collect()  # the failed read's coroutines end now, under the filter, not mid-run
                 continue
             if failures:
                 log(f"resuming from step {step}, the newest checkpoint that restores")
