@@ -3,6 +3,7 @@ safe export, clear errors for config files, prompts, tokenizers and diverging up
 import gc
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -161,32 +162,50 @@ def test_a_stop_in_the_bootstrap_saves_it_and_the_resumed_run_is_exact(tmp_path)
     assert again.bootstrap_state is None and again.step == 1  # the finished bootstrap is not redone
 
 
+def _train_until_bootstrap_step(config, step: int, *extra) -> tuple[int, str]:
+    """Run `spiral-jax train` in a process of its own, send SIGTERM once the bootstrap's progress bar
+    passes `step`: (exit status, everything it printed)."""
+    env = dict(os.environ, PYTHONPATH=REPO)  # the tests' XLA flags: 8 devices, quick compiles
+    cli = "import sys; from spiral_jax.cli import main; sys.exit(main())"
+    proc = subprocess.Popen([sys.executable, "-c", cli, "train", f"--config={config}", *extra], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = ""
+    for line in iter(proc.stdout.readline, ""):  # text mode splits tqdm's \r updates into lines
+        seen += line
+        done = re.search(r"bootstrap:.*\| *(\d+)/100000", line)
+        if done and int(done.group(1)) >= step:
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    return proc.returncode, seen + out
+
+
+def _bootstrap_meta(tmp_path) -> dict:
+    return json.loads(next((tmp_path / "run" / "checkpoints" / "0").rglob("meta/metadata")).read_text())
+
+
 @pytest.mark.slow
-def test_sigterm_during_the_bootstrap_exits_75_with_a_checkpoint(tmp_path):
+def test_sigterm_during_the_bootstrap_exits_75_and_resume_continues_from_its_step(tmp_path):
+    """A real SIGTERM in the bootstrap saves it part-way (exit 75); `train --resume` continues from the
+    saved bootstrap step, not from step 0, and a second SIGTERM saves a later step."""
     config = tmp_path / "cfg.py"
     config.write_text(
         "from tests.trainer.test_trainer import tiny_config\nfrom pathlib import Path\n"
         "def get_config():\n"
         f"    return tiny_config(Path({str(tmp_path)!r}), **{{'bootstrap.enabled': True, "
         "'bootstrap.steps': 100000, 'bootstrap.batch_size': 8})\n")
-    env = dict(os.environ, PYTHONPATH=REPO)  # the tests' XLA flags: 8 devices, quick compiles
-    cli = "import sys; from spiral_jax.cli import main; sys.exit(main())"
-    proc = subprocess.Popen([sys.executable, "-c", cli, "train", f"--config={config}"], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen = ""
-    for line in iter(proc.stdout.readline, ""):
-        seen += line
-        if "[bootstrap]" in line:
-            break
-    import time
-    time.sleep(8)  # into the imitation steps
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
-    seen += out
-    assert proc.returncode == PREEMPTED_EXIT_CODE, seen[-2000:]
+    status, seen = _train_until_bootstrap_step(config, 5)
+    assert status == PREEMPTED_EXIT_CODE, seen[-2000:]
     assert "stopped at bootstrap step" in seen and "resume with --resume" in seen
-    meta = json.loads(next((tmp_path / "run" / "checkpoints" / "0").rglob("meta/metadata")).read_text())
-    assert meta["phase"] == "bootstrap" and 0 < meta["bootstrap_step"] < 100000
+    meta = _bootstrap_meta(tmp_path)
+    saved = meta["bootstrap_step"]
+    assert meta["phase"] == "bootstrap" and 5 <= saved < 100000
+    status, seen = _train_until_bootstrap_step(config, saved + 5, "--resume")
+    assert status == PREEMPTED_EXIT_CODE, seen[-2000:]
+    assert f"in the bootstrap, after {saved} of 100000 steps" in seen
+    counts = [int(n) for n in re.findall(r"bootstrap:.*?\| *(\d+)/100000", seen)]
+    assert counts and min(counts) == saved, counts[:5]  # the bar starts at the saved step
+    assert _bootstrap_meta(tmp_path)["bootstrap_step"] >= saved + 5
 
 
 def test_updates_skipped_in_a_row_stop_the_run(tmp_path):
