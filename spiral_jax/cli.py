@@ -33,8 +33,9 @@ FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).",
                                 lock_config=True)
 flags.DEFINE_bool("resume", False, "train: continue from the newest checkpoint in out_dir.")
-flags.DEFINE_bool("overwrite", False, "train: delete the run already in out_dir and start over; export: "
-                  "replace what is in --out.")
+flags.DEFINE_bool("overwrite", False, "train: delete the run already in out_dir (what its run_manifest.json "
+                  "lists) and start over; export: replace the earlier export in --out (what its "
+                  "export_manifest.json lists).")
 flags.DEFINE_integer("games", 0, "eval: games per (game, opponent); default eval.final_games.")
 flags.DEFINE_string("out", "", "export: the folder to write the Hugging Face checkpoint to.")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "export: the dtype of the stored weights.")
