@@ -39,9 +39,9 @@ setup(
         # the suite in two processes: most of a test's time is XLA compiling on one core.
         # jax[tpu] (with libtpu, the TPU compiler) so CI compiles programs for TPU slices ahead of time
         # (tests/test_aot.py); no TPU is needed for that. openai: `spiral-jax serve` is tested with the
-        # official client, as its users call it.
+        # official client, as its users call it. peft: LoRA exports are checked by loading them with it.
         "test": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "torch==2.13.0", "math-verify",
-                 "matplotlib", "textarena", f"jax[tpu]=={JAX_TPU}", "openai"],
+                 "matplotlib", "textarena", f"jax[tpu]=={JAX_TPU}", "openai", "peft"],
         # gcsfs: a gs:// out_dir for everything a run writes besides checkpoints (spiral_jax/paths.py).
         "gcs": ["gcsfs"],
         "tpu": [f"jax[tpu]=={JAX_TPU}", "gcsfs"],

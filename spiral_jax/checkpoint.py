@@ -166,10 +166,10 @@ class Checkpointer:
         item = ocp.args.StandardRestore(_abstract(like_params))
         return self._manager.restore(step, args=ocp.args.Composite(reference=item))["reference"]
 
-    def restore_params(self, like_params, log=print) -> tuple[dict, int]:
-        """(parameters, step) of the newest readable checkpoint, and nothing else: no optimiser
-        state is read or allocated, so evaluation and export need one copy of the weights. The
-        arrays are built in the shardings of `like_params` (ShapeDtypeStructs), e.g. the sampler's."""
+    def restore_params(self, like_params, log=print) -> tuple[dict, int, dict]:
+        """(trained parameters, step, meta) of the newest readable checkpoint, and nothing else: no
+        optimiser state is read or allocated, so evaluation and export need one copy of the weights.
+        The arrays are built in the shardings of `like_params` (ShapeDtypeStructs), e.g. the sampler's."""
         def params_of(step):
             meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
             self._check_layout(step, meta)
@@ -177,7 +177,7 @@ class Checkpointer:
                                           restore_args=jax.tree.map(
                                               lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, dtype=x.dtype),
                                               {"params": like_params}))
-            return self._manager.restore(step, args=ocp.args.Composite(state=item))["state"]["params"], step
+            return self._manager.restore(step, args=ocp.args.Composite(state=item))["state"]["params"], step, meta
 
         return self._newest_readable(params_of, log)
 

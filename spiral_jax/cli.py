@@ -39,6 +39,8 @@ flags.DEFINE_bool("overwrite", False, "train: delete the run already in out_dir 
 flags.DEFINE_integer("games", 0, "eval: games per (game, opponent); default eval.final_games.")
 flags.DEFINE_string("out", "", "export: the folder to write the Hugging Face checkpoint to.")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "export: the dtype of the stored weights.")
+flags.DEFINE_bool("adapter", False, "export: a LoRA run's adapters as a PEFT adapter folder (adapter_config.json, "
+                  "adapter_model.safetensors; loads with peft or vLLM on top of model.path) instead of merged weights.")
 flags.DEFINE_float("max_shard_gib", 5.0, "export: safetensors files up to this size; larger models are "
                    "split into shards with an index, as Hugging Face does.")
 flags.DEFINE_enum("suite", "games", ["games", "transfer", "kuhn", "crossplay", "bench"],
@@ -92,8 +94,9 @@ COMMANDS = {
              "or bench.", ("config", "games", "suite", "eval_out", "opponents", "env_ids", "players",
                            "crossplay_env", "kuhn_samples", "bench", "samples", "shots_file", "shots", "limit",
                            "protocol")),
-    "export": ("Write the newest checkpoint as a Hugging Face folder (safetensors, config, tokenizer).",
-               ("config", "out", "overwrite", "dtype", "max_shard_gib")),
+    "export": ("Write the newest checkpoint as a Hugging Face folder (safetensors, config, tokenizer; a LoRA "
+               "run's adapters merged in, or with --adapter as a PEFT adapter folder).",
+               ("config", "out", "overwrite", "dtype", "max_shard_gib", "adapter")),
     "serve": ("Serve the newest checkpoint in out_dir (or model.path) behind an OpenAI-compatible endpoint "
               "(GET /v1/models, POST /v1/chat/completions and /v1/completions, streaming included), e.g. as "
               "an openai:NAME@URL opponent.",
@@ -286,7 +289,8 @@ def _run(command: str, c) -> int:
 
     initialize(c.distributed)
     mesh = host_local_mesh(make_mesh(**c.mesh))
-    cfg, params, source = load_policy(c, mesh, what=command, log=lambda *a, **k: print(*a, **k, file=sys.stderr))
+    cfg, params, source = load_policy(c, mesh, what=command, log=lambda *a, **k: print(*a, **k, file=sys.stderr),
+                                      adapters=command == "export" and FLAGS.adapter)
     print(f"[{command}] {source}", file=sys.stderr)
     tokenizer = build_tokenizer(c, cfg)
     if command == "eval":
@@ -366,6 +370,14 @@ def _export(c, cfg, params, tokenizer) -> int:
     out = Path(FLAGS.out)
     clear_export_dir(out)  # --overwrite: nothing the old export wrote survives next to the new
     before = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    if FLAGS.adapter:
+        from spiral_jax.models import save_adapter
+
+        save_adapter(cfg, params, out, base_model=c.model.path)
+        record_export(out, before)
+        print(f"wrote a PEFT LoRA adapter (rank {cfg.lora_rank}, alpha {cfg.lora_alpha:g}, on "
+              f"{', '.join(cfg.lora_targets)}) to {out}; base model: {c.model.path or 'the random init'}")
+        return 0
     save_pretrained(cfg, params, out, dtype=FLAGS.dtype, max_shard_bytes=int(FLAGS.max_shard_gib * 2**30),
                     generation_config={"eos_token_id": sorted(tokenizer.stop_ids),
                                        "bos_token_id": tokenizer.hf.bos_token_id})

@@ -6,13 +6,14 @@ override, is an error naming the key (values can still change).
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 from ml_collections import ConfigDict
 
-from spiral_jax.models import CheckpointError, ModelConfig, init_params, load_pretrained
+from spiral_jax.models import CheckpointError, ModelConfig, init_params, load_pretrained, lora
 from spiral_jax.rl.rae import RAEConfig
 from spiral_jax.rl.train_step import TrainConfig
 from spiral_jax.sampling import SamplingParams
@@ -29,8 +30,11 @@ def base_config() -> ConfigDict:
     # model.path: a Hugging Face checkpoint folder. Empty: a random model with the `random` shape.
     # model.attention: the self-attention kernel of training, scoring and prefill: auto (splash on TPU,
     # cuDNN flash attention on GPU, XLA on CPU), xla, splash or cudnn (spiral_jax/models/fused_attention.py).
+    # model.lora: rank 0 = full fine-tuning; rank > 0 trains LoRA adapters (scaled alpha / rank) on the
+    # `targets` projections and freezes the weights, held in compute_dtype (spiral_jax/models/lora.py).
     c.model = ConfigDict(dict(
         path="", compute_dtype="float32", scan_layers=False, remat=True, attention="auto",
+        lora=ConfigDict(dict(rank=0, alpha=16.0, targets=("q", "k", "v", "o", "gate", "up", "down"), dropout=0.0)),
         random=ConfigDict(dict(model_type="qwen3", vocab_size=1024, hidden_size=64, intermediate_size=128,
                                num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                                tie_word_embeddings=True, max_position_embeddings=2048,
@@ -173,43 +177,94 @@ def _runtime(c: ConfigDict) -> dict:
                 attention=c.model.attention)
 
 
+def _with_lora(c: ConfigDict, cfg: ModelConfig) -> ModelConfig:
+    lora = c.model.lora
+    if lora.dropout:
+        raise ValueError(f"model.lora.dropout={lora.dropout}: dropout on the adapters is not supported; use 0")
+    return cfg.replace(lora_rank=lora.rank, lora_alpha=lora.alpha, lora_targets=tuple(lora.targets))
+
+
 def model_config(c: ConfigDict) -> ModelConfig:
-    """The architecture: model.path's config.json, else model.random."""
+    """The architecture (model.path's config.json, else model.random), with model.lora's adapters."""
     if c.model.path:
-        return ModelConfig.from_pretrained(c.model.path, **_runtime(c))
-    return ModelConfig(**c.model.random.to_dict(), **_runtime(c))
+        return _with_lora(c, ModelConfig.from_pretrained(c.model.path, **_runtime(c)))
+    return _with_lora(c, ModelConfig(**c.model.random.to_dict(), **_runtime(c)))
 
 
 def build_model(c: ConfigDict, mesh=None) -> tuple[ModelConfig, dict]:
-    """The model to train: model.path's weights, else a random init of model.random (train layout)."""
+    """The model to train (train layout): model.path's weights, else a random init of model.random;
+    with model.lora, fresh adapters beside them (the weights are the same as without)."""
     if c.model.path:
-        return load_pretrained(c.model.path, mesh=mesh, **_runtime(c))
-    cfg = model_config(c)
-    return cfg, init_params(cfg, jax.random.key(c.seed), mesh=mesh, dtype=jnp.float32)
+        cfg, params = load_pretrained(c.model.path, mesh=mesh, **_runtime(c))
+        cfg = _with_lora(c, cfg)
+    else:
+        cfg = model_config(c)
+        params = init_params(cfg.base(), jax.random.key(c.seed), mesh=mesh, dtype=jnp.float32)
+    if cfg.lora_rank:
+        params = lora.join(params, lora.init_adapters(cfg, jax.random.fold_in(jax.random.key(c.seed), 1), mesh))
+    return cfg, params
 
 
-def load_policy(c: ConfigDict, mesh, what: str = "eval", log=print) -> tuple[ModelConfig, dict, str]:
+def base_fingerprint(c: ConfigDict) -> str:
+    """What identifies the frozen weights LoRA adapters are trained on: a hash of model.path's
+    config.json and weight files (their bytes), or the random init's shape and seed."""
+    import hashlib
+
+    if not c.model.path:
+        return "random:" + hashlib.sha256(json.dumps([c.model.random.to_dict(), c.seed], sort_keys=True)
+                                          .encode()).hexdigest()[:16]
+    digest = hashlib.sha256()
+    folder = Path(c.model.path)
+    for f in [folder / "config.json", *sorted(folder.glob("*.safetensors"))]:
+        digest.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 24), b""):
+                digest.update(block)
+    return "sha256:" + digest.hexdigest()[:16]
+
+
+def _base_weights(c: ConfigDict, cfg: ModelConfig, mesh, rules: str = "sample"):
+    """The weights LoRA adapters sit on: model.path's, else the random init (as `build_model`)."""
+    from spiral_jax.models import load_policy_weights
+
+    if c.model.path:
+        return load_policy_weights(c.model.path, cfg.base(), mesh)
+    return init_params(cfg.base(), jax.random.key(c.seed), mesh=mesh, dtype=jnp.float32, rules=rules)
+
+
+def load_policy(c: ConfigDict, mesh, what: str = "eval", log=print, adapters: bool = False) -> tuple[ModelConfig, dict, str]:
     """(cfg, params, where they came from) for eval, export and serving: the parameters of the newest
     readable checkpoint in out_dir, else the weights at model.path; in the sampler's layout on `mesh`,
-    one copy, no optimiser state."""
+    one copy, no optimiser state. A LoRA run's checkpoint holds its adapters: they come back merged
+    into the frozen weights (a model of `cfg.base()`), or, with `adapters`, as they are (cfg with LoRA)."""
     from spiral_jax.checkpoint import Checkpointer
     from spiral_jax.models import abstract_params, load_policy_weights
     from spiral_jax.sharding import Rules
 
     directory = f"{c.out_dir.rstrip('/')}/checkpoints"
+    cfg = model_config(c)
     if "://" in directory or Path(directory).is_dir():
         ckpt = Checkpointer(directory)
         if ckpt.latest_step() is not None:
-            cfg = model_config(c)
             like = abstract_params(cfg, rules=Rules.create(mesh, "sample"))
-            params, step = ckpt.restore_params(like, log=log)
+            params, step, meta = ckpt.restore_params(lora.split(like)[1] if cfg.lora_rank else like, log=log)
             ckpt.close()
-            return cfg, params, f"the checkpoint of step {step} in {ckpt.directory}"
+            source = f"the checkpoint of step {step} in {ckpt.directory}"
+            if cfg.lora_rank:
+                if meta.get("lora_base") != base_fingerprint(c):
+                    raise CheckpointError(f"{source} holds LoRA adapters trained on other weights than model.path's "
+                                          f"({meta.get('lora_base')} != {base_fingerprint(c)}); give the model.path "
+                                          f"and model.lora the run was trained with")
+                if adapters:
+                    return cfg, params, source
+                params = lora.merge(lora.join(_base_weights(c, cfg, mesh), params), cfg)
+            return cfg.base(), params, source
+    if adapters:
+        raise FileNotFoundError(f"no LoRA adapters to {what}: no checkpoint in {directory}")
     if not c.model.path:
         raise FileNotFoundError(f"nothing to {what}: no checkpoint in {directory} and no model.path; "
                                 f"train first or pass --config.model.path=HF_FOLDER")
-    cfg = model_config(c)
-    return cfg, load_policy_weights(c.model.path, cfg, mesh), f"the weights at model.path={c.model.path}"
+    return cfg.base(), load_policy_weights(c.model.path, cfg.base(), mesh), f"the weights at model.path={c.model.path}"
 
 
 def build_tokenizer(c: ConfigDict, cfg: ModelConfig) -> Tokenizer:

@@ -39,7 +39,7 @@ from tests.tiny_models import FAMILIES, TINY_RUN, make_hf_model  # noqa: E402
 
 # Optional test dependencies (the test extra installs them). Locally a missing one skips its tests;
 # in CI (CI=true) it fails the run, so no test drops out silently.
-OPTIONAL_TEST_DEPENDENCIES = ("textarena", "math_verify", "matplotlib", "libtpu", "openai")
+OPTIONAL_TEST_DEPENDENCIES = ("textarena", "math_verify", "matplotlib", "libtpu", "openai", "peft")
 
 
 def pytest_configure(config):

@@ -14,6 +14,10 @@ from typing import Any
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 
 
+# The projections LoRA adapters may sit on (spiral_jax/models/lora.py).
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
 class CheckpointError(ValueError):
     """A checkpoint folder or config that cannot be used, with a message saying how to fix it."""
 
@@ -56,6 +60,11 @@ class ModelConfig:
     scan_layers: bool = False  # stacked layers + lax.scan (TPU compile time) vs a per-layer list
     remat: bool = True  # rematerialise each layer in the backward pass
     attention: str = "auto"  # self-attention kernel: auto, xla, splash (TPU), cudnn (GPU); see fused_attention
+    # LoRA (models/lora.py): rank 0 = off; else low-rank adapters on the `lora_targets` projections,
+    # scaled by lora_alpha / lora_rank, and the weights beside them frozen.
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = LORA_TARGETS
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -69,6 +78,11 @@ class ModelConfig:
         if self.attention not in ("auto", "xla", "splash", "cudnn"):
             raise ValueError(f"attention={self.attention!r}; use auto (splash on TPU, cudnn on GPU, xla on "
                              f"CPU), xla, splash or cudnn")
+        object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
+        if self.lora_rank < 0 or (self.lora_rank and not self.lora_targets) or (
+                set(self.lora_targets) - set(LORA_TARGETS)):
+            raise ValueError(f"LoRA: rank={self.lora_rank}, targets={self.lora_targets}; the rank must be >= 0 "
+                             f"(0 = off) and the targets a non-empty subset of {', '.join(LORA_TARGETS)}")
         if self.num_heads % self.num_kv_heads:
             raise CheckpointError(
                 f"num_attention_heads={self.num_heads} is not a multiple of "
@@ -85,6 +99,14 @@ class ModelConfig:
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
+
+    @property
+    def lora_scale(self) -> float:
+        return self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
+
+    def base(self) -> "ModelConfig":
+        """This model without adapters: what merged weights, the sampler and HF checkpoints hold."""
+        return self.replace(lora_rank=0) if self.lora_rank else self
 
     # ---------------------------------------------------------------- HF config.json in and out
 

@@ -18,6 +18,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from spiral_jax.models.config import CheckpointError, ModelConfig
+from spiral_jax.models.lora import adapter_specs
 from spiral_jax.models.params import (ParamSpec, hf_shape, hf_slice, hf_tensor, is_spec, layer_spec,
                                       param_specs)
 from spiral_jax.sharding import Rules
@@ -236,6 +237,41 @@ def save_pretrained(cfg: ModelConfig, params, path, extra_config: dict | None = 
         written.append("generation_config.json")
     for name in written:
         (path / name).chmod(0o644)  # readable by the serving user, like any model download
+    return path
+
+
+_PEFT_MODULES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
+                 "down": "down_proj"}
+
+
+def save_adapter(cfg: ModelConfig, adapters, path, base_model: str = "") -> Path:
+    """Write LoRA adapters as a PEFT adapter folder (adapter_config.json, adapter_model.safetensors, fp32),
+    which `peft.PeftModel.from_pretrained` and vLLM load on top of the base model. adapters: the LoRA
+    leaves (`lora.split(params)[1]`); base_model: recorded as base_model_name_or_path."""
+    if not cfg.lora_rank:
+        raise ValueError("save_adapter needs a LoRA model config (lora_rank > 0)")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    specs = adapter_specs(cfg)
+    flat_specs, flat = jax.tree.leaves(specs, is_leaf=is_spec), jax.tree.leaves(adapters)
+    if len(flat_specs) != len(flat) or any(tuple(v.shape) != s.shape for s, v in zip(flat_specs, flat)):
+        raise ValueError("the adapters do not match the LoRA config (rank, targets or model shape)")
+    tensors = []
+    for spec, value in zip(flat_specs, flat):
+        stacked = "{i}" in spec.hf_name
+        for i, s in enumerate(_per_layer(cfg, spec)):
+            make = functools.partial(_hf_array, s, value, i if stacked else None, np.float32)
+            tensors.append(_Tensor(s.hf_name, hf_shape(s), 4, make))
+    tmp = path / "adapter_model.safetensors.tmp"
+    _write_safetensors(tmp, tensors, "F32")
+    tmp.replace(path / "adapter_model.safetensors")
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": cfg.lora_rank, "lora_alpha": cfg.lora_alpha,
+              "target_modules": [_PEFT_MODULES[t] for t in cfg.lora_targets], "lora_dropout": 0.0, "bias": "none",
+              "base_model_name_or_path": base_model, "fan_in_fan_out": False, "inference_mode": True,
+              "use_rslora": False, "use_dora": False, "init_lora_weights": True, "modules_to_save": None}
+    (path / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name in ("adapter_model.safetensors", "adapter_config.json"):
+        (path / name).chmod(0o644)
     return path
 
 

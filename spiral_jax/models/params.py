@@ -35,7 +35,7 @@ class ParamSpec:
     shape: tuple[int, ...]
     axes: tuple[str | None, ...]
     hf_name: str  # "{i}" is the layer index for per-layer weights
-    init: str  # "normal", "ones" or "zeros"
+    init: str  # "normal", "ones", "zeros", or "lora_a" (uniform in +-1/sqrt(fan-in), as PEFT starts A)
     split_axis: int | None = None  # this axis and the next are one axis in HF
 
 
@@ -67,7 +67,22 @@ def _layer_specs(cfg: ModelConfig) -> dict[str, ParamSpec]:
     if cfg.qk_norm:
         specs["q_norm"] = ParamSpec((hd,), ("head_dim",), p + "self_attn.q_norm.weight", "ones")
         specs["k_norm"] = ParamSpec((hd,), ("head_dim",), p + "self_attn.k_norm.weight", "ones")
+    for target in cfg.lora_targets if cfg.lora_rank else ():
+        specs.update(_adapter_specs(target, specs[target], cfg.lora_rank))
     return specs
+
+
+def _adapter_specs(target: str, w: ParamSpec, rank: int) -> dict[str, ParamSpec]:
+    """LoRA's A [rank, *in] and B [*out, rank] beside the weight w [*out, *in] (the o projection takes
+    two in axes, heads x head_dim; the others one), named as PEFT names them. The rank axis is never
+    sharded; the others are sharded as the weight's."""
+    n_in = 2 if target == "o" else 1
+    peft = "base_model.model." + w.hf_name.removesuffix(".weight")
+    a = ParamSpec((rank, *w.shape[-n_in:]), (None, *w.axes[-n_in:]), peft + ".lora_A.weight", "lora_a",
+                  1 if n_in == 2 else None)
+    b = ParamSpec((*w.shape[:-n_in], rank), (*w.axes[:-n_in], None), peft + ".lora_B.weight", "zeros",
+                  w.split_axis if w.split_axis == 0 else None)
+    return {f"{target}_lora_a": a, f"{target}_lora_b": b}
 
 
 def param_specs(cfg: ModelConfig) -> dict:
@@ -133,25 +148,33 @@ def check_params(cfg: ModelConfig, params) -> None:
             raise ValueError(f"parameter {name} is not part of this model: {hint}")
 
 
+def _init(s: ParamSpec, key, dtype, std: float):
+    if s.init == "normal":
+        return std * jax.random.normal(key, s.shape, dtype)
+    if s.init == "lora_a":
+        fan_in = int(np.prod(s.shape[-2:] if s.split_axis is not None else s.shape[-1:]))
+        return jax.random.uniform(key, s.shape, dtype, -fan_in ** -0.5, fan_in ** -0.5)
+    return (jnp.ones if s.init == "ones" else jnp.zeros)(s.shape, dtype)
+
+
+def init_from_specs(specs, rng: jax.Array, shardings=None, dtype=jnp.float32, std: float = 0.02):
+    """Random arrays for a tree of ParamSpecs (normal(0, std) matrices, unit norms, zero biases),
+    built in `shardings` (a matching tree, or None)."""
+    leaves, treedef = jax.tree.flatten(specs, is_leaf=is_spec)
+
+    def build(key):
+        return jax.tree.unflatten(treedef, [_init(s, k, dtype, std)
+                                            for k, s in zip(jax.random.split(key, len(leaves)), leaves)])
+
+    return jax.jit(build, out_shardings=shardings)(rng)
+
+
 def init_params(cfg: ModelConfig, rng: jax.Array, mesh=None, dtype=jnp.float32, rules: str = "train",
                 std: float = 0.02):
     """Random parameters (normal(0, std) matrices, unit norms, zero biases) built in their shardings."""
     shard_rules = Rules.create(mesh, rules)
-    specs = param_specs(cfg)
-    leaves, treedef = jax.tree.flatten(specs, is_leaf=is_spec)
-
-    def build(key):
-        keys = jax.random.split(key, len(leaves))
-        out = []
-        for k, s in zip(keys, leaves):
-            if s.init == "normal":
-                out.append(std * jax.random.normal(k, s.shape, dtype))
-            else:
-                out.append((jnp.ones if s.init == "ones" else jnp.zeros)(s.shape, dtype))
-        return jax.tree.unflatten(treedef, out)
-
-    shardings = param_shardings(cfg, shard_rules) if shard_rules else None
-    return jax.jit(build, out_shardings=shardings)(rng)
+    return init_from_specs(param_specs(cfg), rng, param_shardings(cfg, shard_rules) if shard_rules else None,
+                           dtype, std)
 
 
 def layer_spec(spec: ParamSpec, layer: int) -> ParamSpec:

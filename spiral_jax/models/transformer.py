@@ -148,8 +148,17 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
     dt = x.dtype
     w = lambda name: p[name].astype(dt)  # noqa: E731
     dense_ = functools.partial(dense, local=rules is None)
+
+    def proj(name, h, n_in=1):
+        """h times the weight `name`, plus its LoRA adapters' low-rank product where the layer has them."""
+        out = dense_(h, w(name), n_in=n_in)
+        if f"{name}_lora_a" in p:
+            low = dense_(dense_(h, w(f"{name}_lora_a"), n_in=n_in), w(f"{name}_lora_b"))
+            out = out + jnp.asarray(cfg.lora_scale, dt) * low
+        return out
+
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
-    q, k, v = dense_(h, w("q")), dense_(h, w("k")), dense_(h, w("v"))
+    q, k, v = proj("q", h), proj("k", h), proj("v", h)
     if cfg.qkv_bias:
         q, k, v = q + w("q_bias"), k + w("k_bias"), v + w("v_bias")
     if cfg.qk_norm:
@@ -181,13 +190,13 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
         else:
             out = attention(q, cache.k[layer, :, :seen].astype(dt), cache.v[layer, :, :seen].astype(dt),
                             q_slots, kv_mask[:, :seen])
-    attn = dense_(out, w("o"), n_in=2)
+    attn = proj("o", out, n_in=2)
     if cfg.o_bias:
         attn = attn + w("o_bias")
     x = constrain(x + attn, rules, ACT)
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
-    mlp = jax.nn.silu(dense_(h, w("gate"))) * dense_(h, w("up"))
-    x = constrain(x + dense_(mlp, w("down")), rules, ACT)
+    mlp = jax.nn.silu(proj("gate", h)) * proj("up", h)
+    x = constrain(x + proj("down", mlp), rules, ACT)
     return x, cache
 
 

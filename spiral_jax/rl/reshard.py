@@ -4,12 +4,17 @@ The trainer keeps its parameters on the TRAIN layout (weights over fsdp x tensor
 them on the SAMPLE layout (weights over tensor only, replicated across the batch axes, so decoding
 needs no weight all-gathers). Where the two layouts differ, one jitted copy per step moves them; where
 they agree (no mesh, or fsdp size 1) the sampler reads the train state's arrays directly.
+
+With LoRA the sampler decodes with merged weights (W + scale * B A, `make_merge`), folded once per
+step: it then runs the same programs as for full fine-tuning, with no adapter products in its
+decode steps, at the cost of one compute-dtype copy of the weights while it samples.
 """
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
-from spiral_jax.models import ModelConfig, param_shardings
+from spiral_jax.models import ModelConfig, lora, param_shardings
 from spiral_jax.sharding import Rules
 
 
@@ -24,3 +29,28 @@ def make_reshard(cfg: ModelConfig, mesh, src: str = "train", dst: str = "sample"
     if same:
         return lambda params: params
     return jax.jit(lambda params: params, in_shardings=(src_sh,), out_shardings=dst_sh)
+
+
+def split_frozen(cfg: ModelConfig, params, mesh):
+    """Full parameters -> (frozen weights, trained tree). With LoRA the weights are frozen and held in
+    the compute dtype (no fp32 master copy: nothing updates them) and the adapters are trained;
+    without, nothing is frozen (None) and everything is trained."""
+    if not cfg.lora_rank:
+        return None, params
+    frozen, adapters = lora.split(params)
+    dtype = jnp.dtype(cfg.compute_dtype)
+    rules = Rules.create(mesh, "train")
+    shardings = None if rules is None else lora.split(param_shardings(cfg, rules))[0]
+    cast = jax.jit(lambda t: jax.tree.map(lambda x: x.astype(dtype), t), out_shardings=shardings, donate_argnums=0)
+    return cast(frozen), adapters
+
+
+def make_merge(cfg: ModelConfig, mesh):
+    """(trained, frozen) -> the policy's full parameters of `cfg.base()` on the TRAIN layout: the
+    adapters folded into the weights (in the compute dtype) with LoRA, the trained tree itself without."""
+    if not cfg.lora_rank:
+        return lambda trained, frozen: trained
+    rules = Rules.create(mesh, "train")
+    shardings = None if rules is None else param_shardings(cfg.base(), rules)
+    dtype = jnp.dtype(cfg.compute_dtype)
+    return jax.jit(lambda trained, frozen: lora.merge(lora.join(frozen, trained), cfg, dtype), out_shardings=shardings)

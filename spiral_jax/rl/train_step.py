@@ -7,6 +7,10 @@ batch splits into row-sharded micro-batches without moving data; their fp32 grad
 a `lax.scan`. Token weights are computed over the whole batch first, so the sum equals the
 full-batch gradient exactly.
 
+With LoRA (`cfg.lora_rank > 0`) the trained tree is the adapters alone (`models.lora`): the state, the
+optimiser and the gradients hold only them, and every function here takes the frozen weights as
+`frozen`, joined with the adapters inside the program.
+
 `epochs == 1` is REINFORCE. `epochs > 1` is the reference's PPO learner: `make_update` recomputes the
 old log-probs with the current parameters (so epoch 1 is exactly REINFORCE), then takes `epochs`
 clipped steps on the same batch.
@@ -20,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from spiral_jax.models import ModelConfig, abstract_params, param_shardings
+from spiral_jax.models import ModelConfig, abstract_params, lora, param_shardings
 from spiral_jax.rl import losses
 from spiral_jax.rl.samples import Batch, batch_shardings
 from spiral_jax.sharding import Rules, batch_shards, constrain
@@ -99,20 +103,36 @@ def make_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
         optax.adamw(make_schedule(tc), b1=tc.b1, b2=tc.b2, eps=tc.eps, weight_decay=tc.weight_decay))
 
 
+def _trained(cfg: ModelConfig, tree):
+    """The part of a full parameter-shaped tree that is trained: the adapters with LoRA, else all."""
+    return lora.split(tree)[1] if cfg.lora_rank else tree
+
+
+def _frozen_shardings(cfg: ModelConfig, rules: Rules) -> tuple:
+    """in_shardings of the `frozen` argument: the weights beside LoRA adapters; none without LoRA
+    (the jitted functions then take no third argument)."""
+    return (lora.split(param_shardings(cfg, rules))[0],) if cfg.lora_rank else ()
+
+
+def _full(params, frozen):
+    return params if frozen is None else lora.join(frozen, params)
+
+
 def state_shardings(cfg: ModelConfig, tc: TrainConfig, mesh) -> TrainState | None:
-    """TrainState of NamedShardings: parameters (and Adam moments) on the TRAIN layout."""
+    """TrainState of NamedShardings: trained parameters (and Adam moments) on the TRAIN layout."""
     rules = Rules.create(mesh, "train")
     if rules is None:
         return None
     opt = make_optimizer(tc)
-    params = param_shardings(cfg, rules)
-    opt_state = optax.tree_map_params(opt, lambda _, s: s, jax.eval_shape(opt.init, abstract_params(cfg)),
+    params = _trained(cfg, param_shardings(cfg, rules))
+    opt_state = optax.tree_map_params(opt, lambda _, s: s, jax.eval_shape(opt.init, _trained(cfg, abstract_params(cfg))),
                                       params, transform_non_params=lambda _: rules.replicated())
     return TrainState(params, opt_state, rules.replicated(), rules.replicated())
 
 
 def init_train_state(params, cfg: ModelConfig, tc: TrainConfig, mesh=None) -> TrainState:
-    """Optimiser state for `params`, everything placed on the TRAIN layout (a no-op if it already is).
+    """Optimiser state for the trained `params` (the adapters alone with LoRA), everything placed on
+    the TRAIN layout (a no-op if it already is).
 
     The state takes the arrays over: the train step donates them, so keep no other reference.
     """
@@ -147,15 +167,17 @@ def _micro_batches(batch: Batch, tc: TrainConfig, rules: Rules | None) -> int:
     return rows // size
 
 
-def loss_and_grads(params, batch: Batch, cfg: ModelConfig, tc: TrainConfig, rules: Rules | None = None):
-    """(loss, fp32 grads, (logp, entropy, clipped) [B, T]) summed over micro-batches."""
+def loss_and_grads(params, batch: Batch, cfg: ModelConfig, tc: TrainConfig, rules: Rules | None = None,
+                   frozen=None):
+    """(loss, fp32 grads of `params`, (logp, entropy, clipped) [B, T]) summed over micro-batches.
+    frozen: the weights beside LoRA adapters `params` (None without LoRA)."""
     n = _micro_batches(batch, tc, rules)
     weights = losses.token_weights(batch.loss_mask, tc.normaliser, tc.normaliser_constant)
     micro = jax.tree.map(lambda x: _split(x, n), (batch, weights))
     row_axes = lambda x: constrain(x, rules, ("batch",) + (None,) * (x.ndim - 1))  # noqa: E731
 
     def micro_loss(params, mb: Batch, w):
-        logp, entropy = losses.token_logprobs(params, cfg, mb, tc.logprob_chunk, rules)
+        logp, entropy = losses.token_logprobs(_full(params, frozen), cfg, mb, tc.logprob_chunk, rules)
         tok, clipped = losses.token_loss(logp, mb, on_policy=tc.on_policy,
                                          clip=None if tc.on_policy else tc.clip,
                                          tis_cap=tc.tis_cap, kl_coef=tc.kl_coef)
@@ -169,7 +191,7 @@ def loss_and_grads(params, batch: Batch, cfg: ModelConfig, tc: TrainConfig, rule
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     if rules is not None:
-        zeros = jax.lax.with_sharding_constraint(zeros, param_shardings(cfg, rules))
+        zeros = jax.lax.with_sharding_constraint(zeros, _trained(cfg, param_shardings(cfg, rules)))
     (loss, grads), aux = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), micro)
     return loss, grads, jax.tree.map(_unsplit, aux)
 
@@ -191,8 +213,8 @@ def make_train_step(cfg: ModelConfig, tc: TrainConfig, mesh=None):
     opt = make_optimizer(tc)
     schedule = make_schedule(tc)
 
-    def step(state: TrainState, batch: Batch):
-        loss, grads, (logp, entropy, clipped) = loss_and_grads(state.params, batch, cfg, tc, rules)
+    def step(state: TrainState, batch: Batch, frozen=None):
+        loss, grads, (logp, entropy, clipped) = loss_and_grads(state.params, batch, cfg, tc, rules, frozen)
         nonfinite = _nonfinite(grads)
         ok = jnp.isfinite(loss) & (nonfinite == 0)
         updates, opt_state = opt.update(grads, state.opt_state, state.params)
@@ -212,48 +234,55 @@ def make_train_step(cfg: ModelConfig, tc: TrainConfig, mesh=None):
     if mesh is None:
         return jax.jit(step, donate_argnums=0)
     state_sh = state_shardings(cfg, tc, mesh)
-    return jax.jit(step, in_shardings=(state_sh, batch_shardings(mesh)),
+    return jax.jit(step, in_shardings=(state_sh, batch_shardings(mesh), *_frozen_shardings(cfg, rules)),
                    out_shardings=(state_sh, rules.replicated()), donate_argnums=0)
 
 
 def make_compute_logprobs(cfg: ModelConfig, tc: TrainConfig, mesh=None):
-    """jit((params, batch) -> log-probs [B, T], 0 off the response): PPO's old (or a frozen
-    reference's) log-probs, computed exactly as the train step computes them."""
+    """jit((params, batch, frozen=None) -> log-probs [B, T], 0 off the response): PPO's old (or a
+    frozen reference's) log-probs, computed exactly as the train step computes them."""
     rules = Rules.create(mesh, "train")
 
-    def compute(params, batch: Batch):
+    def compute(params, batch: Batch, frozen=None):
         n = _micro_batches(batch, tc, rules)
+        full = _full(params, frozen)
         logp = jax.lax.map(
-            lambda mb: losses.token_logprobs(params, cfg, mb, tc.logprob_chunk, rules)[0],
+            lambda mb: losses.token_logprobs(full, cfg, mb, tc.logprob_chunk, rules)[0],
             jax.tree.map(lambda x: _split(x, n), batch))
         return jnp.where(batch.loss_mask > 0, _unsplit(logp), 0.0)
 
     if mesh is None:
         return jax.jit(compute)
-    return jax.jit(compute, in_shardings=(param_shardings(cfg, rules), batch_shardings(mesh)),
+    return jax.jit(compute, in_shardings=(_trained(cfg, param_shardings(cfg, rules)), batch_shardings(mesh),
+                                          *_frozen_shardings(cfg, rules)),
                    out_shardings=batch_shardings(mesh).loss_mask)
 
 
 def make_update(cfg: ModelConfig, tc: TrainConfig, mesh=None):
-    """(state, batch, ref_params=None) -> (state, [metrics per epoch]): one iteration on a packed batch.
+    """(state, batch, ref_params=None, frozen=None) -> (state, [metrics per epoch]): one iteration on a
+    packed batch.
 
     With epochs > 1 the old log-probs are first recomputed by the learner; with kl_coef > 0 the
-    reference log-probs come from `ref_params` (on the TRAIN layout). Pass a batch already on the
-    mesh (`samples.shard_batch`) so the epochs do not transfer it again.
+    reference log-probs come from `ref_params` (trained parameters, on the TRAIN layout). frozen: the
+    weights beside LoRA adapters. Pass a batch already on the mesh (`samples.shard_batch`) so the
+    epochs do not transfer it again.
     """
     train_step = make_train_step(cfg, tc, mesh)
     compute_logprobs = make_compute_logprobs(cfg, tc, mesh)
 
-    def update(state: TrainState, batch: Batch, ref_params=None):
+    def update(state: TrainState, batch: Batch, ref_params=None, frozen=None):
+        if bool(cfg.lora_rank) != (frozen is not None):
+            raise ValueError("LoRA training needs the frozen weights (frozen=...), and only LoRA takes them")
+        weights = () if frozen is None else (frozen,)
         if tc.kl_coef:
             if ref_params is None:
                 raise ValueError("kl_coef > 0 needs the frozen reference's parameters (ref_params)")
-            batch = batch._replace(ref_logprobs=compute_logprobs(ref_params, batch))
+            batch = batch._replace(ref_logprobs=compute_logprobs(ref_params, batch, *weights))
         if not tc.on_policy:
-            batch = batch._replace(old_logprobs=compute_logprobs(state.params, batch))
+            batch = batch._replace(old_logprobs=compute_logprobs(state.params, batch, *weights))
         metrics = []
         for _ in range(tc.epochs):
-            state, m = train_step(state, batch)
+            state, m = train_step(state, batch, *weights)
             metrics.append(m)
         return state, metrics
 

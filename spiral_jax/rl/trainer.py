@@ -27,8 +27,8 @@ from tqdm import tqdm
 from spiral_jax.api_player import ApiPlayer, is_api_spec
 from spiral_jax.checkpoint import Checkpointer
 from spiral_jax.compilation import compile_count
-from spiral_jax.config import (bootstrap_train_config, build_model, build_tokenizer, eval_sampling, math_sampling,
-                               rae_config, rollout_sampling, train_config)
+from spiral_jax.config import (base_fingerprint, bootstrap_train_config, build_model, build_tokenizer, eval_sampling,
+                               math_sampling, rae_config, rollout_sampling, train_config)
 from spiral_jax.distributed import host_local_mesh, initialize, is_leader, to_host_local
 from spiral_jax.envs import make
 from spiral_jax.eval.games import TABLE_HEADER, evaluate, summarize
@@ -37,11 +37,11 @@ from spiral_jax.eval.benchmarks import local_files
 from spiral_jax.eval.suite import EvalContext, cache_size, run_benchmarks, run_kuhn
 from spiral_jax.eval.transcripts import write_transcripts
 from spiral_jax.metrics import MetricsWriter
-from spiral_jax.models import load_policy_weights
+from spiral_jax.models import CheckpointError, load_policy_weights
 from spiral_jax.paths import replace_text, run_path, transcript_path
 from spiral_jax.rl.bootstrap import imitation_samples
 from spiral_jax.rl.rae import baseline_metrics, init_rae_state, label_games
-from spiral_jax.rl.reshard import make_reshard
+from spiral_jax.rl.reshard import make_merge, make_reshard, split_frozen
 from spiral_jax.rl.samples import pack, shard_batch
 from spiral_jax.rl.step_metrics import step_metrics
 from spiral_jax.rl.train_step import TrainConfig, init_train_state, make_update
@@ -136,7 +136,12 @@ class Trainer:
                 f"optim.micro_batch_size={micro} must be a multiple of the data x fsdp mesh size "
                 f"({shards}) and divide rollout.samples_per_step={c.rollout.samples_per_step}")
         r, e = c.rollout, c.eval
-        self.sampler = Sampler(self.cfg, self.sample_mesh, max_prompt_len=r.max_prompt_len, max_cache_len=cache_size(c))
+        # With LoRA (model.lora.rank > 0) the weights are frozen and the adapters trained; the sampler,
+        # evaluation and opponents see the merged model, `cfg.base()` (rl/reshard.py).
+        self.weights, params = split_frozen(self.cfg, params, self.mesh)
+        self.merge = make_merge(self.cfg, self.mesh)
+        self.base_id = base_fingerprint(c) if self.cfg.lora_rank else None
+        self.sampler = Sampler(self.cfg.base(), self.sample_mesh, max_prompt_len=r.max_prompt_len, max_cache_len=cache_size(c))
         self.rollout = Rollout(self.sampler, self.tokenizer, rollout_sampling(c),
                                invalid_rewards=c.games.invalid_rewards, max_turns=c.games.max_turns,
                                max_in_flight=r.max_in_flight or None, schedule=r.schedule, api=c.api.to_dict())
@@ -146,7 +151,7 @@ class Trainer:
                                     api=c.api.to_dict())
         self.rae = rae_config(c)
         self.update = make_update(self.cfg, self.tc, self.mesh)
-        self.to_sample_layout = make_reshard(self.cfg, self.mesh)
+        self.to_sample_layout = make_reshard(self.cfg.base(), self.mesh)
         self.state = init_train_state(params, self.cfg, self.tc, self.mesh)
         self.reference = None  # with optim.kl_coef: the frozen policy RL started from (_kl_reference)
         self.rae_state, self.pool, self.pool_steps, self.step = init_rae_state(), [], [], 0
@@ -199,13 +204,17 @@ class Trainer:
                                     "model (openai:MODEL@URL) nor a model folder; give a Hugging Face "
                                     "checkpoint folder with the model's architecture (e.g. one written by "
                                     "spiral-jax export)")
-        return {"frozen": load_policy_weights(r.opponent, self.cfg, self.sample_mesh)}
+        return {"frozen": load_policy_weights(r.opponent, self.cfg.base(), self.sample_mesh)}
 
     # ----------------------------------------------------------------------------- checkpoints
 
     def _restore(self):
-        state, pool, meta = self.ckpt.restore(None, self.state, self.to_sample_layout(self.state.params),
-                                              log=self.log)
+        state, pool, meta = self.ckpt.restore(None, self.state, self.policy(self.state.params), log=self.log)
+        if meta.get("lora_base") != self.base_id:
+            raise CheckpointError(
+                f"the checkpoint in {self.ckpt.directory} was trained on other frozen weights "
+                f"({meta.get('lora_base') or 'none: full fine-tuning'}) than this run's ({self.base_id or 'none: full fine-tuning'}); "
+                f"resume with the model.path and model.lora it was written with")
         self.state, self.pool = state, pool
         self.rae_state, self.pool_steps, self.step = meta["rae"], meta["pool_steps"], meta["step"]
         self.totals = meta.get("totals", self.totals)
@@ -227,7 +236,7 @@ class Trainer:
         """Checkpoint the RL state, or (with `bootstrap_step`) the bootstrap's state part-way."""
         meta = dict(step=self.step, seed=self.c.seed, rae=self.rae_state, pool_steps=self.pool_steps,
                     config=self.c.to_json(), totals=self.totals, phase="rl" if bootstrap_step is None else "bootstrap",
-                    bootstrap_step=bootstrap_step or 0)
+                    bootstrap_step=bootstrap_step or 0, lora_base=self.base_id)
         state = self.state if bootstrap_step is None else self.bootstrap_state
         start = time.perf_counter()
         reference = self._kl_reference() if bootstrap_step is None else None
@@ -251,9 +260,14 @@ class Trainer:
             self._stop = bool(np.any(flags))
         return self._stop
 
+    def policy(self, params):
+        """Trained params (train layout) -> the policy's full parameters on the SAMPLE layout (merged
+        with the frozen weights under LoRA)."""
+        return self.to_sample_layout(self.merge(params, self.weights))
+
     def to_sampler(self, params):
-        """Train-layout params -> what this host's sampler reads (SAMPLE layout, host-local)."""
-        return to_host_local(self.to_sample_layout(params), self.sample_mesh)
+        """Trained params (train layout) -> what this host's sampler reads (SAMPLE layout, host-local)."""
+        return to_host_local(self.policy(params), self.sample_mesh)
 
     # ------------------------------------------------------------------------------- bootstrap
 
@@ -282,7 +296,7 @@ class Trainer:
                 self.bootstrap_state, self.bootstrap_done = state, i
                 self.save(bootstrap_step=i)
                 return
-            score = functools.partial(sequence_logprobs, state.params, self.cfg)
+            score = functools.partial(sequence_logprobs, self.merge(state.params, self.weights), self.cfg.base())
             samples = imitation_samples(c.games.env_ids, c.games.weights, self.tokenizer, b.batch_size,
                                         seed=c.seed * 1_000_003 + i, explore=b.explore,
                                         teacher=b.teacher, score=score, hash_seed=c.seed,
@@ -290,7 +304,7 @@ class Trainer:
             multiple = self._row_multiple(tc)
             rows = -(-bucket_length(len(samples), 1) // multiple) * multiple  # few shapes, few compiles
             batch = shard_batch(pack(samples, rows=rows, row_multiple=multiple), self.mesh)
-            state, metrics = update(state, batch)
+            state, metrics = update(state, batch, frozen=self.weights)
             if i % 10 == 0 or i == b.steps - 1:
                 loss = float(metrics[-1]["loss"])
                 bar.set_postfix(loss=f"{loss:.3f}")
@@ -370,13 +384,13 @@ class Trainer:
         rows = None if self.c.rollout.selection == "exact" else \
             -(-bucket_length(len(samples), 1) // multiple) * multiple
         batch = shard_batch(pack(samples, rows=rows, row_multiple=multiple), self.mesh)
-        self.state, epochs = self.update(self.state, batch, self._kl_reference())
+        self.state, epochs = self.update(self.state, batch, self._kl_reference(), self.weights)
         metrics = {f"train/{k}": float(v) for k, v in jax.device_get(epochs[-1]).items()}
         t_update = time.perf_counter() - t1
 
         self.step += 1
         if self.c.rollout.mode == "pool" and self.step % self.c.rollout.pool_every == 0:
-            self.pool.append(jax.tree.map(lambda x: x.copy(), self.to_sample_layout(self.state.params)))
+            self.pool.append(jax.tree.map(lambda x: x.copy(), self.policy(self.state.params)))
             self.pool_steps.append(self.step)
             if len(self.pool) > self.c.rollout.pool_size:
                 del self.pool[0], self.pool_steps[0]
@@ -483,7 +497,7 @@ class Trainer:
     def eval_context(self) -> EvalContext:
         """What the evaluation suite needs, as a value: the current weights in the sampler layout,
         the tokenizer, the sampler and the eval settings."""
-        return EvalContext.from_config(self.c, self.cfg, self.to_sampler(self.state.params), self.tokenizer,
+        return EvalContext.from_config(self.c, self.cfg.base(), self.to_sampler(self.state.params), self.tokenizer,
                                        self.sample_mesh, eval_sampling(self.c), math_sampling(self.c),
                                        sampler=self.sampler)
 
@@ -608,8 +622,12 @@ class Trainer:
     def _start_banner(self) -> None:
         """Say what runs where, and write the resolved config to out_dir/config.json."""
         c, devices = self.c, jax.devices()
-        n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.state.params))
+        n_params = self.cfg.num_params
         source = f"from {c.model.path}" if c.model.path else "random init"
+        if self.cfg.lora_rank:
+            trained = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.state.params))
+            source += (f"; LoRA rank {self.cfg.lora_rank} on {','.join(self.cfg.lora_targets)}: "
+                       f"{trained / 1e6:.2f}M trained, the rest frozen")
         mesh = " ".join(f"{k}={v}" for k, v in self.mesh.shape.items())
         self.log(f"spiral-jax train {self.config_file or ''}\n"
                  f"  devices: {len(devices)} x {devices[0].platform} on {jax.process_count()} host(s); mesh {mesh}\n"

@@ -91,6 +91,11 @@ class ChatServer:
         self.http.server_close()
         self.scheduler.close(self.settings.shutdown_s if timeout_s is None else timeout_s)
 
+    @property
+    def answers_started(self) -> int:
+        """Answers (choices) that have begun decoding since the server started."""
+        return self.scheduler.answers_started
+
     def piece(self, token: int) -> str:
         return self.tokenizer.decode([token])
 

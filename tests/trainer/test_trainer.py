@@ -147,7 +147,7 @@ def test_fixed_opponent_can_be_an_api_model(tmp_path, tiny_model):
         api_turns = [t for g in games for t in g.record.turns if g.seats[t.player] == spec]
         assert api_turns and all(t.response for t in api_turns)  # the served model's text
         assert all(t.policy == "model" for g in games for t in g.model_turns) and samples
-        assert trainer.rollout.api_player(spec).calls == len(api_turns) and server.rows_sampled >= len(api_turns)
+        assert trainer.rollout.api_player(spec).calls == len(api_turns) and server.answers_started >= len(api_turns)
     finally:
         server.close()
     with pytest.raises(ConnectionError, match="cannot reach the API opponent"):

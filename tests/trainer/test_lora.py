@@ -1,0 +1,71 @@
+"""LoRA runs: only the adapters train (the weights stay bit for bit, held in the compute dtype), the
+sampler plays the merged policy, a resume is exact and refuses other base weights, and export
+writes merged weights or a PEFT adapter folder."""
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from spiral_jax.cli import main as cli_main
+from spiral_jax.models import CheckpointError, forward, load_pretrained, lora
+from spiral_jax.rl.trainer import Trainer
+from tests.trainer.test_trainer import _config_file, tiny_config
+
+LORA = {"model.lora.rank": 4, "model.lora.alpha": 8.0, "optim.learning_rate": 3e-3}
+
+
+def _leaves(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(tree))]
+
+
+def test_only_the_adapters_train_and_the_sampler_plays_the_merged_policy(tmp_path):
+    trainer = Trainer(tiny_config(tmp_path, **LORA, **{"train.steps": 2, "train.eval_every": 0,
+                                                       "eval.final_games": 0}), log=lambda *_: None)
+    weights, adapters = _leaves(trainer.weights), _leaves(trainer.state.params)
+    names = {k for layer in trainer.state.params["layers"] for k in layer}
+    assert names == {f"{t}_lora_{ab}" for t in ("q", "k", "v", "o", "gate", "up", "down") for ab in "ab"}
+    moments = jax.tree.leaves(trainer.state.opt_state)
+    assert sum(x.size for x in moments) < 3 * sum(x.size for x in adapters) + 16  # Adam: 2 moments per adapter
+    trainer.run()
+    assert all(np.array_equal(a, b) for a, b in zip(weights, _leaves(trainer.weights)))  # frozen
+    assert any(not np.array_equal(a, b) for a, b in zip(adapters, _leaves(trainer.state.params)))  # trained
+    # What the sampler reads is the merged model.
+    cfg = trainer.cfg
+    merged = jax.device_get(trainer.to_sampler(trainer.state.params))
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 9))
+    np.testing.assert_allclose(forward(merged, cfg.base(), ids),
+                               forward(lora.join(trainer.weights, trainer.state.params), cfg, ids), atol=1e-5)
+
+
+def test_a_lora_resume_is_exact_and_refuses_other_weights(tmp_path):
+    changes = {**LORA, "train.eval_every": 0, "eval.final_games": 0}
+    full = Trainer(tiny_config(tmp_path / "a", **changes, **{"train.steps": 4}), log=lambda *_: None)
+    full.run()
+    first = Trainer(tiny_config(tmp_path / "b", **changes, **{"train.steps": 2}), log=lambda *_: None)
+    first.run()
+    resumed = Trainer(tiny_config(tmp_path / "b", **changes, **{"train.steps": 4}), resume=True, log=lambda *_: None)
+    assert resumed.step == 2
+    resumed.run()
+    for a, b in zip(_leaves(full.state), _leaves(resumed.state)):
+        np.testing.assert_array_equal(a, b)
+    assert full.rae_state == resumed.rae_state
+    with pytest.raises(CheckpointError, match="other frozen weights"):
+        Trainer(tiny_config(tmp_path / "b", **changes, **{"train.steps": 6, "seed": 1}), resume=True,
+                log=lambda *_: None)
+
+
+def test_export_merged_or_as_a_peft_adapter(tmp_path, capsys):
+    config = _config_file(tmp_path, **LORA, **{"train.steps": 2, "train.eval_every": 0, "eval.final_games": 0})
+    assert cli_main(["spiral-jax", "train", f"--config={config}"]) == 0
+    assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={tmp_path / 'merged'}"]) == 0
+    assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={tmp_path / 'adapter'}", "--adapter"]) == 0
+    config_json = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config_json["r"] == 4 and config_json["lora_alpha"] == 8.0 and "q_proj" in config_json["target_modules"]
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").stat().st_size > 0
+    cfg, merged = load_pretrained(tmp_path / "merged")
+    assert cfg.lora_rank == 0
+    trainer = Trainer(tiny_config(tmp_path, **LORA, **{"train.steps": 2}), resume=True, log=lambda *_: None)
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 9))
+    np.testing.assert_allclose(forward(merged, cfg, ids),
+                               forward(lora.join(trainer.weights, trainer.state.params), trainer.cfg, ids), atol=1e-5)
