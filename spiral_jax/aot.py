@@ -26,11 +26,12 @@ from spiral_jax import plan as planner
 from spiral_jax.config import eval_sampling, rollout_sampling, train_config
 from spiral_jax.distributed import host_local_mesh
 from spiral_jax.eval.suite import cache_size
-from spiral_jax.models import abstract_params
+from spiral_jax.models import abstract_params, lora, param_shardings
+from spiral_jax.rl.reshard import sample_config
 from spiral_jax.rl.samples import Batch, batch_shardings
 from spiral_jax.rl.train_step import make_compute_logprobs, make_optimizer, make_train_step, state_shardings
 from spiral_jax.sampling import Sampler, cache_slots
-from spiral_jax.sharding import make_mesh
+from spiral_jax.sharding import Rules, make_mesh
 from spiral_jax.tpu_slices import GiB, parse_accelerator
 
 _HBM = re.compile(r"exceeds available HBM \(([0-9.]+)([KMGT])")
@@ -157,27 +158,40 @@ def compile_run(c, tgt: Target, log=print) -> tuple[list[Compiled], planner.Plan
 
     shardings = state_shardings(cfg, tc, mesh)
     opt = make_optimizer(tc)
-    params = abstract_params(cfg)
+    params, frozen = abstract_params(cfg), ()
+    if cfg.lora_rank:  # the adapters are trained; the weights beside them are frozen, in the compute dtype
+        weights, params = lora.split(params)
+        dtype = jnp.dtype(cfg.compute_dtype)
+        frozen = (_placed(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, dtype), weights),
+                          lora.split(param_shardings(cfg, Rules.create(mesh, "train")))[0]),)
     state = _placed(type(shardings)(params, jax.eval_shape(opt.init, params),
                                     jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32)),
                     shardings)
     batch = abstract_batch(c, work.samples, mesh)
     results = [_compile(f"train step ({work.micro_batch}-row micro-batches of {work.samples} rows x "
                         f"{work.train_len} slots)",
-                        lambda: make_train_step(cfg, tc, mesh).lower(state, batch),
-                        parts["sampler_params"] + others, phases["train step"], log)]
+                        lambda: make_train_step(cfg, tc, mesh).lower(state, batch, *frozen),
+                        parts.get("sampler_params", 0) + others, phases["train step"], log)]
     if not tc.on_policy or tc.kl_coef:
         results.append(_compile("old log-probs (PPO's pass before the epochs)",
-                                lambda: make_compute_logprobs(cfg, tc, mesh).lower(state.params, batch),
-                                parts["optimizer"] + parts["sampler_params"] + others,
+                                lambda: make_compute_logprobs(cfg, tc, mesh).lower(state.params, batch, *frozen),
+                                parts["optimizer"] + parts.get("sampler_params", 0) + others,
                                 phases.get("old log-probs", phases["train step"]), log))
 
-    sampler = Sampler(cfg, sample_mesh, max_prompt_len=c.rollout.max_prompt_len, max_cache_len=cache_size(c))
-    sample_params = _placed(abstract_params(sampler.cfg), sampler.params_sharding) if sampler.rules else \
-        abstract_params(sampler.cfg)
+    merged = c.model.lora.sample == "merged"
+    sampler = Sampler(sample_config(cfg, merged), sample_mesh, max_prompt_len=c.rollout.max_prompt_len,
+                      max_cache_len=cache_size(c))
+    sample_params = abstract_params(sampler.cfg)
+    if cfg.lora_rank:  # merged weights, or the frozen ones, are in the compute dtype; adapters fp32
+        weights, adapters = lora.split(sample_params)
+        sample_params = lora.join(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.dtype(cfg.compute_dtype)),
+                                               weights), adapters)
+    if sampler.rules:
+        sample_params = _placed(sample_params, sampler.params_sharding)
     # While sampling, the train state stays: its parameters are the sampler's own when the layouts
-    # agree, else a second copy.
-    resident = parts["optimizer"] + others + (parts["params"] if parts["sampler_params"] else 0)
+    # agree (and, with LoRA, when the sampler applies the adapters itself), else a second copy.
+    separate = bool(parts.get("sampler_params", 0))
+    resident = parts["optimizer"] + others + (parts["params"] + parts.get("frozen", 0) if separate else 0)
     seen = set()
     for name, games, sp in [("rollout", work.rollout_games, rollout_sampling(c)),
                             ("eval", work.in_flight(work.eval_games), eval_sampling(c)),

@@ -32,9 +32,12 @@ def base_config() -> ConfigDict:
     # cuDNN flash attention on GPU, XLA on CPU), xla, splash or cudnn (spiral_jax/models/fused_attention.py).
     # model.lora: rank 0 = full fine-tuning; rank > 0 trains LoRA adapters (scaled alpha / rank) on the
     # `targets` projections and freezes the weights, held in compute_dtype (spiral_jax/models/lora.py).
+    # sample: "merged" (the sampler reads the adapters folded into a copy of the weights, once per step)
+    # or "adapters" (it applies them in its forward: no second copy, a little more work per token).
     c.model = ConfigDict(dict(
         path="", compute_dtype="float32", scan_layers=False, remat=True, attention="auto",
-        lora=ConfigDict(dict(rank=0, alpha=16.0, targets=("q", "k", "v", "o", "gate", "up", "down"), dropout=0.0)),
+        lora=ConfigDict(dict(rank=0, alpha=16.0, targets=("q", "k", "v", "o", "gate", "up", "down"), dropout=0.0,
+                            sample="merged")),
         random=ConfigDict(dict(model_type="qwen3", vocab_size=1024, hidden_size=64, intermediate_size=128,
                                num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                                tie_word_embeddings=True, max_position_embeddings=2048,
@@ -181,6 +184,8 @@ def _with_lora(c: ConfigDict, cfg: ModelConfig) -> ModelConfig:
     lora = c.model.lora
     if lora.dropout:
         raise ValueError(f"model.lora.dropout={lora.dropout}: dropout on the adapters is not supported; use 0")
+    if lora.sample not in ("merged", "adapters"):
+        raise ValueError(f"model.lora.sample={lora.sample!r}; use merged or adapters")
     return cfg.replace(lora_rank=lora.rank, lora_alpha=lora.alpha, lora_targets=tuple(lora.targets))
 
 

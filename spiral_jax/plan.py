@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import AbstractMesh
 
-from spiral_jax.models import ModelConfig, abstract_params, param_specs
+from spiral_jax.models import ModelConfig, abstract_params, lora, param_specs
 from spiral_jax.models.fused_attention import resolve as resolve_attention
 from spiral_jax.models.params import is_spec
 from spiral_jax.models.transformer import CACHE_AXES
@@ -172,6 +172,7 @@ class Workload:
     final_games: int
     eval_new: int
     snapshots: int  # other policies' weights kept on the devices: pool snapshots, a frozen opponent
+    lora_merged: bool = True  # with LoRA: the sampler reads a merged copy of the weights (model.lora.sample)
 
     def in_flight(self, games: int) -> int:
         """Games of an evaluation of `games` in one sampler call: chunks of at most games_per_batch
@@ -201,7 +202,8 @@ def workload(c) -> Workload:
         rollout_games=min(r.games_per_batch, r.max_in_flight or r.games_per_batch), rollout_new=r.max_new_tokens, eval_games=e.games,
         final_games=e.final_games, eval_new=e.max_new_tokens,
         snapshots=r.pool_size if r.mode == "pool" else
-        int(r.mode == "fixed_opponent" and r.opponent not in ("random", "scripted")))
+        int(r.mode == "fixed_opponent" and r.opponent not in ("random", "scripted")),
+        lora_merged=c.model.lora.sample == "merged")
 
 
 def model_config(c) -> tuple[ModelConfig, str]:
@@ -236,8 +238,18 @@ def _shard_sizes(cfg: ModelConfig, mesh: MeshShape, kind: str) -> dict:
 
 @functools.lru_cache(maxsize=256)
 def _param_bytes(cfg: ModelConfig, mesh: MeshShape, kind: str) -> int:
-    """fp32 parameter bytes per device on the `kind` layout (parameters are fp32 masters)."""
-    return 4 * sum(jax.tree.leaves(_shard_sizes(cfg, mesh, kind)))
+    """fp32 parameter bytes per device on the `kind` layout (parameters are fp32 masters): with LoRA,
+    the adapters' alone (the weights beside them are counted by `_frozen_bytes`)."""
+    sizes = _shard_sizes(cfg, mesh, kind)
+    return 4 * sum(jax.tree.leaves(lora.split(sizes)[1] if cfg.lora_rank else sizes))
+
+
+@functools.lru_cache(maxsize=256)
+def _frozen_bytes(cfg: ModelConfig, mesh: MeshShape, kind: str) -> int:
+    """Bytes per device of the weights of `cfg.base()` in the compute dtype on the `kind` layout:
+    LoRA's frozen weights, and the merged copy the sampler reads."""
+    cb = jnp.dtype(cfg.compute_dtype).itemsize
+    return cb * sum(jax.tree.leaves(_shard_sizes(cfg.base(), mesh, kind)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -255,9 +267,10 @@ def _optimizer_bytes(cfg: ModelConfig, tc, mesh: MeshShape) -> int:
     from spiral_jax.rl.train_step import make_optimizer
 
     opt = make_optimizer(tc)
-    state = jax.eval_shape(opt.init, abstract_params(cfg))
+    trained = (lambda tree: lora.split(tree)[1]) if cfg.lora_rank else (lambda tree: tree)
+    state = jax.eval_shape(opt.init, trained(abstract_params(cfg)))
     sizes = optax.tree_map_params(opt, lambda leaf, n: n * leaf.dtype.itemsize, state,
-                                  _shard_sizes(cfg, mesh, "train"),
+                                  trained(_shard_sizes(cfg, mesh, "train")),
                                   transform_non_params=lambda leaf: leaf.size * leaf.dtype.itemsize)
     return int(sum(jax.tree.leaves(sizes)))
 
@@ -333,6 +346,8 @@ def _weights_in_flight(cfg: ModelConfig, mesh: MeshShape) -> int:
     cb = jnp.dtype(cfg.compute_dtype).itemsize
     gathered, cast = mesh.fsdp > 1, cb != 4
     table = _split(cfg.vocab_size, mesh.tensor) * cfg.hidden_size
+    if cfg.lora_rank:  # frozen weights, in the compute dtype already: gathered only, and no gradients
+        return int((table + 2 * _layer_elements(cfg.base(), mesh.rules("sample"))) * cb * gathered)
     embed = table * (4 * gathered + cb * (gathered or cast) + 4 * (2 if gathered else 1))
     layer = _layer_elements(cfg, mesh.rules("sample")) * (cb * (gathered or cast) + 4 * gathered)
     return int(embed + 2 * layer)
@@ -426,11 +441,16 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
     params, sample_params = _param_bytes(cfg, mesh, "train"), _param_bytes(cfg, mesh, "sample")
     same_layout, kernel = _same_layout(cfg, mesh), fused(cfg, hw)
     cb = jnp.dtype(cfg.compute_dtype).itemsize
+    lora_on, merged = bool(cfg.lora_rank), work.lora_merged
+    # With LoRA the sampler, the pool and the frozen opponent read merged weights in the compute dtype,
+    # or (lora.sample = "adapters") the frozen weights themselves, with the adapters beside them.
+    policy_bytes = (_frozen_bytes(cfg, mesh, "sample") if merged else sample_params) if lora_on else sample_params
     parts = {
+        "frozen": _frozen_bytes(cfg, mesh, "train") if lora_on else 0,
         "params": params,
         "optimizer": _optimizer_bytes(cfg, tc, mesh),
-        "sampler_params": 0 if same_layout else sample_params,
-        "snapshots": work.snapshots * sample_params,
+        "sampler_params": policy_bytes if (lora_on and merged) or not same_layout else 0,
+        "snapshots": work.snapshots * policy_bytes,
         "kl_reference": params if tc.kl_coef else 0,
         "gradients": 2 * params,
         "weights_in_flight": _weights_in_flight(cfg, mesh),
@@ -438,12 +458,15 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
         "logprob_pass": _logprob_pass(cfg, work, mesh, kernel) if not tc.on_policy or tc.kl_coef else 0,
         # A forward without gradients (sampling, old log-probs) casts every weight to the compute
         # dtype once, outside its loops: the TPU compiler hoists the casts, holding a whole copy.
-        "weights_cast": 0 if cb == 4 else sample_params * cb // 4,
+        # LoRA's weights and its merged copy are in the compute dtype already.
+        "weights_cast": 0 if cb == 4 or lora_on else sample_params * cb // 4,
     }
     labels = {
-        "params": "parameters (fp32, train layout)",
+        "frozen": f"frozen weights beside the LoRA adapters ({cfg.compute_dtype}, train layout)",
+        "params": "LoRA adapters (fp32, train layout)" if lora_on else "parameters (fp32, train layout)",
         "optimizer": "optimizer state (AdamW mu + nu, fp32)",
-        "sampler_params": "sampler's copy of the parameters (sample layout)",
+        "sampler_params": ("the merged weights the sampler reads (sample layout)" if lora_on else
+                           "sampler's copy of the parameters (sample layout)"),
         "snapshots": f"opponent weights ({work.snapshots}: pool or frozen, sample layout)",
         "kl_reference": "the KL penalty's frozen reference policy (train layout)",
         "gradients": "gradients: one micro-batch's + the fp32 accumulator",
@@ -453,8 +476,8 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
         "logprob_pass": "PPO's old-log-prob pass: the batch and one micro-batch's forward",
         "weights_cast": f"weights cast to {cfg.compute_dtype} for sampling and old log-probs",
     }
-    resident = (parts["params"] + parts["optimizer"] + parts["sampler_params"] + parts["snapshots"]
-                + parts["kl_reference"])
+    resident = (parts["frozen"] + parts["params"] + parts["optimizer"] + parts["sampler_params"]
+                + parts["snapshots"] + parts["kl_reference"])
     phases = {"train step": resident + parts["gradients"] + parts["weights_in_flight"] + parts["activations"]}
     if parts["logprob_pass"]:
         phases["old log-probs"] = resident + (parts["weights_cast"] or parts["weights_in_flight"] // 2) \
@@ -476,11 +499,16 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
         del parts["snapshots"]
     if not tc.kl_coef:
         del parts["kl_reference"]
-    for name in ("logprob_pass", "weights_cast"):
+    for name in ("logprob_pass", "weights_cast", "frozen") + (("sampler_params",) if lora_on else ()):
         if not parts[name]:
             del parts[name]
     notes = []
-    if same_layout:
+    if lora_on:
+        notes.append(f"LoRA rank {cfg.lora_rank} on {','.join(cfg.lora_targets)}: the weights are frozen in "
+                     f"{cfg.compute_dtype}; the sampler reads " + ("a copy with the adapters merged in, once per "
+                     "step (model.lora.sample=adapters saves that copy)" if merged else
+                     "them and applies the adapters in its forward (no merged copy)"))
+    elif same_layout:
         notes.append("train and sample layouts agree (fsdp 1): the sampler reads the train state, no copy")
     return Plan(hw, mesh, cfg, work, parts, phases, labels, notes)
 

@@ -24,7 +24,9 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PRESETS = {"kuhn_qwen3_4b_v4_8.py": "v4-8", "kuhn_qwen3_4b_v5e_8.py": "v5e-8", "kuhn_qwen3_4b_v5p_8.py": "v5p-8",
            "kuhn_qwen3_4b_v6e_8.py": "v6e-8", "kuhn_qwen3_4b_8xh100.py": "8xH100",
            "mesh_tpu_v4_8.py": "v4-8", "mesh_gpu_8x.py": "8xH100", "kuhn_qwen3_4b_1xh200.py": "1xH200",
-           "kuhn_qwen3_1p7b_1xh100.py": "1xH100", "kuhn_qwen3_0p6b_1x4090.py": "1x4090"}
+           "kuhn_qwen3_1p7b_1xh100.py": "1xH100", "kuhn_qwen3_0p6b_1x4090.py": "1x4090",
+           "kuhn_qwen3_4b_lora_1x4090.py": "1x4090", "kuhn_qwen3_4b_lora_v5e_8.py": "v5e-8",
+           "kuhn_qwen3_8b_lora_1xh100.py": "1xH100"}
 TOLERANCE = 0.2
 PROMPT = NEW = 128  # training rows of 256 slots, a 256-slot KV cache
 GAMES, MICRO = 16, 8
@@ -284,3 +286,16 @@ def test_the_kl_reference_is_counted():
     after = P.plan(c, hw)
     assert after.parts["kl_reference"] == after.parts["params"]
     assert after.phases["train step"] == before.phases["train step"] + after.parts["params"]
+
+
+def test_lora_counts_frozen_weights_in_the_compute_dtype_and_optimizer_state_for_the_adapters_only():
+    full = P.plan(config_from_file(str(CONFIGS / "kuhn_qwen3_4b_v5e_8.py")), P.hardware("v5e-8"))
+    c = config_from_file(str(CONFIGS / "kuhn_qwen3_4b_v5e_8.py"))
+    c.model.lora.update(rank=32, alpha=64.0)
+    lora = P.plan(c, P.hardware("v5e-8"))
+    assert lora.parts["frozen"] == full.parts["params"] // 2  # bf16 against fp32, same layout
+    assert lora.parts["params"] < 0.06 * full.parts["params"] and 0 <= lora.parts["optimizer"] - 2 * lora.parts["params"] < 1024
+    assert lora.parts["sampler_params"] == lora.parts["frozen"]  # the merged copy
+    c.model.lora.sample = "adapters"
+    assert "sampler_params" not in P.plan(c, P.hardware("v5e-8")).parts
+    assert lora.phases["train step"] < full.phases["train step"] - 4 * P.GiB

@@ -5,9 +5,10 @@ them on the SAMPLE layout (weights over tensor only, replicated across the batch
 needs no weight all-gathers). Where the two layouts differ, one jitted copy per step moves them; where
 they agree (no mesh, or fsdp size 1) the sampler reads the train state's arrays directly.
 
-With LoRA the sampler decodes with merged weights (W + scale * B A, `make_merge`), folded once per
-step: it then runs the same programs as for full fine-tuning, with no adapter products in its
-decode steps, at the cost of one compute-dtype copy of the weights while it samples.
+With LoRA (`make_policy`) the sampler decodes either with merged weights (W + scale * B A), folded
+once per step: the same programs as full fine-tuning, at the cost of one compute-dtype copy of the
+weights; or with the frozen weights and the adapters as they are, applied in its forward: no copy,
+two thin products more per projection and token (docs/performance.md has both measured).
 """
 from __future__ import annotations
 
@@ -45,11 +46,19 @@ def split_frozen(cfg: ModelConfig, params, mesh):
     return cast(frozen), adapters
 
 
-def make_merge(cfg: ModelConfig, mesh):
-    """(trained, frozen) -> the policy's full parameters of `cfg.base()` on the TRAIN layout: the
-    adapters folded into the weights (in the compute dtype) with LoRA, the trained tree itself without."""
+def sample_config(cfg: ModelConfig, merged: bool) -> ModelConfig:
+    """The model the sampler runs: without adapters when they are merged into the weights."""
+    return cfg.base() if merged else cfg
+
+
+def make_policy(cfg: ModelConfig, mesh, merged: bool = True):
+    """(trained, frozen) -> the policy's full parameters of `sample_config(cfg, merged)` on the TRAIN
+    layout. With LoRA: the adapters folded into the weights (in the compute dtype), or (not merged)
+    the weights and adapters side by side; without LoRA, the trained tree itself."""
     if not cfg.lora_rank:
         return lambda trained, frozen: trained
+    if not merged:
+        return lambda trained, frozen: lora.join(frozen, trained)
     rules = Rules.create(mesh, "train")
     shardings = None if rules is None else param_shardings(cfg.base(), rules)
     dtype = jnp.dtype(cfg.compute_dtype)

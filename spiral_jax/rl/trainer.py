@@ -37,11 +37,11 @@ from spiral_jax.eval.benchmarks import local_files
 from spiral_jax.eval.suite import EvalContext, cache_size, run_benchmarks, run_kuhn
 from spiral_jax.eval.transcripts import write_transcripts
 from spiral_jax.metrics import MetricsWriter
-from spiral_jax.models import CheckpointError, load_policy_weights
+from spiral_jax.models import CheckpointError, load_policy_weights, lora
 from spiral_jax.paths import replace_text, run_path, transcript_path
 from spiral_jax.rl.bootstrap import imitation_samples
 from spiral_jax.rl.rae import baseline_metrics, init_rae_state, label_games
-from spiral_jax.rl.reshard import make_merge, make_reshard, split_frozen
+from spiral_jax.rl.reshard import make_policy, make_reshard, sample_config, split_frozen
 from spiral_jax.rl.samples import pack, shard_batch
 from spiral_jax.rl.step_metrics import step_metrics
 from spiral_jax.rl.train_step import TrainConfig, init_train_state, make_update
@@ -137,11 +137,14 @@ class Trainer:
                 f"({shards}) and divide rollout.samples_per_step={c.rollout.samples_per_step}")
         r, e = c.rollout, c.eval
         # With LoRA (model.lora.rank > 0) the weights are frozen and the adapters trained; the sampler,
-        # evaluation and opponents see the merged model, `cfg.base()` (rl/reshard.py).
+        # evaluation and opponents see `sample_cfg`: the merged model, or the adapters beside the
+        # weights (model.lora.sample; rl/reshard.py).
         self.weights, params = split_frozen(self.cfg, params, self.mesh)
-        self.merge = make_merge(self.cfg, self.mesh)
+        merged = c.model.lora.sample == "merged"
+        self.sample_cfg = sample_config(self.cfg, merged)
+        self.merge = make_policy(self.cfg, self.mesh, merged)
         self.base_id = base_fingerprint(c) if self.cfg.lora_rank else None
-        self.sampler = Sampler(self.cfg.base(), self.sample_mesh, max_prompt_len=r.max_prompt_len, max_cache_len=cache_size(c))
+        self.sampler = Sampler(self.sample_cfg, self.sample_mesh, max_prompt_len=r.max_prompt_len, max_cache_len=cache_size(c))
         self.rollout = Rollout(self.sampler, self.tokenizer, rollout_sampling(c),
                                invalid_rewards=c.games.invalid_rewards, max_turns=c.games.max_turns,
                                max_in_flight=r.max_in_flight or None, schedule=r.schedule, api=c.api.to_dict())
@@ -151,7 +154,7 @@ class Trainer:
                                     api=c.api.to_dict())
         self.rae = rae_config(c)
         self.update = make_update(self.cfg, self.tc, self.mesh)
-        self.to_sample_layout = make_reshard(self.cfg.base(), self.mesh)
+        self.to_sample_layout = make_reshard(self.sample_cfg, self.mesh)
         self.state = init_train_state(params, self.cfg, self.tc, self.mesh)
         self.reference = None  # with optim.kl_coef: the frozen policy RL started from (_kl_reference)
         self.rae_state, self.pool, self.pool_steps, self.step = init_rae_state(), [], [], 0
@@ -204,7 +207,10 @@ class Trainer:
                                     "model (openai:MODEL@URL) nor a model folder; give a Hugging Face "
                                     "checkpoint folder with the model's architecture (e.g. one written by "
                                     "spiral-jax export)")
-        return {"frozen": load_policy_weights(r.opponent, self.cfg.base(), self.sample_mesh)}
+        params = load_policy_weights(r.opponent, self.cfg.base(), self.sample_mesh)
+        if self.sample_cfg.lora_rank:  # a sampler that applies adapters: give the opponent fresh ones (B = 0)
+            params = lora.join(params, lora.init_adapters(self.sample_cfg, jax.random.key(0), self.sample_mesh, "sample"))
+        return {"frozen": params}
 
     # ----------------------------------------------------------------------------- checkpoints
 
@@ -296,7 +302,7 @@ class Trainer:
                 self.bootstrap_state, self.bootstrap_done = state, i
                 self.save(bootstrap_step=i)
                 return
-            score = functools.partial(sequence_logprobs, self.merge(state.params, self.weights), self.cfg.base())
+            score = functools.partial(sequence_logprobs, self.merge(state.params, self.weights), self.sample_cfg)
             samples = imitation_samples(c.games.env_ids, c.games.weights, self.tokenizer, b.batch_size,
                                         seed=c.seed * 1_000_003 + i, explore=b.explore,
                                         teacher=b.teacher, score=score, hash_seed=c.seed,
@@ -390,7 +396,7 @@ class Trainer:
 
         self.step += 1
         if self.c.rollout.mode == "pool" and self.step % self.c.rollout.pool_every == 0:
-            self.pool.append(jax.tree.map(lambda x: x.copy(), self.policy(self.state.params)))
+            self.pool.append(self.policy(jax.tree.map(lambda x: x.copy(), self.state.params)))
             self.pool_steps.append(self.step)
             if len(self.pool) > self.c.rollout.pool_size:
                 del self.pool[0], self.pool_steps[0]
@@ -497,7 +503,7 @@ class Trainer:
     def eval_context(self) -> EvalContext:
         """What the evaluation suite needs, as a value: the current weights in the sampler layout,
         the tokenizer, the sampler and the eval settings."""
-        return EvalContext.from_config(self.c, self.cfg.base(), self.to_sampler(self.state.params), self.tokenizer,
+        return EvalContext.from_config(self.c, self.sample_cfg, self.to_sampler(self.state.params), self.tokenizer,
                                        self.sample_mesh, eval_sampling(self.c), math_sampling(self.c),
                                        sampler=self.sampler)
 

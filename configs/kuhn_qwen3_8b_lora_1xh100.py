@@ -1,0 +1,28 @@
+"""Preset: the paper's Kuhn recipe (spiral_kuhn_qwen3_4b.py) on Qwen3-8B-Base with LoRA, on one 80 GB
+GPU (H100 or A100 80 GB; an H200 takes it with room to spare).
+
+Full fine-tuning of Qwen3-8B needs about 130 GB of fp32 weights, AdamW moments and gradients. LoRA
+freezes the weights in bf16 (15 GiB) and trains rank-32 adapters on every attention and MLP
+projection; the sampler reads the adapters merged into a second bf16 copy. The rest is the paper's
+recipe: 128 samples a step, up to 4096 new tokens, 2 PPO epochs, remat; micro-batches of 4 rows of
+6144 slots, 16 games per sampler call. The learning rate is LoRA's usual order (1e-5): a starting
+point, not tuned. `spiral-jax plan` prints the memory (docs/memory.md).
+
+    spiral-jax plan  --config configs/kuhn_qwen3_8b_lora_1xh100.py --hardware 1xH100
+    spiral-jax train --config configs/kuhn_qwen3_8b_lora_1xh100.py --config.model.path=/ckpt/Qwen3-8B-Base
+"""
+from spiral_jax.config import config_from_file
+from spiral_jax.models.shapes import QWEN3
+
+
+def get_config():
+    c = config_from_file("spiral_kuhn_qwen3_4b.py", relative_to=__file__)
+    c.out_dir = "runs/kuhn_qwen3_8b_lora_1xh100"
+    c.model.path = "/path/to/Qwen3-8B-Base"
+    c.model.random.update(**QWEN3["8b"])  # the shape, used only when model.path is empty
+    c.model.lora.update(rank=32, alpha=64.0)
+    c.optim.learning_rate = 1e-5
+    c.mesh.update(data=1, fsdp=1, tensor=1)
+    c.optim.micro_batch_size = 4
+    c.rollout.games_per_batch = 16
+    return c
