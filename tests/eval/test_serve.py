@@ -216,7 +216,10 @@ def test_a_long_answer_does_not_hold_short_ones_back(endless):
     assert done == [("short", 4)] * 3 + [("long", 256)]
 
 
-def test_a_departed_clients_answers_are_cancelled(endless):
+def test_a_departed_clients_answers_are_cancelled(endless, caplog):
+    """Its slots are freed within a decode call or two, and the server says so in one line, with no
+    traceback."""
+    caplog.set_level("INFO", logger="spiral_jax.serve")
     engine_busy = lambda: endless.scheduler.engine is not None and endless.scheduler.engine.live  # noqa: E731
     for stream in (False, True):
         host, port = endless.http.server_address[:2]
@@ -233,6 +236,9 @@ def test_a_departed_clients_answers_are_cancelled(endless):
         while engine_busy() and time.time() < deadline:
             time.sleep(0.05)
         assert not engine_busy(), "the departed client's answers still hold their slots"
+    gone = [r for r in caplog.records if "went away" in r.getMessage()]
+    assert len(gone) >= 2 and all(r.exc_info is None and r.levelname == "INFO" for r in gone)
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
 
 
 # ------------------------------------------------------------------------------------ hostility
