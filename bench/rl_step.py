@@ -242,20 +242,21 @@ class TimedUpdate:
         self.logprobs, self.train_step = make_compute_logprobs(cfg, tc, mesh), make_train_step(cfg, tc, mesh)
         self.seconds = {}
 
-    def __call__(self, state, batch, ref_params=None):
+    def __call__(self, state, batch, ref_params=None, frozen=None):
+        weights = () if frozen is None else (frozen,)  # LoRA's frozen weights, as make_update takes them
         tokens, response = jax.device_get((batch.input_mask.sum(1), batch.loss_mask.sum(1)))
         self.rows = [(int(n), int(r)) for n, r in zip(tokens, response) if n]
         self.slots = batch.tokens.size
         self.seconds = {}
         if not self.tc.on_policy:
             old, self.seconds["old log-probs"], _ = run_timed(
-                lambda: jax.block_until_ready(self.logprobs(state.params, batch)))
+                lambda: jax.block_until_ready(self.logprobs(state.params, batch, *weights)))
             batch = batch._replace(old_logprobs=old)
 
         def epochs(state):
             metrics = []
             for _ in range(self.tc.epochs):
-                state, m = self.train_step(state, batch)
+                state, m = self.train_step(state, batch, *weights)
                 metrics.append(m)
             return jax.block_until_ready((state, metrics))
 

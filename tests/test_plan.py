@@ -2,6 +2,7 @@
 against their hardware, evaluation in chunks of games_per_batch, the suggestion for a setup that
 does not fit, and the CLI."""
 import dataclasses
+import gc
 from pathlib import Path
 
 import jax
@@ -73,6 +74,7 @@ def test_estimate_matches_what_jax_measures_on_cpu(dtype):
     assert plan.parts["sampler_params"] > 0  # fsdp 2: the sampler gets its own copy
 
     # Live arrays: the train state, the sampler's copy and a rollout-sized KV cache, as the trainer holds them.
+    gc.collect()  # arrays earlier tests left for the collector must not be freed mid-measurement
     before = live_on_device0()
     state = init_train_state(init_params(cfg, jax.random.key(0), mesh=mesh), cfg, tc, mesh)
     sample_params = make_reshard(cfg, mesh)(state.params)
