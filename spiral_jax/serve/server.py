@@ -22,6 +22,7 @@ import json
 import logging
 import select
 import socket
+import sys
 import threading
 
 from spiral_jax.serve import protocol
@@ -127,8 +128,6 @@ class _HttpServer(http.server.ThreadingHTTPServer):
             self.connections.release()
 
     def handle_error(self, request, client_address):
-        import sys
-
         err = sys.exc_info()[1]
         if isinstance(err, (ConnectionError, TimeoutError)):
             log.info("client %s went away (%s)", client_address[0], type(err).__name__)
