@@ -314,10 +314,10 @@ def test_shutdown_refuses_waiting_work_and_bounds_running_work(tiny_ctx, sampler
     threads = [threading.Thread(target=lambda: replies.append(_post(server, body)[:2])) for _ in range(3)]
     for t in threads:
         t.start()
-    deadline = time.time() + 10
-    while not (server.scheduler.engine and server.scheduler.engine.live) and time.time() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.3)
+    deadline = time.time() + 10  # one request decoding in all 8 slots, the other two waiting
+    while not (server.scheduler.engine and server.scheduler.engine.live == 8
+               and len(server.scheduler.pending) == 16) and time.time() < deadline:
+        time.sleep(0.005)
     start = time.time()
     server.close(timeout_s=0.05)
     for t in threads:
