@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spiral_jax.config import bootstrap_train_config, build_model, build_tokenizer, config_from_file
+from spiral_jax.config import config_from_file
+from spiral_jax.run.setup import bootstrap_train_config, build_model, build_tokenizer
 from spiral_jax.rl.bootstrap import imitation_samples
 from spiral_jax.rl.samples import pack
 from spiral_jax.rl.train_step import init_train_state, make_train_step

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from spiral_jax.config import base_config, build_model, build_tokenizer
+from spiral_jax.config import base_config
+from spiral_jax.run.setup import build_model, build_tokenizer
 from spiral_jax.sampling import Sampler, bucket_length, cache_slots
 from spiral_jax.serve import ChatServer
 from spiral_jax.tokenizer import Tokenizer

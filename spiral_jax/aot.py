@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from spiral_jax import plan as planner
-from spiral_jax.config import eval_sampling, rollout_sampling, train_config
+from spiral_jax.run.setup import eval_sampling, rollout_sampling, train_config
 from spiral_jax.distributed import host_local_mesh
 from spiral_jax.eval.suite import cache_size
 from spiral_jax.models import abstract_params, lora, param_shardings

@@ -283,7 +283,8 @@ def _run(command: str, c) -> int:
         from spiral_jax.run_dir import check_export_dir
         check_export_dir(FLAGS.out, c.out_dir, FLAGS.overwrite)
     # eval / export / serve: the newest checkpoint's parameters in out_dir, else the weights at model.path.
-    from spiral_jax.config import build_tokenizer, eval_sampling, load_policy, math_sampling, with_protocol
+    from spiral_jax.config import with_protocol
+    from spiral_jax.run.setup import build_tokenizer, eval_sampling, load_policy, math_sampling
     from spiral_jax.distributed import host_local_mesh, initialize
     from spiral_jax.sharding import make_mesh
 

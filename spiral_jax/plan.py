@@ -211,7 +211,7 @@ def model_config(c) -> tuple[ModelConfig, str]:
     model.path is not downloaded yet); and where it came from."""
     import copy
 
-    from spiral_jax.config import model_config as configured
+    from spiral_jax.run.setup import model_config as configured
 
     path = c.model.path
     if path and (Path(path) / "config.json").exists():
@@ -515,7 +515,7 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
 
 def plan(c, hw: Hardware, mesh: MeshShape | None = None) -> Plan:
     """The plan of config `c` on `hw` (its own mesh unless `mesh` is given)."""
-    from spiral_jax.config import train_config
+    from spiral_jax.run.setup import train_config
 
     cfg, source = model_config(c)
     mesh = mesh or MeshShape.resolve(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, hw.devices)
@@ -569,7 +569,7 @@ def suggest(c, hw: Hardware, plan_now: Plan | None = None) -> tuple[str, Plan] |
     Preferred: the largest micro-batch, then the most games per call (both change only speed), then
     the lowest peak.
     """
-    from spiral_jax.config import train_config
+    from spiral_jax.run.setup import train_config
 
     if hw.limit is None:
         return None

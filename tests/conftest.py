@@ -73,7 +73,8 @@ def layouts(request, monkeypatch):
 def tiny_model():
     """(ModelConfig, params, Tokenizer) of a 2-layer random model (no mesh) with the project's
     embedded tokenizer, shared by the tests that need a real model and tokenizer."""
-    from spiral_jax.config import base_config, build_model, build_tokenizer
+    from spiral_jax.config import base_config
+    from spiral_jax.run.setup import build_model, build_tokenizer
 
     c = base_config()
     c.model.random.update(TINY_RUN, max_position_embeddings=1024)

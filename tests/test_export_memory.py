@@ -13,7 +13,8 @@ import jax
 import pytest
 
 from spiral_jax.checkpoint import Checkpointer
-from spiral_jax.config import build_model, config_from_file, train_config
+from spiral_jax.config import config_from_file
+from spiral_jax.run.setup import build_model, train_config
 from spiral_jax.rl.train_step import init_train_state
 
 # Runs the command with a thread that samples the resident memory every 2 ms; prints the most it grew

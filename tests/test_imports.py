@@ -11,7 +11,8 @@ LAYERS = {
     "compilation": 0, "metrics": 0, "paths": 0, "api_player": 0, "tpu_slices": 0,
     "sampling": 1, "rollout": 1, "checkpoint": 1,
     "rl": 2, "eval": 2, "serve": 2,
-    "rl.trainer": 3, "config": 3, "run_dir": 3, "plan": 3, "aot": 3,
+    "config": 1,
+    "rl.trainer": 3, "run": 3, "run_dir": 3, "plan": 3, "aot": 3,
     "cli": 4, "launch": 4,
 }
 
@@ -47,3 +48,10 @@ def test_no_module_imports_from_a_layer_above_it():
 def test_eval_never_imports_rl():
     for path in sorted((PACKAGE / "eval").rglob("*.py")):
         assert not [m for m in _imports(path) if m == "rl" or m.startswith("rl.")], path
+
+
+def test_the_config_schema_sits_below_rl():
+    """config.py is the schema: it builds nothing, so rl/ and everything else may read it."""
+    imported = set(_imports(PACKAGE / "config.py"))
+    assert imported <= {"templates"}, imported
+

@@ -17,7 +17,7 @@ from spiral_jax.models.transformer import CACHE_AXES
 from spiral_jax.rl.reshard import make_reshard
 from spiral_jax.rl.samples import TurnSample, pack, shard_batch
 from spiral_jax.rl.train_step import init_train_state, make_train_step
-from spiral_jax.config import train_config
+from spiral_jax.run.setup import train_config
 from spiral_jax.sampling import Sampler, SamplingParams
 from spiral_jax.sharding import MeshError, Rules, make_mesh
 

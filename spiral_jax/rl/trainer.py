@@ -27,8 +27,8 @@ from tqdm import tqdm
 from spiral_jax.api_player import ApiPlayer, is_api_spec
 from spiral_jax.checkpoint import Checkpointer
 from spiral_jax.compilation import compile_count
-from spiral_jax.config import (base_fingerprint, bootstrap_train_config, build_model, build_tokenizer, eval_sampling,
-                               math_sampling, rae_config, rollout_sampling, train_config)
+from spiral_jax.run.setup import (base_fingerprint, bootstrap_train_config, build_model, build_tokenizer, eval_sampling,
+                                  math_sampling, rae_config, rollout_sampling, train_config)
 from spiral_jax.distributed import host_local_mesh, initialize, is_leader, to_host_local
 from spiral_jax.envs import make
 from spiral_jax.eval.games import TABLE_HEADER, evaluate, summarize

@@ -4,7 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from spiral_jax.config import EVAL_PROTOCOLS, base_config, math_sampling, with_protocol
+from spiral_jax.config import EVAL_PROTOCOLS, base_config, with_protocol
+from spiral_jax.run.setup import math_sampling
 from spiral_jax.eval.command import run_eval
 
 

@@ -5,7 +5,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from spiral_jax.config import base_config, build_tokenizer
+from spiral_jax.config import base_config
+from spiral_jax.run.setup import build_tokenizer
 from spiral_jax.envs import extract_action, make
 from spiral_jax.models import ModelConfig
 from spiral_jax.rl.bootstrap import HashedRandomPlayer, boxed, imitation_samples
@@ -138,7 +139,7 @@ def test_boxed_round_trips_through_the_action_rules():
 @pytest.mark.parametrize("schedule", ["constant", "cosine"])
 def test_bootstrap_learning_rate_schedule(schedule):
     """Warm-up to bootstrap.learning_rate, then constant, or a cosine that reaches 0 at the last step."""
-    from spiral_jax.config import bootstrap_train_config
+    from spiral_jax.run.setup import bootstrap_train_config
     from spiral_jax.rl.train_step import make_schedule
 
     c = base_config()
