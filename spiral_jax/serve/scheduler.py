@@ -106,13 +106,15 @@ class Scheduler:
             job.cancelled = True
             self.lock.notify()
 
-    def close(self, timeout_s: float = 30.0) -> None:
+    def stop(self, timeout_s: float = 30.0) -> None:
         """Take no more jobs, refuse the waiting ones (503), give the running ones `timeout_s` to finish,
-        then cancel them (503) and stop the loop."""
+        then cancel them (503) and end the loop; returns at once (`join` waits for the end)."""
         with self.lock:
             self.closing = True
             self.deadline = time.monotonic() + timeout_s
             self.lock.notify()
+
+    def join(self) -> None:
         self._thread.join()
 
     # ------------------------------------------------------------------------------- the loop

@@ -88,9 +88,10 @@ class ChatServer:
     def close(self, timeout_s: float | None = None) -> None:
         """Stop accepting connections, answer waiting requests 503, let running answers finish for
         `timeout_s` (default: settings.shutdown_s), then cancel them (503)."""
-        self.http.shutdown()
+        self.scheduler.stop(self.settings.shutdown_s if timeout_s is None else timeout_s)  # the bound starts now
+        self.http.shutdown()  # returns once serve_forever has seen it (within its half-second poll)
         self.http.server_close()
-        self.scheduler.close(self.settings.shutdown_s if timeout_s is None else timeout_s)
+        self.scheduler.join()
 
     @property
     def answers_started(self) -> int:
