@@ -5,10 +5,10 @@
 servers run the same random model (the tiny Qwen3's 4 x 256 layers) and the project's embedded
 tokenizer on this machine:
 
-- "batch": the server as it was before it moved onto the decode engine (its module is read from git,
-  commit BATCH_SERVER): one `Sampler.generate` call per group of waiting requests with equal settings,
-  each call running until its longest answer ends;
-- "engine": today's server, every answer in its own slot of one `DecodeEngine` (continuous batching).
+- "batch": the batch-per-call server (its module is read from git, commit BATCH_SERVER): one
+  `Sampler.generate` call per group of waiting requests with equal settings, each call running until
+  its longest answer ends;
+- "engine": `spiral_jax.serve`, every answer in its own slot of one `DecodeEngine` (continuous batching).
 
 It prints per server the p50/p99 latency of the short, medium and long requests (of those answered),
 the wall time, the generated tokens/s and the requests that failed (e.g. a connection reset), then
@@ -35,7 +35,7 @@ from spiral_jax.sampling import Sampler, bucket_length, cache_slots
 from spiral_jax.serve import ChatServer
 from spiral_jax.tokenizer import Tokenizer
 
-BATCH_SERVER = "a249183"  # the last commit with the batch-per-call server (spiral_jax/serve.py)
+BATCH_SERVER = "a249183"  # a commit whose spiral_jax/serve.py is the batch-per-call server
 LENGTHS = (16, 64, 256)
 
 

@@ -444,7 +444,7 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
     lora_on, merged = bool(cfg.lora_rank), work.lora_merged
     # With LoRA the sampler, the pool and the frozen opponent read merged weights in the compute dtype,
     # or (lora.sample = "adapters") the frozen weights themselves, with the adapters beside them.
-    policy_bytes = (_frozen_bytes(cfg, mesh, "sample") if merged else sample_params) if lora_on else sample_params
+    policy_bytes = _frozen_bytes(cfg, mesh, "sample") if lora_on and merged else sample_params
     parts = {
         "frozen": _frozen_bytes(cfg, mesh, "train") if lora_on else 0,
         "params": params,

@@ -240,7 +240,7 @@ def test_cli_plan_unknown_hardware_lists_the_known_ones(capsys):
 
 def test_hardware_presets_and_aliases():
     assert P.hardware("V5LITEPOD-8") == P.hardware("v5e-8")
-    # TPU chips: the HBM the compiler makes available (v4: 30.75 of 32 GiB); GPUs as sold (H100: 80 GB).
+    # TPU chips: the HBM the compiler makes available, not the chip's nominal size; GPUs as sold.
     assert [(h.devices, round(h.memory / P.GiB, 2)) for h in P.HARDWARE.values()] == [
         (4, 30.75), (8, 15.75), (4, 95.74), (8, 31.25), (8, 74.51), (1, 131.32), (1, 74.51), (1, 44.7), (1, 22.35)]
     assert P.hardware("H200") == P.hardware("1xh200") and P.hardware("a100") == P.hardware("1xH100")

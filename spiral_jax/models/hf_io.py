@@ -154,6 +154,24 @@ def _hf_array(spec: ParamSpec, value, layer: int | None, dtype) -> np.ndarray:
     return hf_tensor(spec, np.asarray(jax.device_get(ours), np.float32)).astype(dtype)
 
 
+def _tensors(cfg: ModelConfig, specs, params, np_dtype) -> list[_Tensor]:
+    """The HF tensors of `params` (a tree shaped like `specs`), one per layer of a stacked array,
+    each made in `np_dtype` only when it is written."""
+    flat_specs, flat_params = jax.tree.leaves(specs, is_leaf=is_spec), jax.tree.leaves(params)
+    if len(flat_specs) != len(flat_params):
+        raise ValueError(f"params do not match the config: {len(flat_params)} arrays, "
+                         f"expected {len(flat_specs)} for this {cfg.model_type} config")
+    tensors = []
+    for spec, value in zip(flat_specs, flat_params):
+        if tuple(value.shape) != tuple(spec.shape):
+            raise ValueError(f"{spec.hf_name}: array shape {list(value.shape)} != {list(spec.shape)}")
+        stacked = "{i}" in spec.hf_name
+        for i, s in enumerate(_per_layer(cfg, spec)):
+            make = functools.partial(_hf_array, s, value, i if stacked else None, np_dtype)
+            tensors.append(_Tensor(s.hf_name, hf_shape(s), np.dtype(np_dtype).itemsize, make))
+    return tensors
+
+
 def _write_safetensors(path: Path, tensors: list[_Tensor], dtype: str) -> None:
     """A safetensors file written tensor by tensor. The format is an 8-byte little-endian header
     length, a JSON header (each tensor's dtype, shape and byte range in the data; padded with spaces to
@@ -193,20 +211,7 @@ def save_pretrained(cfg: ModelConfig, params, path, extra_config: dict | None = 
     np_dtype = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    specs = param_specs(cfg)
-    flat_specs = jax.tree.leaves(specs, is_leaf=is_spec)
-    flat_params = jax.tree.leaves(params)
-    if len(flat_specs) != len(flat_params):
-        raise ValueError(f"params do not match the config: {len(flat_params)} arrays, "
-                         f"expected {len(flat_specs)} for this {cfg.model_type} config")
-    tensors: list[_Tensor] = []
-    for spec, value in zip(flat_specs, flat_params):
-        if tuple(value.shape) != tuple(spec.shape):
-            raise ValueError(f"{spec.hf_name}: array shape {list(value.shape)} != {list(spec.shape)}")
-        stacked = "{i}" in spec.hf_name
-        for i, s in enumerate(_per_layer(cfg, spec)):
-            make = functools.partial(_hf_array, s, value, i if stacked else None, np_dtype)
-            tensors.append(_Tensor(s.hf_name, hf_shape(s), np.dtype(np_dtype).itemsize, make))
+    tensors = _tensors(cfg, param_specs(cfg), params, np_dtype)
     shards: list[list[_Tensor]] = [[]]
     for tensor in tensors:
         if shards[-1] and sum(t.nbytes for t in shards[-1]) + tensor.nbytes > max_shard_bytes:
@@ -252,16 +257,7 @@ def save_adapter(cfg: ModelConfig, adapters, path, base_model: str = "") -> Path
         raise ValueError("save_adapter needs a LoRA model config (lora_rank > 0)")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    specs = adapter_specs(cfg)
-    flat_specs, flat = jax.tree.leaves(specs, is_leaf=is_spec), jax.tree.leaves(adapters)
-    if len(flat_specs) != len(flat) or any(tuple(v.shape) != s.shape for s, v in zip(flat_specs, flat)):
-        raise ValueError("the adapters do not match the LoRA config (rank, targets or model shape)")
-    tensors = []
-    for spec, value in zip(flat_specs, flat):
-        stacked = "{i}" in spec.hf_name
-        for i, s in enumerate(_per_layer(cfg, spec)):
-            make = functools.partial(_hf_array, s, value, i if stacked else None, np.float32)
-            tensors.append(_Tensor(s.hf_name, hf_shape(s), 4, make))
+    tensors = _tensors(cfg, adapter_specs(cfg), adapters, np.float32)
     tmp = path / "adapter_model.safetensors.tmp"
     _write_safetensors(tmp, tensors, "F32")
     tmp.replace(path / "adapter_model.safetensors")

@@ -84,10 +84,7 @@ def merge(params: dict, cfg: ModelConfig, dtype=None) -> dict:
             b_, a_ = a[f"{target}_lora_b"].astype(jnp.float32), a[f"{target}_lora_a"].astype(jnp.float32)
             delta = (jax.vmap(lambda x, y: jnp.tensordot(x, y, 1)) if stacked else
                      lambda x, y: jnp.tensordot(x, y, 1))(b_, a_)
-            layer[target] = (p[target].astype(jnp.float32) + scale * delta).astype(dtype or p[target].dtype)
+            layer[target] = (p[target].astype(jnp.float32) + scale * delta).astype(p[target].dtype)
         out.append(layer)
-    merged = {k: (v if dtype is None or k == "layers" else v.astype(dtype)) for k, v in base.items()}
-    merged["layers"] = out[0] if stacked else out
-    if dtype is not None:
-        merged["layers"] = jax.tree.map(lambda x: x.astype(dtype), merged["layers"])
-    return merged
+    merged = {**base, "layers": out[0] if stacked else out}
+    return merged if dtype is None else jax.tree.map(lambda x: x.astype(dtype), merged)

@@ -142,7 +142,7 @@ class Trainer:
         self.weights, params = split_frozen(self.cfg, params, self.mesh)
         merged = c.model.lora.sample == "merged"
         self.sample_cfg = sample_config(self.cfg, merged)
-        self.merge = make_policy(self.cfg, self.mesh, merged)
+        self.full_params = make_policy(self.cfg, self.mesh, merged)
         self.base_id = base_fingerprint(c) if self.cfg.lora_rank else None
         self.sampler = Sampler(self.sample_cfg, self.sample_mesh, max_prompt_len=r.max_prompt_len, max_cache_len=cache_size(c))
         self.rollout = Rollout(self.sampler, self.tokenizer, rollout_sampling(c),
@@ -269,7 +269,7 @@ class Trainer:
     def policy(self, params):
         """Trained params (train layout) -> the policy's full parameters on the SAMPLE layout (merged
         with the frozen weights under LoRA)."""
-        return self.to_sample_layout(self.merge(params, self.weights))
+        return self.to_sample_layout(self.full_params(params, self.weights))
 
     def to_sampler(self, params):
         """Trained params (train layout) -> what this host's sampler reads (SAMPLE layout, host-local)."""
@@ -302,7 +302,7 @@ class Trainer:
                 self.bootstrap_state, self.bootstrap_done = state, i
                 self.save(bootstrap_step=i)
                 return
-            score = functools.partial(sequence_logprobs, self.merge(state.params, self.weights), self.sample_cfg)
+            score = functools.partial(sequence_logprobs, self.full_params(state.params, self.weights), self.sample_cfg)
             samples = imitation_samples(c.games.env_ids, c.games.weights, self.tokenizer, b.batch_size,
                                         seed=c.seed * 1_000_003 + i, explore=b.explore,
                                         teacher=b.teacher, score=score, hash_seed=c.seed,

@@ -21,7 +21,7 @@ from spiral_jax.sampling import SamplingParams
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_STRINGS = 4
 _SEED_RANGE = 1 << 63
-# Fields a client may send with only their neutral value (what the server does anyway).
+# Fields a client may send with only their neutral value (what the server does anyway), or empty.
 _NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "response_format": {"type": "text"}, "echo": False,
             "suffix": None, "parallel_tool_calls": None, "tools": None, "tool_choice": None, "logit_bias": None}
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "seed", "stream", "stream_options", "stop",
@@ -130,7 +130,7 @@ def _check_fields(body: dict, allowed: set[str], limits: Limits) -> None:
     if unknown:
         raise bad(f"this server does not support the parameter {unknown[0]!r}", unknown[0])
     for key, neutral in _NEUTRAL.items():
-        if key in body and body[key] != neutral and not (key in ("tools", "logit_bias") and not body[key]):
+        if body.get(key) and body[key] != neutral:
             raise bad(f"this server does not support {key}={body[key]!r} (only {neutral!r})", key)
     if "model" in body and body["model"] != limits.model:
         raise ApiError(404, f"the model {body['model']!r} is not served here; this server has {limits.model!r}",
@@ -308,7 +308,7 @@ def completion(ask: Ask, choices: list[Choice], model: str, piece) -> dict:
 
 
 def chunk(ask: Ask, model: str, index: int | None = None, text: str | None = None, finish: str | None = None,
-          first: bool = False, usage: dict | None = None) -> dict:
+          first: bool = False, totals: dict | None = None) -> dict:
     """One server-sent event of a streamed answer: a choice's new text, its end, or (index None) the
     closing usage chunk."""
     if index is None:
@@ -321,5 +321,5 @@ def chunk(ask: Ask, model: str, index: int | None = None, text: str | None = Non
     body = {"id": ask.id, "object": "chat.completion.chunk" if ask.kind == "chat" else "text_completion",
             "created": ask.created, "model": model, "choices": choices, "system_fingerprint": None}
     if ask.include_usage:
-        body["usage"] = usage
+        body["usage"] = totals
     return body

@@ -20,6 +20,7 @@ import http.server
 import ipaddress
 import json
 import logging
+import queue
 import select
 import socket
 import sys
@@ -293,7 +294,7 @@ def _handler(server: ChatServer):
                 while True:
                     try:
                         event = job.events.get(timeout=0.25)
-                    except Exception:  # noqa: BLE001 (queue.Empty: look whether the client is still there)
+                    except queue.Empty:  # nothing new: is the client still there?
                         if self._gone():
                             raise ConnectionResetError("the client closed the stream") from None
                         continue
@@ -304,7 +305,7 @@ def _handler(server: ChatServer):
                 if job.error is not None:
                     self._event(job.error.body())
                 elif ask.include_usage:
-                    self._event(protocol.chunk(ask, model, usage=protocol.usage(ask, job.choices)))
+                    self._event(protocol.chunk(ask, model, totals=protocol.usage(ask, job.choices)))
                 self._event(b"[DONE]")
             except (ConnectionError, TimeoutError):
                 server.scheduler.cancel(job)
