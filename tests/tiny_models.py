@@ -1,7 +1,17 @@
 """The tests' tiny models: random transformers models covering every architecture option spiral_jax
 supports, the tiny spiral_jax model of the tests that need no tokenizer, and the one a run config
 builds with the embedded tokenizer. Tests with other sizes say why next to them."""
-from spiral_jax.models import ModelConfig
+import functools
+
+import jax
+
+from spiral_jax.models import ModelConfig, forward
+
+# The model's logits as one compiled program. Tests whose weights live on the 8-device mesh (a
+# Trainer's, a loaded checkpoint's) call this: the plain function run eagerly dispatches every
+# primitive as its own 8-device program, slow and reliant on XLA:CPU's per-op rendezvous of 8 device
+# threads on 2 cores.
+jit_forward = jax.jit(forward, static_argnums=1)
 
 # Qwen3-style (q/k norm, tied embeddings, GQA); every dimension splits over a (2, 2, 2) mesh.
 TINY = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,

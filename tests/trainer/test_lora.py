@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from spiral_jax.cli import main as cli_main
-from spiral_jax.models import CheckpointError, forward, load_pretrained, lora
+from spiral_jax.models import CheckpointError, load_pretrained, lora
 from spiral_jax.rl.trainer import Trainer
+from tests.tiny_models import jit_forward
 from tests.trainer.test_trainer import _config_file, tiny_config
 
 LORA = {"model.lora.rank": 4, "model.lora.alpha": 8.0, "optim.learning_rate": 3e-3}
@@ -34,8 +35,8 @@ def test_only_the_adapters_train_and_the_sampler_plays_the_merged_policy(tmp_pat
     cfg = trainer.cfg
     merged = jax.device_get(trainer.to_sampler(trainer.state.params))
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 9))
-    np.testing.assert_allclose(forward(merged, cfg.base(), ids),
-                               forward(lora.join(trainer.weights, trainer.state.params), cfg, ids), atol=1e-5)
+    np.testing.assert_allclose(jit_forward(merged, cfg.base(), ids),
+                               jit_forward(lora.join(trainer.weights, trainer.state.params), cfg, ids), atol=1e-5)
 
 
 def test_a_lora_resume_is_exact_and_refuses_other_weights(tmp_path):
@@ -67,5 +68,5 @@ def test_export_merged_or_as_a_peft_adapter(tmp_path, capsys):
     assert cfg.lora_rank == 0
     trainer = Trainer(tiny_config(tmp_path, **LORA, **{"train.steps": 2}), resume=True, log=lambda *_: None)
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 9))
-    np.testing.assert_allclose(forward(merged, cfg, ids),
-                               forward(lora.join(trainer.weights, trainer.state.params), trainer.cfg, ids), atol=1e-5)
+    np.testing.assert_allclose(jit_forward(merged, cfg, ids),
+                               jit_forward(lora.join(trainer.weights, trainer.state.params), trainer.cfg, ids), atol=1e-5)

@@ -17,6 +17,7 @@ from spiral_jax.models import CheckpointError
 from spiral_jax.rollout import ModelTurn, PlayedGame
 from spiral_jax.rl.trainer import PREEMPTED_EXIT_CODE, Trainer, TrainingDiverged
 from spiral_jax.envs import GameRecord, Turn
+from tests.tiny_models import jit_forward
 from tests.trainer.test_trainer import REPO, _config_file, tiny_config
 
 
@@ -349,7 +350,7 @@ def test_bf16_sharded_export_loads_in_transformers(tmp_path):
     import torch
     import transformers
 
-    from spiral_jax.models import forward, load_pretrained
+    from spiral_jax.models import load_pretrained
 
     config = _config_file(tmp_path, **{"train.steps": 1})
     assert _train(config) == 0
@@ -372,8 +373,8 @@ def test_bf16_sharded_export_loads_in_transformers(tmp_path):
     ids = np.asarray([transformers.AutoTokenizer.from_pretrained(out).encode("Free cells: [0], [4]. \\boxed{4}")])
     with torch.no_grad():
         theirs = model(torch.tensor(ids)).logits.numpy()
-    np.testing.assert_allclose(theirs, np.asarray(forward(reloaded, cfg, ids)), atol=1e-4)  # same bf16 weights
-    full = np.asarray(forward(trainer.state.params, trainer.cfg, ids))
+    np.testing.assert_allclose(theirs, np.asarray(jit_forward(reloaded, cfg, ids)), atol=1e-4)  # same bf16 weights
+    full = np.asarray(jit_forward(trainer.state.params, trainer.cfg, ids))
     assert np.abs(theirs - full).max() < 0.05  # bf16 storage: each weight off by at most 2^-9 relative
 
 

@@ -10,9 +10,9 @@ import transformers
 
 from spiral_jax.cli import main as cli_main
 from spiral_jax.config import base_config, config_from_file
-from spiral_jax.models import CheckpointError, forward, load_pretrained
+from spiral_jax.models import CheckpointError, load_pretrained
 from spiral_jax.rl.trainer import Trainer, draw_seats
-from tests.tiny_models import TINY_RUN
+from tests.tiny_models import TINY_RUN, jit_forward
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -233,7 +233,7 @@ def test_export_loads_in_transformers(tmp_path, capsys):
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     trainer = Trainer(tiny_config(tmp_path), resume=True, log=lambda *_: None)
     ids = np.asarray([tokenizer.encode("Free cells: [0], [4]. \\boxed{4}")])
-    ours = np.asarray(forward(trainer.state.params, trainer.cfg, ids))
+    ours = np.asarray(jit_forward(trainer.state.params, trainer.cfg, ids))
     with torch.no_grad():
         theirs = model(torch.tensor(ids)).logits.numpy()
     np.testing.assert_allclose(theirs, ours, atol=1e-4)
