@@ -13,7 +13,6 @@ Only process 0 prints, writes TensorBoard events and transcripts.
 from __future__ import annotations
 
 import functools
-import json
 import signal
 import time
 from collections.abc import Sequence
@@ -31,19 +30,20 @@ from spiral_jax.run.setup import (base_fingerprint, bootstrap_train_config, buil
                                   math_sampling, rae_config, rollout_sampling, train_config)
 from spiral_jax.distributed import host_local_mesh, initialize, is_leader, to_host_local
 from spiral_jax.envs import make
-from spiral_jax.eval.games import TABLE_HEADER, evaluate, summarize
+from spiral_jax.eval.games import evaluate, summarize
 from spiral_jax.eval.kuhn_policy import ENV_ID as KUHN_ENV_ID
 from spiral_jax.eval.benchmarks import local_files
 from spiral_jax.eval.suite import EvalContext, cache_size, run_benchmarks, run_kuhn
 from spiral_jax.eval.transcripts import write_transcripts
 from spiral_jax.metrics import MetricsWriter
 from spiral_jax.models import CheckpointError, load_policy_weights, lora
-from spiral_jax.paths import replace_text, run_path, transcript_path
+from spiral_jax.paths import run_path, transcript_path
 from spiral_jax.rl.bootstrap import imitation_samples
 from spiral_jax.rl.rae import baseline_metrics, init_rae_state, label_games
 from spiral_jax.rl.reshard import make_policy, make_reshard, sample_config, split_frozen
 from spiral_jax.rl.samples import pack, shard_batch
 from spiral_jax.rl.step_metrics import step_metrics
+from spiral_jax.rl.summary import RunSummary
 from spiral_jax.rl.train_step import TrainConfig, init_train_state, make_update
 from spiral_jax.rollout import PlayedGame, Rollout
 from spiral_jax.sampling import Sampler, bucket_length
@@ -159,6 +159,11 @@ class Trainer:
         self.reference = None  # with optim.kl_coef: the frozen policy RL started from (_kl_reference)
         self.rae_state, self.pool, self.pool_steps, self.step = init_rae_state(), [], [], 0
         self.totals = {"games": 0, "sampled_tokens": 0, "trained_tokens": 0}  # since step 0, resumes included
+        self.summary = RunSummary(self.out / "summary.json", write=is_leader(), skeleton={
+            "config": config_file, "seed": c.seed, "steps": 0, "wall_time_s": 0.0,
+            "bootstrap": {"teacher": c.bootstrap.teacher if c.bootstrap.enabled else None,
+                          "steps": c.bootstrap.steps if c.bootstrap.enabled else 0},
+            "rae": {"enabled": c.rae.enabled, "games_per_shard": c.rae.games_per_shard}, "eval": {}})
         self.writer = MetricsWriter(self.out / "tensorboard", wandb=c.wandb.to_dict(), config=c.to_dict())
         self.ckpt = Checkpointer(f"{c.out_dir.rstrip('/')}/checkpoints", c.train.keep,  # gs:// kept as is
                                  c.train.async_checkpointing)
@@ -489,17 +494,6 @@ class Trainer:
         self.writer.scalars(self.step, {"time/eval_math": time.perf_counter() - start})
         return results
 
-    def _record_math(self, point: str, results: list) -> None:
-        """Math results at `point` ("step0", "final") go into summary.json's `math` section."""
-        if not results or not is_leader():
-            return
-        summary = self.summary()
-        summary.setdefault("math", {})[point] = {
-            r.name: {"items": r.items, "samples": r.samples_per_item, "pass@1": r.pass_at_1,
-                     "pass@1_ci": list(r.pass_at_1_ci), "mean_accuracy": r.mean_accuracy,
-                     "boxed": r.boxed_rate, "truncated": r.truncated_rate} for r in results}
-        self._write_summary(summary)
-
     def eval_context(self) -> EvalContext:
         """What the evaluation suite needs, as a value: the current weights in the sampler layout,
         the tokenizer, the sampler and the eval settings."""
@@ -516,38 +510,6 @@ class Trainer:
     def kuhn_env_id(self) -> str:
         """The one-round Kuhn game whose prompts the exploitability is read with: the trained one."""
         return next((g for g in self.c.games.env_ids if g == "KuhnPokerChips-v0"), KUHN_ENV_ID)
-
-    # ------------------------------------------------------------------------------- summary
-
-    def _record(self, point: str, results: dict, kuhn, wall_s: float = 0.0) -> None:
-        """Write `point` ("step0" or "final") into out_dir/summary.json (its fields: docs/learning.md)."""
-        summary = self.summary()
-        summary["eval"][point] = {f"{env_id}/{opp}": stats.summary() for (env_id, opp), stats in results.items()}
-        if kuhn is not None:
-            summary.setdefault("kuhn", {})[point] = {"exploitability": kuhn.exploitability.exploitability,
-                                                     "policy": dict(kuhn.aggression)}
-        summary["steps"] = self.step
-        summary["wall_time_s"] = round(summary.get("wall_time_s", 0.0) + wall_s, 1)
-        if "step0" in summary["eval"] and "final" in summary["eval"]:
-            summary["rl_gain"] = {k: round(v["win"] - summary["eval"]["step0"][k]["win"], 4)
-                                  for k, v in summary["eval"]["final"].items() if k in summary["eval"]["step0"]}
-        self._write_summary(summary)
-
-    def _write_summary(self, summary: dict) -> None:
-        """Replace out_dir/summary.json whole (the leader writes; a crash leaves the old one)."""
-        if is_leader():
-            replace_text(self.out / "summary.json", json.dumps(summary, indent=1) + "\n")
-
-    def summary(self) -> dict:
-        """out_dir/summary.json as written so far (a fresh skeleton before the step-0 evaluation)."""
-        path = self.out / "summary.json"
-        if path.exists():
-            return json.loads(path.read_text())
-        return {"config": self.config_file, "seed": self.c.seed, "steps": 0, "wall_time_s": 0.0,
-                "bootstrap": {"teacher": self.c.bootstrap.teacher if self.c.bootstrap.enabled else None,
-                              "steps": self.c.bootstrap.steps if self.c.bootstrap.enabled else 0},
-                "rae": {"enabled": self.c.rae.enabled, "games_per_shard": self.c.rae.games_per_shard},
-                "eval": {}}
 
     def request_stop(self, signum=None, frame=None):
         self._stop = True
@@ -583,10 +545,10 @@ class Trainer:
                 self._bootstrap()
                 if self._stop:
                     return self._stopped()
-            if self.step == 0 and "step0" not in self.summary()["eval"]:
+            if self.step == 0 and "step0" not in self.summary.read()["eval"]:
                 self.log(f"[eval] step 0, before any RL update: {c.eval.final_games} games per opponent")
-                self._record("step0", *self.evaluate(c.eval.final_games, c.train.transcripts))
-                self._record_math("step0", self.evaluate_math())
+                self.summary.record_games("step0", self.step, *self.evaluate(c.eval.final_games, c.train.transcripts))
+                self.summary.record_math("step0", self.evaluate_math())
             bar = tqdm(total=c.train.steps, initial=self.step, desc="self-play", unit="step",
                        dynamic_ncols=True, disable=not is_leader())
             while self.step < c.train.steps and not self.stop_requested():
@@ -611,9 +573,10 @@ class Trainer:
             if self.saved_step != self.step:
                 self.save()
             results, kuhn = self.evaluate(c.eval.final_games, c.train.transcripts)
-            self._record_math("final", self.evaluate_math())
-            self._record("final", results, kuhn, wall_s=time.perf_counter() - self.started)
-            self.log(self.table(results, kuhn))
+            self.summary.record_math("final", self.evaluate_math())
+            self.summary.record_games("final", self.step, results, kuhn, wall_s=time.perf_counter() - self.started)
+            self.log(self.summary.table(self.step, results, kuhn, c.eval.temperature, c.eval.top_p,
+                                        self.out / "tensorboard"))
             self.log(f"done: outputs are in {self.out}: summary.json, checkpoints/ (step {self.step}), "
                      f"tensorboard/, eval/ (transcripts of every evaluation game), config.json")
             return results
@@ -657,25 +620,3 @@ class Trainer:
         self.log(f"stopped at {where}; checkpoint saved in {self.ckpt.directory}; resume with --resume "
                  f"(exit status {PREEMPTED_EXIT_CODE})")
         return {}
-
-    def table(self, results, kuhn=None) -> str:
-        """The final evaluation, each row next to its step-0 row (the RL gain), and where to look."""
-        start = self.summary()["eval"].get("step0", {})
-        lines = [f"\nfinal evaluation after {self.step} steps (temperature {self.c.eval.temperature}, "
-                 f"top-p {self.c.eval.top_p}, both seats; invalid = lost by an invalid move)",
-                 TABLE_HEADER]
-        for (env_id, opp), stats in results.items():
-            before = start.get(f"{env_id}/{opp}") if self.step else None  # a run of 0 steps: one row
-            if before:
-                lo, hi = before["win_ci"]
-                lines.append(f"| {env_id} vs {opp}, step 0 | {before['games']} | {100 * before['win']:5.1f}% "
-                             f"[{100 * lo:4.1f}, {100 * hi:5.1f}] | {100 * before['draw']:5.1f}% | "
-                             f"{100 * before['loss']:5.1f}% | {100 * before['invalid']:5.1f}% |")
-            lines.append(stats.row(f"{env_id} vs {opp}, step {self.step}"))
-        kuhn0 = self.summary().get("kuhn", {}).get("step0")
-        if kuhn is not None:
-            was = f"{kuhn0['exploitability']:.3f} at step 0 -> " if kuhn0 else ""
-            lines.append(f"\nKuhn exploitability (one round, chips/hand): {was}"
-                         f"{kuhn.exploitability.exploitability:.3f} at step {self.step}")
-        lines.append(f"\nsummary: {self.out / 'summary.json'}; curves: tensorboard --logdir {self.out / 'tensorboard'}")
-        return "\n".join(lines)

@@ -358,7 +358,7 @@ def test_main_job_config_bootstraps_and_trains_one_step(tmp_path):
     from spiral_jax.metrics import read_scalars
     scalars = read_scalars(tmp_path / "tensorboard")
     assert [s for s, _ in scalars["bootstrap/loss"]] == [0, 2] and trainer.step == 1
-    assert trainer.summary()["bootstrap"] == {"teacher": "hashed", "steps": 3}
+    assert trainer.summary.read()["bootstrap"] == {"teacher": "hashed", "steps": 3}
 
 
 @pytest.mark.slow

@@ -1,0 +1,80 @@
+"""out_dir/summary.json: a run's headline results, and the final table printed from them.
+
+The file is the run's record of its step-0 and final evaluations (games, Kuhn exploitability, math
+benchmarks), the RL gain between them and the wall time. It is replaced whole at each write, so a
+crash leaves the previous version; a resumed run reads it back and adds to it. Its fields are
+described in docs/learning.md.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from spiral_jax.eval.games import TABLE_HEADER
+from spiral_jax.paths import replace_text
+
+
+class RunSummary:
+    """summary.json of one run. `skeleton` is its content before the first evaluation; `write` is
+    False on every host but the leader, which alone writes files."""
+
+    def __init__(self, path: Path, skeleton: dict, write: bool = True):
+        self.path, self.skeleton, self.write = path, skeleton, write
+
+    def read(self) -> dict:
+        """The summary as written so far (the skeleton before the step-0 evaluation)."""
+        if self.path.exists():
+            return json.loads(self.path.read_text())
+        return json.loads(json.dumps(self.skeleton))  # a fresh copy each time
+
+    def _replace(self, summary: dict) -> None:
+        if self.write:
+            replace_text(self.path, json.dumps(summary, indent=1) + "\n")
+
+    def record_games(self, point: str, step: int, results: dict, kuhn, wall_s: float = 0.0) -> None:
+        """The evaluation at `point` ("step0" or "final"): {(env id, opponent): GameStats} and the
+        Kuhn estimate (or None); `wall_s` is added to the run's wall time."""
+        summary = self.read()
+        summary["eval"][point] = {f"{env_id}/{opp}": stats.summary() for (env_id, opp), stats in results.items()}
+        if kuhn is not None:
+            summary.setdefault("kuhn", {})[point] = {"exploitability": kuhn.exploitability.exploitability,
+                                                     "policy": dict(kuhn.aggression)}
+        summary["steps"] = step
+        summary["wall_time_s"] = round(summary.get("wall_time_s", 0.0) + wall_s, 1)
+        if "step0" in summary["eval"] and "final" in summary["eval"]:
+            summary["rl_gain"] = {k: round(v["win"] - summary["eval"]["step0"][k]["win"], 4)
+                                  for k, v in summary["eval"]["final"].items() if k in summary["eval"]["step0"]}
+        self._replace(summary)
+
+    def record_math(self, point: str, results: list) -> None:
+        """Math benchmark results ([BenchmarkResult]) at `point` go into the `math` section."""
+        if not results:
+            return
+        summary = self.read()
+        summary.setdefault("math", {})[point] = {
+            r.name: {"items": r.items, "samples": r.samples_per_item, "pass@1": r.pass_at_1,
+                     "pass@1_ci": list(r.pass_at_1_ci), "mean_accuracy": r.mean_accuracy,
+                     "boxed": r.boxed_rate, "truncated": r.truncated_rate} for r in results}
+        self._replace(summary)
+
+    def table(self, step: int, results: dict, kuhn, temperature: float, top_p: float, tensorboard: Path) -> str:
+        """The final evaluation, each row under its step-0 row (the RL gain), and where to look."""
+        summary = self.read()
+        start = summary["eval"].get("step0", {})
+        lines = [f"\nfinal evaluation after {step} steps (temperature {temperature}, top-p {top_p}, both "
+                 f"seats; invalid = lost by an invalid move)", TABLE_HEADER]
+        for (env_id, opp), stats in results.items():
+            before = start.get(f"{env_id}/{opp}") if step else None  # a run of 0 steps: one row
+            if before:
+                lo, hi = before["win_ci"]
+                lines.append(f"| {env_id} vs {opp}, step 0 | {before['games']} | {100 * before['win']:5.1f}% "
+                             f"[{100 * lo:4.1f}, {100 * hi:5.1f}] | {100 * before['draw']:5.1f}% | "
+                             f"{100 * before['loss']:5.1f}% | {100 * before['invalid']:5.1f}% |")
+            lines.append(stats.row(f"{env_id} vs {opp}, step {step}"))
+        kuhn0 = summary.get("kuhn", {}).get("step0")
+        if kuhn is not None:
+            was = f"{kuhn0['exploitability']:.3f} at step 0 -> " if kuhn0 else ""
+            lines.append(f"\nKuhn exploitability (one round, chips/hand): {was}"
+                         f"{kuhn.exploitability.exploitability:.3f} at step {step}")
+        lines.append(f"\nsummary: {self.path}; curves: tensorboard --logdir {tensorboard}")
+        return "\n".join(lines)
