@@ -29,14 +29,11 @@ import urllib.error
 import urllib.request
 from typing import Sequence
 
+from spiral_jax.policies import API_PREFIX, kind
+
 log = logging.getLogger(__name__)
 
-PREFIX = "openai:"
 _RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}  # worth another try; other 4xx are final
-
-
-def is_api_spec(name: str) -> bool:
-    return name.startswith(PREFIX)
 
 
 @dataclasses.dataclass
@@ -62,7 +59,7 @@ class ApiPlayer:
     def from_spec(cls, spec: str, key_env: str = "OPENAI_API_KEY", **settings) -> "ApiPlayer":
         """`openai:MODEL@BASE_URL`, the key read from the environment variable `key_env` (none is
         sent when it is unset, as local servers need none)."""
-        model, sep, url = spec[len(PREFIX):].rpartition("@") if is_api_spec(spec) else ("", "", "")
+        model, sep, url = spec[len(API_PREFIX):].rpartition("@") if kind(spec) == "api" else ("", "", "")
         if not (model and sep and url.startswith(("http://", "https://"))):
             raise ValueError(f"API opponent {spec!r}: write it openai:MODEL@BASE_URL, e.g. "
                              "openai:gpt-4o-mini@https://api.openai.com/v1 or openai:local@http://localhost:8000/v1")

@@ -36,7 +36,8 @@ from typing import Mapping, Sequence
 import jax
 import numpy as np
 
-from spiral_jax.api_player import ApiPlayer, is_api_spec
+from spiral_jax.api_player import ApiPlayer
+from spiral_jax.policies import kind
 from spiral_jax.distributed import allgather_json, process_slice
 from spiral_jax.envs import BatchRunner, GameRecord, RandomOpponent, Turn, make, scripted_opponent
 from spiral_jax.sampling import Sampler, SamplingParams, batch_bucket
@@ -139,7 +140,7 @@ class Rollout:
                              max_turns=self.max_turns, auto_reset=False, first_game=first)
         scripted = {(g, p): make_opponent(seats[g][p], env_ids[g], seed * 7919 + 2 * (first + g) + p)
                     for g in range(len(env_ids)) for p in (0, 1)
-                    if seats[g][p] not in params and not is_api_spec(seats[g][p])}
+                    if seats[g][p] not in params and kind(seats[g][p]) != "api"}
         return runner, scripted
 
     def api_player(self, spec: str) -> ApiPlayer:
@@ -194,7 +195,7 @@ class Rollout:
                 policy = seats[r.game][r.player]
                 if policy in params:
                     groups[policy].append(r)
-                elif is_api_spec(policy):
+                elif kind(policy) == "api":
                     api[policy].append(r)
                 else:
                     responses[r.game] = scripted[r.game, r.player].act(runner.envs[r.game])
@@ -254,7 +255,7 @@ class Rollout:
                     if r.game in busy:
                         continue
                     policy = seats[r.game][r.player]
-                    if is_api_spec(policy):
+                    if kind(policy) == "api":
                         api[policy].append(r)
                     elif policy not in params:
                         responses[r.game] = scripted[r.game, r.player].act(runner.envs[r.game])

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spiral_jax.api_player import is_api_spec
+from spiral_jax.policies import SCRIPTED, kind
 from spiral_jax.eval import benchmarks, game_report, hub, suite
 from spiral_jax.paths import file_in
 
@@ -34,9 +34,9 @@ def run_eval(ctx: suite.EvalContext, c, args) -> str:
         extra = {}
         opponents = []
         for spec in args.opponents or c.eval.opponents:
-            if spec in ("random", "scripted", "self"):
+            if kind(spec) in ("scripted", "self"):
                 opponents.append(spec)
-            elif is_api_spec(spec):  # reached now: a dead endpoint fails before any game
+            elif kind(spec) == "api":  # reached now: a dead endpoint fails before any game
                 ctx.rollout.api_player(spec).check()
                 opponents.append(spec)
             else:  # a model folder
@@ -50,7 +50,7 @@ def run_eval(ctx: suite.EvalContext, c, args) -> str:
         results = suite.run_games(ctx, out, args.env_ids or c.games.env_ids, opponents, n, extra)
         return game_report.to_markdown(results, ctx.settings(n_games=n))
     if args.suite == "transfer":
-        results = suite.run_transfer(ctx, out, n, args.opponents or ("random", "scripted"))
+        results = suite.run_transfer(ctx, out, n, args.opponents or SCRIPTED)
         return game_report.to_markdown(results, ctx.settings(n_games=n), "Transfer to unseen games")
     if args.suite == "kuhn":
         suite.run_kuhn(ctx, out, args.kuhn_samples)
@@ -58,7 +58,7 @@ def run_eval(ctx: suite.EvalContext, c, args) -> str:
     if args.suite == "crossplay":
         players = {"model": ctx.params}
         players.update({name: ctx.load_weights(path) for name, path in map(_named, args.players)})
-        scripted = [o for o in args.opponents if o in ("random", "scripted")]
+        scripted = [o for o in args.opponents if kind(o) == "scripted"]
         suite.run_crossplay(ctx, out, players, args.crossplay_env, n, scripted)
         return (out / "crossplay.md").read_text()
     files, m = {}, c.eval.math

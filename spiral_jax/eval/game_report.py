@@ -20,6 +20,7 @@ from spiral_jax.distributed import is_leader
 from spiral_jax.eval.games import OUTCOMES, GameStats, evaluate
 from spiral_jax.eval.transcripts import write_transcripts
 from spiral_jax.paths import run_path, transcript_path
+from spiral_jax.policies import SCRIPTED
 
 TRANSFER_GAMES = ("Snake-v0", "PigDice-v1", "ConnectFour-v0", "Nim-v0", "LiarsDice-v1", "SimpleTak-v0")
 
@@ -96,7 +97,7 @@ def write_report(results: Mapping[tuple[str, str], GameStats], out_dir, settings
 
 
 def transfer_report(rollout, params, out_dir, n_games: int, seed: int,
-                    opponents: Sequence[str] = ("random", "scripted"), settings: dict | None = None,
+                    opponents: Sequence[str] = SCRIPTED, settings: dict | None = None,
                     games: Sequence[str] = TRANSFER_GAMES) -> dict[tuple[str, str], GameStats]:
     """The out-of-distribution games in one run, written as `transfer.json` / `transfer.md`."""
     results = evaluate_games(rollout, params, games, opponents, n_games, seed, out_dir, settings=settings)

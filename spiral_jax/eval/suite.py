@@ -14,6 +14,7 @@ from typing import Mapping, Sequence
 from spiral_jax.eval import benchmarks, crossplay, game_report, kuhn_policy
 from spiral_jax.models import load_policy_weights
 from spiral_jax.paths import run_path
+from spiral_jax.policies import SCRIPTED
 from spiral_jax.rollout import Rollout
 from spiral_jax.sampling import Sampler, SamplingParams, bucket_length, cache_slots
 
@@ -81,7 +82,7 @@ def run_games(ctx: EvalContext, out_dir, env_ids: Sequence[str], opponents: Sequ
     return results
 
 
-def run_transfer(ctx: EvalContext, out_dir, n_games: int, opponents: Sequence[str] = ("random", "scripted")):
+def run_transfer(ctx: EvalContext, out_dir, n_games: int, opponents: Sequence[str] = SCRIPTED):
     return game_report.transfer_report(ctx.rollout, ctx.params, out_dir, n_games, ctx.seed, opponents,
                                        ctx.settings(n_games=n_games))
 

@@ -23,7 +23,7 @@ import numpy as np
 from ml_collections import ConfigDict
 from tqdm import tqdm
 
-from spiral_jax.api_player import ApiPlayer, is_api_spec
+from spiral_jax.api_player import ApiPlayer
 from spiral_jax.checkpoint import Checkpointer
 from spiral_jax.compilation import compile_count
 from spiral_jax.run.setup import (base_fingerprint, bootstrap_train_config, build_model, build_tokenizer, eval_sampling,
@@ -37,6 +37,7 @@ from spiral_jax.eval.suite import EvalContext, cache_size, run_benchmarks, run_k
 from spiral_jax.eval.transcripts import write_transcripts
 from spiral_jax.metrics import MetricsWriter
 from spiral_jax.models import CheckpointError, load_policy_weights, lora
+from spiral_jax.policies import PolicySpec, kind
 from spiral_jax.paths import run_path, transcript_path
 from spiral_jax.rl.bootstrap import imitation_samples
 from spiral_jax.rl.rae import baseline_metrics, init_rae_state, label_games
@@ -181,8 +182,8 @@ class Trainer:
         """Scripted players need a game that lists its legal moves: TextArena games judge free-text
         moves themselves, so there only model players (the trained one, a frozen one) can play."""
         scripted = [("eval.opponents", env_id, o) for env_id in (tuple(c.eval.env_ids) or tuple(c.games.env_ids))
-                    for o in c.eval.opponents if o in ("random", "scripted")]
-        if c.rollout.mode == "fixed_opponent" and c.rollout.opponent in ("random", "scripted"):
+                    for o in c.eval.opponents if kind(o) == "scripted"]
+        if c.rollout.mode == "fixed_opponent" and kind(c.rollout.opponent) == "scripted":
             scripted += [("rollout.opponent", env_id, c.rollout.opponent) for env_id in c.games.env_ids]
         for key, env_id, opponent in scripted:
             env = make(env_id)
@@ -196,8 +197,8 @@ class Trainer:
     def _check_api_opponents(c: ConfigDict) -> None:
         """Reach every API opponent (openai:MODEL@URL) once: a dead endpoint or a refused key is an error
         before anything is compiled, not a run of invalid moves."""
-        specs = {o for o in c.eval.opponents if is_api_spec(o)}
-        if c.rollout.mode == "fixed_opponent" and is_api_spec(c.rollout.opponent):
+        specs = {o for o in c.eval.opponents if kind(o) == "api"}
+        if c.rollout.mode == "fixed_opponent" and kind(c.rollout.opponent) == "api":
             specs.add(c.rollout.opponent)
         for spec in sorted(specs):
             ApiPlayer.from_spec(spec, **c.api.to_dict()).check()
@@ -205,7 +206,7 @@ class Trainer:
     def _frozen_opponent(self) -> dict:
         """{"frozen": params} when the fixed opponent is a model folder (loaded once, never trained)."""
         r = self.c.rollout
-        if r.mode != "fixed_opponent" or r.opponent in ("random", "scripted") or is_api_spec(r.opponent):
+        if r.mode != "fixed_opponent" or not PolicySpec.parse(r.opponent).sampled:
             return {}
         if not Path(r.opponent).is_dir():
             raise FileNotFoundError(f"rollout.opponent={r.opponent!r} is neither 'random', 'scripted', an API "
@@ -454,7 +455,7 @@ class Trainer:
                    disable=not is_leader())
         for env_id, opponent in bar:
             bar.set_postfix_str(f"{env_id} vs {opponent}, {n_games} games")
-            api = self.eval_rollout.api_player(opponent) if is_api_spec(opponent) else None
+            api = self.eval_rollout.api_player(opponent) if kind(opponent) == "api" else None
             failed = api.failures if api else 0
             stats, games = evaluate(self.eval_rollout, params, env_id, opponent, n_games,
                                     seed=self.c.seed * 31 + self.step)
