@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spiral_jax import hardware
 from spiral_jax import plan as planner
 from spiral_jax.config import config_from_file
 from spiral_jax.envs import make
@@ -499,7 +500,7 @@ def print_train(cfg, c, update, peak) -> float:
 
 
 def print_memory(c, args, metrics):
-    hw = planner.hardware(args.hardware) if args.hardware else planner.local_hardware()
+    hw = hardware.hardware(args.hardware) if args.hardware else hardware.local_hardware()
     p = planner.plan(c, hw)
     estimate = f"the plan's {p.peak / planner.GiB:.2f} GiB ({p.worst_phase}) on {hw.name}"
     if "memory/peak_gib" in metrics:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from spiral_jax import aot
 from spiral_jax.config import config_from_file
-from spiral_jax.tpu_slices import GiB
+from spiral_jax.hardware import GiB
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # Each TPU preset and the slice it is written for.

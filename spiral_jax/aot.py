@@ -32,7 +32,7 @@ from spiral_jax.rl.samples import Batch, batch_shardings
 from spiral_jax.rl.train_step import make_compute_logprobs, make_optimizer, make_train_step, state_shardings
 from spiral_jax.sampling import Sampler, cache_slots
 from spiral_jax.sharding import Rules, make_mesh
-from spiral_jax.tpu_slices import GiB, parse_accelerator
+from spiral_jax.hardware import GiB, Hardware, parse_accelerator
 
 _HBM = re.compile(r"exceeds available HBM \(([0-9.]+)([KMGT])")
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -151,7 +151,7 @@ def compile_run(c, tgt: Target, log=print) -> tuple[list[Compiled], planner.Plan
     """Compile every program of config `c` for `tgt`'s devices; (results, the planner's plan)."""
     mesh = make_mesh(**c.mesh, devices=tgt.devices)
     sample_mesh = host_local_mesh(mesh, process=tgt.devices[0].process_index)
-    hw = planner.Hardware(tgt.name, len(tgt.devices), tgt.memory, platform=tgt.devices[0].platform)
+    hw = Hardware(tgt.name, len(tgt.devices), tgt.memory, platform=tgt.devices[0].platform)
     p = planner.plan(c, hw, planner.MeshShape(mesh.shape["data"], mesh.shape["fsdp"], mesh.shape["tensor"]))
     cfg, tc, work, parts, phases = p.cfg, train_config(c.optim), p.work, p.parts, p.phases
     others = parts.get("kl_reference", 0) + parts.get("snapshots", 0)

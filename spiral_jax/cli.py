@@ -233,18 +233,18 @@ def _unreadable_config(command: str, error: Exception | None) -> int:
 
 def _plan(c) -> int:
     """Print the memory plan; no Trainer, no weights (see spiral_jax/plan.py)."""
-    from spiral_jax import plan
+    from spiral_jax import hardware, plan
 
     if FLAGS.hardware and FLAGS.devices:
         raise ValueError("pass --hardware or --devices, not both")
     if FLAGS.hardware:
-        hw = plan.hardware(FLAGS.hardware)
+        hw = hardware.hardware(FLAGS.hardware)
     elif FLAGS.devices:
-        hw = plan.custom_hardware(FLAGS.devices, FLAGS.device_memory_gib)
+        hw = hardware.custom_hardware(FLAGS.devices, FLAGS.device_memory_gib)
     else:
-        hw = plan.local_hardware()
+        hw = hardware.local_hardware()
         if FLAGS.device_memory_gib:
-            hw = plan.custom_hardware(hw.devices, FLAGS.device_memory_gib)
+            hw = hardware.custom_hardware(hw.devices, FLAGS.device_memory_gib)
     text, fits = plan.report(c, hw)
     print(text)
     if not FLAGS.compile:

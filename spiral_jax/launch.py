@@ -26,7 +26,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from spiral_jax.tpu_slices import TpuSlice, known_accelerators, parse_accelerator
+from spiral_jax.hardware import TpuSlice, known_accelerators, parse_accelerator
 
 PREFIX = "spiral-jax launch"
 LAUNCH_DIR = "runs/launch"  # under the remote project folder; runs/ is git-ignored, so never overwritten

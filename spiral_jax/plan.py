@@ -41,85 +41,8 @@ from spiral_jax.models.fused_attention import resolve as resolve_attention
 from spiral_jax.models.params import is_spec
 from spiral_jax.models.transformer import CACHE_AXES
 from spiral_jax.sampling import batch_bucket, bucket_length, cache_slots
+from spiral_jax.hardware import HEADROOM, GiB, MiB, Hardware
 from spiral_jax.sharding import MESH_AXES, RULE_SETS, MeshError, Rules, mesh_sizes
-from spiral_jax.tpu_slices import parse_accelerator
-
-GB, GiB, MiB = 10**9, 2**30, 2**20
-HEADROOM = 0.10  # a plan "fits" below 90% of the usable memory: fragmentation, runtime, estimate error
-
-
-@dataclasses.dataclass(frozen=True)
-class Hardware:
-    """Devices and memory per device. `usable`: the share of it a JAX process gets by default."""
-
-    name: str
-    devices: int
-    memory: int | None  # bytes per device; None = unknown (CPU)
-    usable: float = 1.0
-    source: str = ""
-    platform: str = "cpu"  # tpu, gpu or cpu: decides the attention kernel model.attention="auto" picks
-
-    @property
-    def limit(self) -> int | None:
-        """Bytes per device a plan may use and still count as fitting (usable memory less headroom)."""
-        return None if self.memory is None else int(self.memory * self.usable * (1 - HEADROOM))
-
-
-def tpu_hardware(accelerator: str) -> Hardware:
-    """A Cloud TPU slice by accelerator type (v4-8, v5p-16, v5litepod-8, ...): one device per chip, with
-    the HBM per chip that the TPU compiler makes available (`tpu_slices`)."""
-    tpu = parse_accelerator(accelerator)
-    name = {"v5litepod": "v5e"}.get(tpu.generation.prefix, tpu.generation.prefix)
-    return Hardware(f"{name}-{tpu.accelerator.rpartition('-')[2]}", tpu.chips, tpu.generation.hbm,
-                    source=f"Cloud TPU {tpu.accelerator}: {tpu.chips} chips on {tpu.hosts} host(s), "
-                           f"{tpu.generation.hbm / GiB:.2f} GiB of HBM per chip available to a program (libtpu)",
-                    platform="tpu")
-
-
-HARDWARE = {h.name: h for h in (
-    *(tpu_hardware(name) for name in ("v4-8", "v5e-8", "v5p-8", "v6e-8")),
-    Hardware("8xH100", 8, 80 * GB, usable=0.75,
-             source="8x NVIDIA H100 80 GB; planned at 75%, JAX's default GPU preallocation "
-                    "(XLA_PYTHON_CLIENT_MEM_FRACTION raises it)", platform="gpu"),
-    *(Hardware(f"1x{name}", 1, gb * GB, usable=0.75,
-               source=f"one {card} with {gb} GB; planned at 75%, JAX's default GPU preallocation "
-                      f"(XLA_PYTHON_CLIENT_MEM_FRACTION raises it)", platform="gpu")
-      for name, gb, card in (("H200", 141, "NVIDIA H200"), ("H100", 80, "NVIDIA H100 or A100"),
-                             ("L40S", 48, "NVIDIA L40S or RTX A6000"), ("4090", 24, "NVIDIA RTX 4090"))),
-)}
-ALIASES = {"h100x8": "8xH100", "8xh100": "8xH100", "h100-8": "8xH100", "h200": "1xH200", "h100": "1xH100",
-           "a100": "1xH100", "1xa100": "1xH100", "l40s": "1xL40S", "a6000": "1xL40S", "1xa6000": "1xL40S",
-           "4090": "1x4090", "rtx4090": "1x4090"}
-
-
-def hardware(name: str) -> Hardware:
-    """A preset by name (case-insensitive, a few aliases), or any Cloud TPU accelerator type."""
-    key = {k.lower(): k for k in HARDWARE}.get(name.lower()) or ALIASES.get(name.lower())
-    if key is not None:
-        return HARDWARE[key]
-    try:
-        return tpu_hardware(name)
-    except ValueError:
-        raise ValueError(f"unknown hardware {name!r}; known: {', '.join(HARDWARE)}, any Cloud TPU type "
-                         f"(v5p-16, v5litepod-32, ...) (or pass --devices N --device_memory_gib G)") from None
-
-
-def custom_hardware(devices: int, memory_gib: float | None) -> Hardware:
-    """Any other slice or box: a device count and, if known, GiB per device (0/None: no limit)."""
-    if devices < 1:
-        raise ValueError(f"--devices must be >= 1, got {devices}")
-    memory = None if not memory_gib else int(memory_gib * GiB)
-    return Hardware(f"{devices} x {memory_gib:g} GiB" if memory else f"{devices} devices", devices, memory)
-
-
-def local_hardware() -> Hardware:
-    """The devices JAX sees here; memory from the runtime where it reports it (TPU, GPU), else unknown."""
-    devices = jax.devices()
-    stats = devices[0].memory_stats() if hasattr(devices[0], "memory_stats") else None
-    memory = (stats or {}).get("bytes_limit")
-    return Hardware(f"local {devices[0].platform} x {len(devices)}", len(devices), memory,
-                    platform=devices[0].platform)
-
 
 @dataclasses.dataclass(frozen=True)
 class MeshShape:

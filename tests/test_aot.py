@@ -15,7 +15,7 @@ from spiral_jax import plan as P  # noqa: E402
 from spiral_jax.config import config_from_file  # noqa: E402
 from spiral_jax.models import fused_attention, init_params, transformer  # noqa: E402
 from spiral_jax.sampling import Sampler, SamplingParams  # noqa: E402
-from spiral_jax.tpu_slices import GENERATIONS, parse_accelerator  # noqa: E402
+from spiral_jax.hardware import GENERATIONS, parse_accelerator  # noqa: E402
 from tests.tiny_models import TINY  # noqa: E402
 
 CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[1] / "configs"

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from spiral_jax import cli
+from spiral_jax import hardware as H
 from spiral_jax import plan as P
 from spiral_jax.config import base_config, config_from_file
 from spiral_jax.models import KVCache, init_params
@@ -68,7 +69,7 @@ def test_estimate_matches_what_jax_measures_on_cpu(dtype):
     """fp32, and bf16 compute as the 4B/8B presets run it (fp32 master weights and Adam state, a
     bf16 sampler copy and KV cache)."""
     c = tiny_config(dtype)
-    hw = P.custom_hardware(8, None)
+    hw = H.custom_hardware(8, None)
     plan = P.plan(c, hw)
     cfg, mesh, tc = plan.cfg, make_mesh(**c.mesh), train_config(c.optim)
     assert plan.parts["sampler_params"] > 0  # fsdp 2: the sampler gets its own copy
@@ -143,16 +144,16 @@ def test_estimate_matches_what_jax_measures_on_cpu(dtype):
 
 @pytest.mark.parametrize("path, hardware", sorted(PRESETS.items()))
 def test_presets_fit_their_hardware(path, hardware):
-    plan = P.plan(config_from_file(str(CONFIGS / path)), P.hardware(hardware))
+    plan = P.plan(config_from_file(str(CONFIGS / path)), H.hardware(hardware))
     assert plan.fits, plan.table()
     assert plan.peak <= 0.9 * plan.hardware.memory * plan.hardware.usable
-    assert plan.mesh.data * plan.mesh.fsdp * plan.mesh.tensor == P.hardware(hardware).devices
+    assert plan.mesh.data * plan.mesh.fsdp * plan.mesh.tensor == H.hardware(hardware).devices
 
 
 def test_a_setup_that_does_not_fit_warns_and_gets_a_suggestion_that_fits(capsys):
     c = config_from_file(str(CONFIGS / "kuhn_qwen3_4b_v5e_8.py"))
     c.mesh.update(data=8, fsdp=1, tensor=1)  # every chip holds all of Qwen3-4B's weights and Adam state
-    hw = P.hardware("v5e-8")
+    hw = H.hardware("v5e-8")
     bad = P.plan(c, hw)
     assert bad.fits is False and bad.parts["params"] > 14 * P.GiB
     change, better = P.suggest(c, hw, bad)
@@ -173,7 +174,7 @@ def test_evaluation_plays_at_most_games_per_batch_at_once():
     c = config_from_file(str(CONFIGS / "kuhn_qwen3_4b_8xh100.py"))
     assert (c.eval.games, c.eval.final_games, c.rollout.games_per_batch) == (128, 512, 64)  # the paper's evals
     c.eval.max_new_tokens = 2048  # its own sampler call, apart from the rollout's
-    hw = P.hardware("8xH100")
+    hw = H.hardware("8xH100")
     plan = P.plan(c, hw)
     assert "eval, final eval (64 games at once)" in plan.phases
     assert "64 games x 4096 slots" in plan.labels["kv eval, final eval"]
@@ -186,7 +187,7 @@ def test_evaluation_plays_at_most_games_per_batch_at_once():
 def test_more_final_eval_games_than_games_per_batch_do_not_change_the_eval_sampler_memory():
     c = config_from_file(str(CONFIGS / "kuhn_qwen3_4b_8xh100.py"))
     c.eval.update(games=0, max_new_tokens=2048)  # only the final eval makes a 2048-token call
-    hw = P.hardware("8xH100")
+    hw = H.hardware("8xH100")
     plans = {}
     for games in (64, 65, 512, 4096):
         c.eval.final_games = games
@@ -202,7 +203,7 @@ def test_suggestion_sizes_games_per_batch_for_evaluation_and_keeps_the_eval_game
     c = config_from_file(str(CONFIGS / "kuhn_qwen3_4b_v5e_8.py"))
     # Short rollouts, the paper's 4096-token evaluation: evaluation's chunks are what does not fit.
     c.rollout.update(max_new_tokens=1024, games_per_batch=64)
-    hw = P.hardware("v5e-8")
+    hw = H.hardware("v5e-8")
     plan = P.plan(c, hw)
     assert not plan.fits and plan.worst_phase == "eval, final eval (64 games at once)"
     change, better = P.suggest(c, hw, plan)
@@ -234,17 +235,17 @@ def test_cli_plan_unknown_hardware_lists_the_known_ones(capsys):
     assert cli.main(["spiral-jax", "plan", "--config", tiny, "--hardware", "v9-1024"]) == 1
     err = capsys.readouterr().err
     assert "unknown hardware 'v9-1024'" in err
-    for name in P.HARDWARE:
+    for name in H.HARDWARE:
         assert name in err
 
 
 def test_hardware_presets_and_aliases():
-    assert P.hardware("V5LITEPOD-8") == P.hardware("v5e-8")
+    assert H.hardware("V5LITEPOD-8") == H.hardware("v5e-8")
     # TPU chips: the HBM the compiler makes available, not the chip's nominal size; GPUs as sold.
-    assert [(h.devices, round(h.memory / P.GiB, 2)) for h in P.HARDWARE.values()] == [
+    assert [(h.devices, round(h.memory / P.GiB, 2)) for h in H.HARDWARE.values()] == [
         (4, 30.75), (8, 15.75), (4, 95.74), (8, 31.25), (8, 74.51), (1, 131.32), (1, 74.51), (1, 44.7), (1, 22.35)]
-    assert P.hardware("H200") == P.hardware("1xh200") and P.hardware("a100") == P.hardware("1xH100")
-    assert P.hardware("v5p-16").devices == 8 and P.hardware("v5litepod-16").memory == P.hardware("v5e-8").memory
+    assert H.hardware("H200") == H.hardware("1xh200") and H.hardware("a100") == H.hardware("1xH100")
+    assert H.hardware("v5p-16").devices == 8 and H.hardware("v5litepod-16").memory == H.hardware("v5e-8").memory
 
 
 @pytest.mark.parametrize("sizes", [(1, -1, 1), (2, -1, 2), (-1, 2, 2), (1, 1, 8), (2, 4, -1)])
@@ -269,7 +270,7 @@ def test_a_mesh_for_other_hardware_is_planned_anyway_with_a_suggestion(capsys):
 
 def test_opponent_weights_are_counted():
     c = tiny_config()
-    hw = P.custom_hardware(8, None)
+    hw = H.custom_hardware(8, None)
     sample_copy = P.plan(c, hw).parts["sampler_params"]
     c.rollout.update(mode="pool", pool_size=3)
     assert P.plan(c, hw).parts["snapshots"] == 3 * sample_copy
@@ -281,7 +282,7 @@ def test_opponent_weights_are_counted():
 
 def test_the_kl_reference_is_counted():
     c = tiny_config()
-    hw = P.custom_hardware(8, None)
+    hw = H.custom_hardware(8, None)
     before = P.plan(c, hw)
     assert "kl_reference" not in before.parts
     c.optim.kl_coef = 0.1
@@ -291,13 +292,13 @@ def test_the_kl_reference_is_counted():
 
 
 def test_lora_counts_frozen_weights_in_the_compute_dtype_and_optimizer_state_for_the_adapters_only():
-    full = P.plan(config_from_file(str(CONFIGS / "kuhn_qwen3_4b_v5e_8.py")), P.hardware("v5e-8"))
+    full = P.plan(config_from_file(str(CONFIGS / "kuhn_qwen3_4b_v5e_8.py")), H.hardware("v5e-8"))
     c = config_from_file(str(CONFIGS / "kuhn_qwen3_4b_v5e_8.py"))
     c.model.lora.update(rank=32, alpha=64.0)
-    lora = P.plan(c, P.hardware("v5e-8"))
+    lora = P.plan(c, H.hardware("v5e-8"))
     assert lora.parts["frozen"] == full.parts["params"] // 2  # bf16 against fp32, same layout
     assert lora.parts["params"] < 0.06 * full.parts["params"] and 0 <= lora.parts["optimizer"] - 2 * lora.parts["params"] < 1024
     assert lora.parts["sampler_params"] == lora.parts["frozen"]  # the merged copy
     c.model.lora.sample = "adapters"
-    assert "sampler_params" not in P.plan(c, P.hardware("v5e-8")).parts
+    assert "sampler_params" not in P.plan(c, H.hardware("v5e-8")).parts
     assert lora.phases["train step"] < full.phases["train step"] - 4 * P.GiB
