@@ -302,101 +302,20 @@ def _run(command: str, c) -> int:
         print(run_eval(ctx, c, FLAGS))
         return 0
     if command == "serve":
-        return _serve(c, cfg, params, tokenizer, mesh)
-    return _export(c, cfg, params, tokenizer)
+        from spiral_jax.serve import ServeSettings
+        from spiral_jax.serve.command import serve
 
-
-def _serve(c, cfg, params, tokenizer, mesh) -> int:
-    """Answer completions until SIGINT/SIGTERM; then stop accepting, let running answers finish for
-    --shutdown_s and exit (a second signal exits at once)."""
-    import signal
-
-    from spiral_jax.sampling import Sampler, bucket_length, cache_slots
-    from spiral_jax.serve import ChatServer, ServeSettings
-
-    prompt = c.rollout.max_prompt_len
-    sampler = Sampler(cfg, mesh, max_prompt_len=prompt, max_cache_len=cache_slots(bucket_length(prompt), FLAGS.max_tokens))
-    name = FLAGS.served_name or Path(c.out_dir.rstrip("/")).name
-    try:
         settings = ServeSettings(FLAGS.host, FLAGS.port, max_rows=c.rollout.games_per_batch,
                                  max_tokens=FLAGS.max_tokens, seed=c.seed, api_key=FLAGS.api_key or None,
                                  allow_origin=tuple(FLAGS.allow_origin), max_body_bytes=int(FLAGS.max_body_mb * 1e6),
                                  timeout_s=FLAGS.timeout_s, shutdown_s=FLAGS.shutdown_s)
-        server = ChatServer(sampler, tokenizer, params, name, settings)
-    except OSError as err:
-        raise ValueError(f"cannot listen on {FLAGS.host}:{FLAGS.port} ({err.strerror or err}); pick another "
-                         f"--port or --host") from None
-    stop = stop_on_signal(server, FLAGS.shutdown_s)
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    if FLAGS.api_key == "" and not FLAGS.host.startswith("127.") and FLAGS.host not in ("localhost", "::1"):
-        print(f"[serve] WARNING: listening on {FLAGS.host} without --api_key: anyone who can reach it can use it",
-              file=sys.stderr, flush=True)
-    print(f"[serve] {name} at {server.url} (prompts up to {prompt} tokens, answers up to {FLAGS.max_tokens}); "
-          f"as an opponent: --config.eval.opponents='(\"openai:{name}@{server.url}\",)'", file=sys.stderr, flush=True)
-    server.serve_forever()
-    server.close()
-    print("[serve] stopped", file=sys.stderr, flush=True)
-    return 0
+        return serve(cfg, params, tokenizer, mesh, name=FLAGS.served_name or Path(c.out_dir.rstrip("/")).name,
+                     max_prompt_len=c.rollout.max_prompt_len, settings=settings)
+    from spiral_jax.export import export_checkpoint
 
-
-def stop_on_signal(server, shutdown_s: float):
-    """A signal handler for `serve`: the first signal ends serve_forever (the caller then closes the
-    server, which lets running answers finish for shutdown_s); a second one exits the process at
-    once, without unwinding threads that are inside XLA."""
-    import os
-    import threading
-
-    stopping = threading.Event()
-
-    def stop(signum, frame):
-        if stopping.is_set():
-            print("[serve] second signal: exiting now", file=sys.stderr, flush=True)
-            os._exit(128 + signum)
-        stopping.set()
-        print(f"[serve] stopping: no new connections, waiting requests refused, running answers get up to "
-              f"{shutdown_s:g} s (a second signal exits at once)", file=sys.stderr, flush=True)
-        threading.Thread(target=server.http.shutdown, daemon=True).start()  # serve_forever then returns
-
-    return stop
-
-
-def _export(c, cfg, params, tokenizer) -> int:
-    """Write the Hugging Face folder: weights in --dtype, config, generation_config, tokenizer."""
-    import shutil
-
-    from spiral_jax.models import save_pretrained
-    from spiral_jax.run_dir import clear_export_dir, record_export
-
-    out = Path(FLAGS.out)
-    clear_export_dir(out)  # --overwrite: nothing the old export wrote survives next to the new
-    before = {p.name for p in out.iterdir()} if out.is_dir() else set()
-    if FLAGS.adapter:
-        from spiral_jax.models import save_adapter
-
-        save_adapter(cfg, params, out, base_model=c.model.path)
-        record_export(out, before)
-        print(f"wrote a PEFT LoRA adapter (rank {cfg.lora_rank}, alpha {cfg.lora_alpha:g}, on "
-              f"{', '.join(cfg.lora_targets)}) to {out}; base model: {c.model.path or 'the random init'}")
-        return 0
-    save_pretrained(cfg, params, out, dtype=FLAGS.dtype, max_shard_bytes=int(FLAGS.max_shard_gib * 2**30),
-                    generation_config={"eos_token_id": sorted(tokenizer.stop_ids),
-                                       "bos_token_id": tokenizer.hf.bos_token_id})
-    source = Path(c.tokenizer.path or c.model.path) if c.tokenizer.path != "embedded" else None
-    if source is not None and source.is_dir():  # the model's own tokenizer files, as they are
-        for f in source.iterdir():
-            if f.is_file() and (f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges"))
-                                or f.suffix == ".model"):
-                shutil.copy(f, out / f.name)
-    else:
-        tokenizer.hf.save_pretrained(out)
-    record_export(out, before)
-    for written in out.iterdir():
-        if written.name not in before:
-            written.chmod(0o644)
-    print(f"wrote a Hugging Face checkpoint ({FLAGS.dtype} safetensors, config, generation_config, tokenizer) "
-          f"to {out}")
-    return 0
+    return export_checkpoint(cfg, params, tokenizer, FLAGS.out, model_path=c.model.path,
+                             tokenizer_path=c.tokenizer.path, dtype=FLAGS.dtype,
+                             max_shard_bytes=int(FLAGS.max_shard_gib * 2**30), adapter=FLAGS.adapter)
 
 
 if __name__ == "__main__":

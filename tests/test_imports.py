@@ -12,7 +12,7 @@ LAYERS = {
     "sampling": 1, "rollout": 1, "checkpoint": 1,
     "rl": 2, "eval": 2, "serve": 2,
     "config": 1,
-    "rl.trainer": 3, "run": 3, "run_dir": 3, "plan": 3, "aot": 3,
+    "rl.trainer": 3, "run": 3, "run_dir": 3, "plan": 3, "aot": 3, "export": 3,
     "cli": 4, "launch": 4,
 }
 

@@ -158,8 +158,8 @@ TPU_ARGS = ["tpu", "--name", "spiral", "--zone", "us-east5-a", "--accelerator", 
 
 
 def stub(monkeypatch, fake, have=("gcloud", "bash", "ssh")):
-    monkeypatch.setattr(launch.subprocess, "run", fake)
-    monkeypatch.setattr(launch.shutil, "which", lambda tool: f"/usr/bin/{tool}" if tool in have else None)
+    monkeypatch.setattr(launch.runner.subprocess, "run", fake)
+    monkeypatch.setattr(launch.runner.shutil, "which", lambda tool: f"/usr/bin/{tool}" if tool in have else None)
 
 
 def test_existing_vm_is_reused(monkeypatch, capsys):
@@ -208,7 +208,7 @@ def test_cli_dispatches_launch(capsys):
 def test_remote_scripts_run(tmp_path, monkeypatch):
     """The start / stop scripts in a real bash: background start with pid file, no second start, SIGTERM
     stop, and a command that dies at once is reported with the end of its log."""
-    monkeypatch.setattr(launch, "CHECK_AFTER_S", 1)
+    monkeypatch.setattr(launch.scripts, "CHECK_AFTER_S", 1)
 
     def bash(script):
         return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)

@@ -391,12 +391,12 @@ def test_a_second_signal_exits_at_once(monkeypatch):
     import os
     import signal
 
-    from spiral_jax import cli
+    from spiral_jax.serve.command import stop_on_signal
 
     shutdowns, exits = [], []
     fake = type("Fake", (), {"http": type("H", (), {"shutdown": lambda self: shutdowns.append(1)})()})()
     monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
-    stop = cli.stop_on_signal(fake, 5)
+    stop = stop_on_signal(fake, 5)
     stop(signal.SIGTERM, None)
     time.sleep(0.1)
     assert shutdowns == [1] and exits == []

@@ -1,0 +1,56 @@
+"""`spiral-jax launch gpu`: one GPU host runs training here in the foreground (or over ssh when it is
+remote); several hosts each start one process over ssh, with JAX_COORDINATOR_ADDRESS /
+JAX_NUM_PROCESSES / JAX_PROCESS_ID set for `jax.distributed`."""
+from __future__ import annotations
+
+import os
+import sys
+
+from spiral_jax.launch.runner import PREFIX, Runner, Step, UsageError
+from spiral_jax.launch.scripts import LAUNCH_DIR, require_config, start_script, stop_script, train_argv
+
+
+def _local(host: str) -> bool:
+    return host in ("localhost", "127.0.0.1", "::1")
+
+
+def launch_gpu(args, extra: list[str], runner: Runner) -> int:
+    hosts = [h.strip() for h in (args.hosts or "localhost").split(",") if h.strip()]
+    if not hosts:
+        raise UsageError("--hosts is empty; give one host or a comma-separated list (h1,h2,...)")
+    workdir = args.remote_dir or os.getcwd()
+    if args.stop:
+        if len(hosts) == 1 and _local(hosts[0]):
+            raise UsageError("a run on this host is in the foreground: stop it with Ctrl-C (it checkpoints "
+                             "and exits); --stop is for runs started over ssh (--hosts)")
+        runner.run_parallel([Step(["ssh", host, stop_script(workdir)], f"stop training on {host}",
+                                  retry=f"rerun: {args.rerun}") for host in hosts])
+        return 0
+    local_single = len(hosts) == 1 and _local(hosts[0])
+    require_config(args, os.getcwd() if local_single or not args.remote_dir else None)
+    if len(hosts) == 1:
+        if _local(hosts[0]):
+            python = args.python or sys.executable
+            return runner.exec(Step(train_argv(python, args.config, False, extra), "train on this host"))
+        argv = train_argv(args.python or "python3", args.config, False, extra)
+        runner.run(Step(["ssh", hosts[0], start_script(workdir, argv)], f"start training on {hosts[0]}",
+                        retry=f"check `ssh {hosts[0]} true` and that the project is installed in {workdir}, "
+                              f"then rerun: {args.rerun}"))
+        return 0
+    coordinator = args.coordinator or hosts[0].rsplit("@", 1)[-1]
+    if _local(coordinator):
+        raise UsageError(f"the coordinator ({coordinator}, the first of --hosts) must be an address every "
+                         "host can reach; use its hostname or IP, or pass --coordinator")
+    argv = train_argv(args.python or "python3", args.config, True, extra)
+    steps = []
+    for i, host in enumerate(hosts):
+        env = {"JAX_COORDINATOR_ADDRESS": f"{coordinator}:{args.port}",
+               "JAX_NUM_PROCESSES": str(len(hosts)), "JAX_PROCESS_ID": str(i)}
+        steps.append(Step(["ssh", host, start_script(workdir, argv, env)], f"start process {i} on {host}",
+                          retry=f"stop the others (`{PREFIX} gpu --hosts {args.hosts} --stop`), check "
+                                f"`ssh {host} true` and the install in {workdir}, then rerun: {args.rerun}"))
+    runner.run_parallel(steps)
+    if not runner.dry_run:
+        print(f"[{PREFIX}] {len(hosts)} processes started; logs: {workdir}/{LAUNCH_DIR}/train-<host>.log on "
+              f"each host; stop: `{PREFIX} gpu --hosts {args.hosts} --stop`", file=sys.stderr)
+    return 0

@@ -1,0 +1,94 @@
+"""What `spiral-jax launch` runs on the hosts: the `spiral-jax train` command line and the shell
+scripts that install the project, start training in the background, stop it and show its log.
+Everything user-given is shlex-quoted; $(hostname) and $! are left to the remote shell."""
+from __future__ import annotations
+
+import os
+import shlex
+
+from spiral_jax.launch.runner import UsageError
+
+LAUNCH_DIR = "runs/launch"  # under the remote project folder; runs/ is git-ignored, so never overwritten
+# Expanded by the remote shell: one of each per host, also when hosts share the folder (NFS home).
+PID_FILE = f"{LAUNCH_DIR}/train-$(hostname).pid"
+LOG_FILE = f"{LAUNCH_DIR}/train-$(hostname).log"
+CHECK_AFTER_S = 10  # after starting, wait this long and report a process that already died
+
+
+def require_config(args, local_root: str | None) -> None:
+    """--config is given and, when the project is a local folder, names a file in it."""
+    if not args.config:
+        raise UsageError("--config is required (e.g. --config configs/mesh_tpu_v4_8.py); train arguments "
+                         "go after `--`")
+    if local_root and not os.path.isabs(args.config) and not os.path.exists(os.path.join(local_root, args.config)):
+        raise UsageError(f"--config {args.config}: no such file in {local_root}")
+
+
+def train_argv(python: str, config: str, distributed: bool, extra: list[str]) -> list[str]:
+    argv = [python, "-m", "spiral_jax.cli", "train", "--config", config]
+    if distributed:
+        argv.append("--config.distributed.enabled=True")
+    return argv + list(extra)
+
+
+def start_script(workdir: str, argv: list[str], env: dict[str, str] | None = None) -> str:
+    """cd to the project, refuse to start twice, then run `argv` under nohup with its own log and pid file."""
+    pid = PID_FILE
+    assign = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
+    return "; ".join([
+        "set -e",
+        f"cd {shlex.quote(workdir)}",
+        f"mkdir -p {LAUNCH_DIR}",
+        f'if [ -f {pid} ] && kill -0 "$(cat {pid})" 2>/dev/null; then echo "spiral-jax is already running '
+        f'on $(hostname) (pid $(cat {pid})); stop it first with --stop" >&2; exit 1; fi',
+        f"{assign}nohup {shlex.join(argv)} > {LOG_FILE} 2>&1 < /dev/null & echo $! > {pid}",
+        f"sleep {CHECK_AFTER_S}",  # catch a start that fails at once (bad config key, import error)
+        f'if ! kill -0 "$(cat {pid})" 2>/dev/null; then echo "spiral-jax exited at once on $(hostname); the end '
+        f'of {LOG_FILE}:" >&2; tail -n 20 {LOG_FILE} >&2; exit 1; fi',
+        f'echo "running on $(hostname): pid $(cat {pid}), log $PWD/{LOG_FILE}"',
+    ])
+
+
+def stop_script(workdir: str) -> str:
+    """SIGTERM to the training process started by start_script: it saves a checkpoint and exits."""
+    pid = PID_FILE
+    return "; ".join([
+        f"cd {shlex.quote(workdir)}",
+        f'if [ -f {pid} ] && kill -0 "$(cat {pid})" 2>/dev/null; then kill "$(cat {pid})"; '
+        f'echo "sent SIGTERM to pid $(cat {pid}) on $(hostname): it saves a checkpoint and exits"; '
+        f'else echo "nothing running on $(hostname)"; fi',
+    ])
+
+
+def logs_script(workdir: str, lines: int = 50) -> str:
+    return f"cd {shlex.quote(workdir)} && tail -n {lines} {LAUNCH_DIR}/train-*.log"
+
+
+def is_git_url(repo: str) -> bool:
+    return "://" in repo or repo.startswith("git@") or (repo.endswith(".git") and not os.path.exists(repo))
+
+
+def install_script(workdir: str, git_url: str | None, ref: str, archive: str | None, python_version: str,
+                   extra: str = "tpu", setup: str = "") -> str:
+    """Fetch the code (git clone/fetch at `ref`, or unpack `archive`), then pip install -e '.[extra]' in a
+    venv, then run `setup` (a shell command, e.g. a model download) in the project folder with the venv's
+    bin on PATH. uv provides the venv's Python: TPU images ship Python 3.10, which current JAX no longer
+    supports."""
+    d = shlex.quote(workdir)
+    steps = ["set -e", "export PIP_BREAK_SYSTEM_PACKAGES=1"]  # pip on Ubuntu 24.04 images refuses --user otherwise
+    if git_url:
+        steps += [f"if [ ! -d {d}/.git ]; then git clone -q {shlex.quote(git_url)} {d}; fi",
+                  f"git -C {d} fetch -q origin {shlex.quote(ref)}",
+                  f"git -C {d} checkout -q --detach FETCH_HEAD"]
+    else:
+        steps += [f"mkdir -p {d}", f"tar -xzf {shlex.quote(archive)} -C {d}"]
+    steps += [f"cd {d}",
+              "python3 -m pip install -q --user uv",
+              f"if [ ! -x .venv/bin/python ]; then python3 -m uv venv -q --python {shlex.quote(python_version)} "
+              f".venv; fi",
+              f"python3 -m uv pip install -q --python .venv/bin/python -e {shlex.quote(f'.[{extra}]')}",
+              ".venv/bin/python -c 'import socket, jax, spiral_jax; "
+              "print(\"installed on\", socket.gethostname(), \"with jax\", jax.__version__)'"]
+    if setup:
+        steps += ['export PATH="$PWD/.venv/bin:$PATH"', setup]
+    return "; ".join(steps)
