@@ -1,0 +1,180 @@
+"""The estimate: per-device bytes of every part a run keeps or builds, and the peak of each phase of a
+step (train step, old log-probs, each sampler call) against the device's memory."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from spiral_jax.hardware import HEADROOM, GiB, MiB, Hardware
+from spiral_jax.models import ModelConfig
+from spiral_jax.plan import arrays
+from spiral_jax.plan.activations import activations, fused, logprob_pass, sampling, weights_in_flight
+from spiral_jax.plan.sizes import MeshShape, Workload, model_config, workload
+from spiral_jax.sampling import bucket_length
+
+
+@dataclasses.dataclass
+class Plan:
+    """Per-device bytes of each part and the peak of each phase, against the hardware."""
+
+    hardware: Hardware
+    mesh: MeshShape
+    cfg: ModelConfig
+    work: Workload
+    parts: dict[str, int]
+    phases: dict[str, int]
+    labels: dict[str, str]
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def peak(self) -> int:
+        return max(self.phases.values())
+
+    @property
+    def worst_phase(self) -> str:
+        return max(self.phases, key=self.phases.get)
+
+    @property
+    def fits(self) -> bool | None:
+        limit = self.hardware.limit
+        return None if limit is None else self.peak <= limit
+
+    def table(self) -> str:
+        unit, name = (GiB, "GiB") if self.peak >= GiB else (MiB, "MiB")
+        n = self.cfg.num_params
+        count = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+        cfg, w, hw = self.cfg, self.work, self.hardware
+        dp = self.mesh.batch_shards
+        per_device = w.micro_batch // dp if w.micro_batch % dp == 0 else w.micro_batch
+        width = max(len(x) for x in [*self.labels.values(), *self.phases]) + 2
+        lines = [
+            f"hardware: {hw.name}: {hw.devices} devices" + (
+                f" x {hw.memory / GiB:.1f} GiB ({hw.usable:.0%} usable)" if hw.memory else
+                ", memory per device unknown (pass --hardware, or --device_memory_gib)"),
+            f"model: {cfg.model_type}, {count} parameters ({cfg.num_layers} layers, "
+            f"hidden {cfg.hidden_size}, vocab {cfg.vocab_size}), compute {cfg.compute_dtype}, "
+            f"remat {'on' if cfg.remat else 'off'}, scan_layers {'on' if cfg.scan_layers else 'off'}",
+            f"mesh: {self.mesh}; micro-batch {w.micro_batch} row(s), {per_device} per device, x {w.train_len}"
+            f" slots (response {w.response_len}, logprob chunk {w.chunk})",
+            f"sampling: prompt bucket {w.prompt_len}; rollout {w.rollout_games} games per call; eval "
+            f"{w.eval_games}, final eval {w.final_games} games, {w.rollout_games or 'all'} at a time",
+            "", f"{'per device':<{width + 2}}{name:>9}"]
+        lines += [f"  {self.labels[k]:<{width}}{v / unit:9.2f}" for k, v in self.parts.items()]
+        lines += ["", f"{'peak per phase':<{width + 2}}{name:>9}"]
+        lines += [f"  {k:<{width}}{v / unit:9.2f}" for k, v in self.phases.items()]
+        lines.append("")
+        if self.fits is None:
+            lines.append(f"peak: {self.peak / unit:.2f} {name} per device ({self.worst_phase}); no memory "
+                         f"limit known for these devices")
+        else:
+            usable = hw.memory * hw.usable
+            verdict = "fits" if self.fits else "DOES NOT FIT"
+            lines.append(f"peak: {self.peak / unit:.2f} {name} per device ({self.worst_phase}) of "
+                         f"{usable / unit:.2f} {name} usable = {self.peak / usable:.0%}: {verdict} "
+                         f"(limit {self.hardware.limit / unit:.2f} {name}, {HEADROOM:.0%} headroom)")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware) -> Plan:
+    """Per-device bytes of a run with this model, optimizer, workload and mesh on `hw`."""
+    params, sample_params = arrays.param_bytes(cfg, mesh, "train"), arrays.param_bytes(cfg, mesh, "sample")
+    same_layout, kernel = arrays.same_layout(cfg, mesh), fused(cfg, hw)
+    cb = jnp.dtype(cfg.compute_dtype).itemsize
+    lora_on, merged = bool(cfg.lora_rank), work.lora_merged
+    # With LoRA the sampler, the pool and the frozen opponent read merged weights in the compute dtype,
+    # or (lora.sample = "adapters") the frozen weights themselves, with the adapters beside them.
+    policy_bytes = arrays.merged_bytes(cfg, mesh) if lora_on and merged else sample_params
+    parts = {
+        "frozen": arrays.frozen_bytes(cfg, mesh),
+        "params": params,
+        "optimizer": arrays.optimizer_bytes(cfg, tc, mesh),
+        "sampler_params": policy_bytes if (lora_on and merged) or not same_layout else 0,
+        "snapshots": work.snapshots * policy_bytes,
+        "kl_reference": params if tc.kl_coef else 0,
+        "gradients": 2 * params,
+        "weights_in_flight": weights_in_flight(cfg, mesh),
+        "activations": activations(cfg, tc, work, mesh, kernel, hw.platform),
+        "logprob_pass": logprob_pass(cfg, tc, work, mesh, kernel) if not tc.on_policy or tc.kl_coef else 0,
+        # A forward without gradients (sampling, old log-probs) casts every weight to the compute
+        # dtype once, outside its loops: the TPU compiler hoists the casts, holding a whole copy.
+        # LoRA's weights and its merged copy are in the compute dtype already.
+        "weights_cast": 0 if cb == 4 or lora_on else sample_params * cb // 4,
+    }
+    labels = {
+        "frozen": f"frozen weights beside the LoRA adapters ({cfg.compute_dtype}, train layout)",
+        "params": "LoRA adapters (fp32, train layout)" if lora_on else "parameters (fp32, train layout)",
+        "optimizer": "optimizer state (AdamW mu + nu, fp32)",
+        "sampler_params": ("the merged weights the sampler reads (sample layout)" if lora_on else
+                           "sampler's copy of the parameters (sample layout)"),
+        "snapshots": f"opponent weights ({work.snapshots}: pool or frozen, sample layout)",
+        "kl_reference": "the KL penalty's frozen reference policy (train layout)",
+        "gradients": "gradients: one micro-batch's + the fp32 accumulator",
+        "weights_in_flight": "weights all-gathered/cast for compute, their grads",
+        "activations": f"activations of one micro-batch ({'remat' if cfg.remat else 'no remat'}"
+                       f"{', fused attention' if kernel else ''})",
+        "logprob_pass": "PPO's old-log-prob pass: the batch and one micro-batch's forward",
+        "weights_cast": f"weights cast to {cfg.compute_dtype} for sampling and old log-probs",
+    }
+    resident = (parts["frozen"] + parts["params"] + parts["optimizer"] + parts["sampler_params"]
+                + parts["snapshots"] + parts["kl_reference"])
+    phases = {"train step": resident + parts["gradients"] + parts["weights_in_flight"] + parts["activations"]}
+    if parts["logprob_pass"]:
+        phases["old log-probs"] = resident + (parts["weights_cast"] or parts["weights_in_flight"] // 2) \
+            + parts["logprob_pass"]
+    calls = {}  # (games, new-token bucket) -> the phases that make such a sampler call
+    for name, games, new in [("rollout", work.rollout_games, work.rollout_new),
+                             ("eval", work.in_flight(work.eval_games), work.eval_new),
+                             ("final eval", work.in_flight(work.final_games), work.eval_new)]:
+        if games > 0:
+            calls.setdefault((games, bucket_length(new, 1)), []).append(name)
+    for (games, new), names in calls.items():
+        name = ", ".join(names)
+        cache, prefill = sampling(cfg, work, mesh, games, new, kernel)
+        parts[f"kv {name}"], parts[f"prefill {name}"] = cache, prefill
+        labels[f"kv {name}"] = f"KV cache, {name}: {games} games x {work.prompt_len + new} slots"
+        labels[f"prefill {name}"] = f"prefill transients, {name}"
+        phases[f"{name} ({games} games at once)"] = resident + parts["weights_cast"] + cache + prefill
+    if not work.snapshots:
+        del parts["snapshots"]
+    if not tc.kl_coef:
+        del parts["kl_reference"]
+    for name in ("logprob_pass", "weights_cast", "frozen") + (("sampler_params",) if lora_on else ()):
+        if not parts[name]:
+            del parts[name]
+    notes = []
+    if lora_on:
+        notes.append(f"LoRA rank {cfg.lora_rank} on {','.join(cfg.lora_targets)}: the weights are frozen in "
+                     f"{cfg.compute_dtype}; the sampler reads " + ("a copy with the adapters merged in, once per "
+                     "step (model.lora.sample=adapters saves that copy)" if merged else
+                     "them and applies the adapters in its forward (no merged copy)"))
+    elif same_layout:
+        notes.append("train and sample layouts agree (fsdp 1): the sampler reads the train state, no copy")
+    return Plan(hw, mesh, cfg, work, parts, phases, labels, notes)
+
+
+def plan(c, hw: Hardware, mesh: MeshShape | None = None) -> Plan:
+    """The plan of config `c` on `hw` (its own mesh unless `mesh` is given)."""
+    from spiral_jax.run.setup import train_config
+
+    cfg, source = model_config(c)
+    mesh = mesh or MeshShape.resolve(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, hw.devices)
+    work = workload(c)
+    result = estimate(cfg, train_config(c.optim), work, mesh, hw)
+    notes = [f"model shape from {source}"] + ([f"hardware: {hw.source}"] if hw.source else [])
+    if work.micro_batch % mesh.batch_shards or work.samples % work.micro_batch:
+        notes.append(f"optim.micro_batch_size={work.micro_batch} must be a multiple of data x fsdp = "
+                     f"{mesh.batch_shards} and divide rollout.samples_per_step={work.samples}: the trainer "
+                     f"refuses this config")
+    chunked = [f"{name} ({n} games)" for name, n in (("eval", work.eval_games), ("final eval", work.final_games))
+               if n > work.in_flight(n)]
+    if chunked:
+        notes.append(f"{' and '.join(chunked)} play at most {work.rollout_games} games at once per host "
+                     f"(rollout.games_per_batch): more evaluation games take longer, not more memory")
+    if c.bootstrap.enabled and not c.model.path:
+        notes.append("not planned: the imitation bootstrap (tiny random models only; its own Adam state)")
+    result.notes[:0] = notes
+    return result
+
+
