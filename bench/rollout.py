@@ -31,6 +31,7 @@ from spiral_jax.models import ModelConfig, init_params
 from spiral_jax.rollout import Rollout
 from spiral_jax.sampling import Sampler, SamplingParams
 from spiral_jax.sampling.engine import DecodeEngine, Request
+from spiral_jax.sampling.stats import DecodeStats
 
 SYNTHETIC = ModelConfig(model_type="qwen3", vocab_size=512, hidden_size=256, intermediate_size=768, num_layers=4,
                         num_heads=8, num_kv_heads=2, head_dim=32, tie_word_embeddings=True, rope_theta=1e6,
@@ -70,18 +71,18 @@ def synthetic(args):
         for i in range(0, len(prompts), args.slots):
             res = sampler.generate(params, prompts[i:i + args.slots], sp, seed=1, row_ids=range(i, i + args.slots))
             out += res.tokens
-            steps += res.batch_rows * (max(len(t) for t in res.tokens) - 1)
+            steps += res.stats.slot_steps
         return out, steps
 
     def continuous():
         queue, out = [Request(p, 1, i) for i, p in enumerate(prompts)], {}
-        steps0 = engine.slot_steps
+        before = engine.stats
         while queue or engine.live:
             free = len(engine.free_slots())
             engine.insert(params, queue[:free])
             queue = queue[free:]
             out.update({f.request.row_id: f.tokens for f in engine.decode(params)})
-        return [out[i] for i in range(len(prompts))], engine.slot_steps - steps0
+        return [out[i] for i in range(len(prompts))], (engine.stats - before).slot_steps
 
     best, runs = {}, {}
     for repeat in range(args.repeats + 1):  # the first run compiles; the two take turns after it
@@ -114,7 +115,7 @@ def games(args):
           f"continuous/N: N decode slots (else one per game)")
     print(f"{'game':>21} {'schedule':>15} {'moves':>6} {'tokens':>7} {'seconds':>8} {'tokens/s':>9} "
           f"{'slot util':>10} {'prefill saved':>14}")
-    reused = prefilled = 0
+    summary = DecodeStats()
     for env_id, moves in MOVES.items():
         ref = None
         for name, schedule, slots in (("rounds", "rounds", None), ("continuous", "continuous", None),
@@ -128,13 +129,13 @@ def games(args):
             turns = [[t.response_ids for t in g.model_turns] for g in played]
             assert ref is None or turns == ref, f"{env_id}: the schedules sampled different tokens"
             ref = turns
-            saved = rollout.reused_tokens / (rollout.reused_tokens + rollout.prefilled_tokens)
+            stats = rollout.stats
             if slots:  # the summary's prefill saved: fewer slots than games, so slots pass between games
-                reused, prefilled = reused + rollout.reused_tokens, prefilled + rollout.prefilled_tokens
-            print(f"{env_id:>21} {name:>15} {sum(map(len, turns)):>6} {rollout.generated_tokens:>7} {seconds:>8.2f} "
-                  f"{rollout.generated_tokens / seconds:>9.0f} {rollout.decoded_tokens / rollout.slot_steps:>10.1%} "
-                  f"{saved:>14.1%}")
-    return reused / (reused + prefilled)
+                summary += stats
+            print(f"{env_id:>21} {name:>15} {sum(map(len, turns)):>6} {stats.generated_tokens:>7} {seconds:>8.2f} "
+                  f"{stats.generated_tokens / seconds:>9.0f} {stats.slot_utilization:>10.1%} "
+                  f"{stats.prefill_saved:>14.1%}")
+    return summary.prefill_saved
 
 
 def main():

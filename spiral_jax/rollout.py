@@ -43,6 +43,7 @@ from spiral_jax.envs import BatchRunner, GameRecord, RandomOpponent, Turn, make,
 from spiral_jax.sampling import Sampler, SamplingParams, batch_bucket
 from spiral_jax.sampling.engine import DecodeEngine
 from spiral_jax.sampling.engine import Request as EngineRequest
+from spiral_jax.sampling.stats import DecodeStats
 
 
 @dataclasses.dataclass
@@ -109,10 +110,9 @@ class Rollout:
         self.invalid_rewards, self.max_turns = tuple(invalid_rewards), max_turns
         self.engines: dict[str, DecodeEngine] = {}  # continuous schedule: one per LLM policy, kept warm
         self.api, self.api_players = dict(api or {}), {}
-        # Running totals, for throughput logs: sampling time, tokens generated, decode slot-steps and
-        # the tokens generated in them, prompt tokens prefilled and prompt tokens reused from a cache.
-        self.sample_seconds, self.generated_tokens = 0.0, 0
-        self.slot_steps = self.decoded_tokens = self.prefilled_tokens = self.reused_tokens = 0
+        # Running totals of every call, for throughput logs (a caller takes `after - before`). Seconds:
+        # the sampler calls ("rounds"), the whole decode loop with its game steps ("continuous").
+        self.stats = DecodeStats()
 
     def play(self, env_ids: Sequence[str], seats: Sequence[tuple[str, str]], params: Mapping[str, object],
              seed: int) -> list[PlayedGame]:
@@ -209,17 +209,11 @@ class Rollout:
         live = [(r, p) for r in group if (p := self._prompt(policy, r, responses, turns)) is not None]
         if not live:
             return
-        start = time.perf_counter()
         # Games started together move in step, so a round's moves share one turn index and one seed.
         out = self.sampler.generate(params, [p for _, p in live], self.sampling,
                                     seed=self._turn_seed(seed, live[0][0]),
                                     row_ids=[first + r.game for r, _ in live])
-        self.sample_seconds += time.perf_counter() - start
-        lengths = [len(t) for t in out.tokens]
-        self.generated_tokens += sum(lengths)
-        self.decoded_tokens += sum(lengths) - len(lengths)  # each first token comes from the prefill
-        self.slot_steps += out.batch_rows * (max(lengths) - 1)
-        self.prefilled_tokens += sum(len(p) for _, p in live)
+        self.stats += out.stats
         for (r, p), ids, lp, reason in zip(live, out.tokens, out.raw_logprobs, out.finish_reasons):
             self._respond(policy, r, p, ids, lp, reason, responses, turns)
 
@@ -239,8 +233,7 @@ class Rollout:
         home: dict[tuple[int, int, str], int] = {}  # (game, player, policy) -> the slot of its last move
         waiting: dict[str, list] = {policy: [] for policy in engines}  # LLM moves not yet in a slot
         busy: set[int] = set()  # games with a move waiting or in a slot
-        totals = {e: (e.generated_tokens, e.decoded_tokens, e.slot_steps, e.prefilled_tokens, e.reused_tokens)
-                  for e in engines.values()}
+        before = {policy: engine.stats for policy, engine in engines.items()}
         start = time.perf_counter()
         responses: dict[int, str] = {}
         while True:
@@ -274,15 +267,11 @@ class Rollout:
                     home[r.game, r.player, policy] = f.slot
                     busy.discard(r.game)
                     self._respond(policy, r, prompt, f.tokens, f.raw_logprobs, f.finish_reason, responses, turns)
-        self.sample_seconds += time.perf_counter() - start
+        seconds = time.perf_counter() - start
         for engine in engines.values():
             engine.forget()  # its KV cache, until the next call (with new parameters)
-        for e, (gen, dec, steps, pre, reused) in totals.items():
-            self.generated_tokens += e.generated_tokens - gen
-            self.decoded_tokens += e.decoded_tokens - dec
-            self.slot_steps += e.slot_steps - steps
-            self.prefilled_tokens += e.prefilled_tokens - pre
-            self.reused_tokens += e.reused_tokens - reused
+        used = sum((engine.stats - before[policy] for policy, engine in engines.items()), DecodeStats())
+        self.stats += dataclasses.replace(used, seconds=seconds)  # the engines' own seconds leave out the games
         return self._games(finished, seats, turns)
 
     def _admit(self, policy, engine: DecodeEngine, waiting: list, home, params, seed, first) -> None:

@@ -382,14 +382,10 @@ class Trainer:
         sample_params = self.to_sampler(self.state.params)
         jax.block_until_ready(sample_params)
         t_handover = time.perf_counter() - t0
-        ro = self.rollout
-        counts0 = (ro.sample_seconds, ro.generated_tokens, ro.decoded_tokens, ro.slot_steps, ro.prefilled_tokens,
-                   ro.reused_tokens)
+        before = self.rollout.stats
         samples, games = self.collect(sample_params)
         t_rollout = time.perf_counter() - t0 - t_handover
-        t_sample, generated, decoded, slot_steps, prefilled, reused = (
-            now - then for now, then in zip((ro.sample_seconds, ro.generated_tokens, ro.decoded_tokens,
-                                             ro.slot_steps, ro.prefilled_tokens, ro.reused_tokens), counts0))
+        sampled = self.rollout.stats - before  # this step's sampling
 
         t1 = time.perf_counter()
         multiple = self._row_multiple(self.tc)
@@ -421,18 +417,18 @@ class Trainer:
             "rollout/games": len(games), "rollout/samples": len(samples),
             "rollout/samples_before_selection": self.sample_counts["candidates"],
             "rollout/zero_advantage_dropped": self.sample_counts["zero_dropped"] / max(self.sample_counts["turns"], 1),
-            "time/step": time.perf_counter() - t0, "time/sampling": t_sample,
-            "time/env": t_rollout - t_sample, "time/update": t_update, "time/handover": t_handover,
-            "throughput/sampled_tokens_per_s": generated / max(t_sample, 1e-9),
+            "time/step": time.perf_counter() - t0, "time/sampling": sampled.seconds,
+            "time/env": t_rollout - sampled.seconds, "time/update": t_update, "time/handover": t_handover,
+            "throughput/sampled_tokens_per_s": sampled.tokens_per_s,
             # Decode slots doing useful work, and the share of prompt tokens whose keys were reused.
-            "rollout/slot_utilization": decoded / max(slot_steps, 1),
-            "rollout/prefill_saved": reused / max(reused + prefilled, 1),
+            "rollout/slot_utilization": sampled.slot_utilization,
+            "rollout/prefill_saved": sampled.prefill_saved,
             # Nonzero after the first steps means a shape is not bucketed and a program recompiles.
             "compile/new_executables": compile_count() - executables0,
         })
         trained_tokens = sum(len(x.prompt_ids) + len(x.response_ids) for x in samples)
         self.totals = {"games": self.totals["games"] + len(games),
-                       "sampled_tokens": self.totals["sampled_tokens"] + generated,
+                       "sampled_tokens": self.totals["sampled_tokens"] + sampled.generated_tokens,
                        "trained_tokens": self.totals["trained_tokens"] + trained_tokens}
         metrics.update({"throughput/trained_tokens_per_s": trained_tokens / max(t_update, 1e-9),
                         "throughput/games_per_s": len(games) / max(t_rollout, 1e-9),

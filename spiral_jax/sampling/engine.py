@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from typing import NamedTuple, Sequence
 
 import jax
@@ -38,8 +39,10 @@ import numpy as np
 from spiral_jax.models import transformer
 from spiral_jax.models.params import check_params
 from spiral_jax.models.transformer import KVCache, decoder, unembed
+from spiral_jax.sampling.finish import check_finite, finish_reason, row_stops
 from spiral_jax.sampling.logits import sample_token
-from spiral_jax.sampling.sampler import Sampler, SamplingParams, _check_finite, bucket_length
+from spiral_jax.sampling.sampler import DecodeSetup, Sampler, SamplingParams, bucket_length
+from spiral_jax.sampling.stats import DecodeStats
 
 
 class EngineState(NamedTuple):
@@ -87,7 +90,8 @@ class Finished:
 class DecodeEngine:
     """N decode slots for one set of parameters and one `SamplingParams`.
 
-    sampler: where the model config, sharding rules and prompt limit come from.
+    sampler: the `Sampler` whose `setup` (model, sharding rules, prompt and cache limits, buckets) the
+        engine decodes with; or that `DecodeSetup` itself.
     min_finished: `decode` returns once this many rows have finished since it was called (or none is
         left running); None: an eighth of the slots. Fewer means more host round trips, more means
         finished slots idle longer before new prompts take them.
@@ -96,42 +100,40 @@ class DecodeEngine:
         Fewer means smaller windows but shorter calls; each window size compiles its own program.
     """
 
-    def __init__(self, sampler: Sampler, sampling: SamplingParams, slots: int, *,
+    def __init__(self, sampler: Sampler | DecodeSetup, sampling: SamplingParams, slots: int, *,
                  min_finished: int | None = None, max_steps: int = 256, min_steps: int = 32):
         if slots < 1:
             raise ValueError(f"the engine needs at least one slot, got {slots}")
-        shards = sampler.min_batch_bucket
-        if slots % shards:
-            raise ValueError(f"{slots} slots do not split over the mesh's {shards} data shards; use a multiple")
-        self.sampler, self.cfg, self.rules = sampler, sampler.cfg, sampler.rules
+        setup = self.setup = sampler if isinstance(sampler, DecodeSetup) else sampler.setup
+        if slots % setup.min_batch_bucket:
+            raise ValueError(f"{slots} slots do not split over the mesh's {setup.min_batch_bucket} data shards; "
+                             f"use a multiple")
         self.sampling, self.slots = sampling, slots
         self.min_finished = max(1, slots // 8) if min_finished is None else min_finished
         self.max_steps, self.min_steps = max_steps, min_steps
         self.budget = bucket_length(sampling.max_new_tokens, 1)
-        self.cache_len = bucket_length(sampler.max_prompt_len, sampler.min_prompt_bucket) + self.budget
+        self.cache_len = bucket_length(setup.max_prompt_len, setup.min_prompt_bucket) + self.budget
         # Prefill and decode attend over the first `window` cache slots, the smallest size on this
         # ladder that holds every row's tokens (rows are left-aligned; decode leaves room for some
         # steps): reading the unfilled rest of the cache would cost time only. Each size compiles
         # its own programs.
         self.windows = sorted({min(bucket_length(n, 64, per_octave=2), self.cache_len)
                                for n in range(64, self.cache_len + 1, 16)} | {self.cache_len})
-        if self.cache_len > sampler.max_cache_len:
+        if self.cache_len > setup.max_cache_len:
             raise ValueError(
-                f"max_prompt_len={sampler.max_prompt_len} plus the {self.budget}-token budget is "
-                f"{self.cache_len} cache slots > max_cache_len={sampler.max_cache_len}; lower "
+                f"max_prompt_len={setup.max_prompt_len} plus the {self.budget}-token budget is "
+                f"{self.cache_len} cache slots > max_cache_len={setup.max_cache_len}; lower "
                 f"max_new_tokens or max_prompt_len, or raise max_cache_len")
-        self._programs = _programs(self.cfg, self.rules, sampling.mode, tuple(sampling.stop_array()), slots,
+        self._programs = _programs(setup.cfg, setup.rules, sampling.mode, tuple(sampling.stop_array()), slots,
                                    self.cache_len, self.budget)
         self.state = None
         self.cached: list[list[int]] = [[] for _ in range(slots)]  # the tokens each slot's cache holds
         self.busy: list[Request | None] = [None] * slots
         self.lengths = [0] * slots  # tokens in each slot's cache (as of the last call)
         self.cancelled: set[int] = set()  # live slots `cancel` stopped, reported by the next decode
-        # Running totals: tokens generated (in all, and by decode steps rather than a prefill), decode
-        # slot-steps (slots x steps: the utilization is decoded / slot-steps), prompt tokens prefilled
-        # and prompt tokens reused from the cache.
-        self.generated_tokens = self.decoded_tokens = self.slot_steps = 0
-        self.prefilled_tokens = self.reused_tokens = 0
+        # Running totals; seconds: time spent in `insert` and `decode` (slot-steps: every slot, live or
+        # not, in every decode step).
+        self.stats = DecodeStats()
 
     # --------------------------------------------------------------------------------- host side
 
@@ -187,7 +189,8 @@ class DecodeEngine:
         already holds is prefilled. Raises if there are not enough free slots."""
         if not requests:
             return
-        check_params(self.cfg, params)
+        start = time.perf_counter()
+        check_params(self.setup.cfg, params)
         if self.state is None:
             self.state = self._programs.empty()
         free = self.free_slots()
@@ -203,7 +206,7 @@ class DecodeEngine:
                 chosen.append(spare.pop(0))
             else:
                 raise ValueError(f"{len(requests)} requests for {len(free)} free slots")
-        self.sampler.check_prompts([r.prompt for r in requests])
+        self.setup.check_prompts([r.prompt for r in requests])
         settings = [self._settings(r) for r in requests]
         starts, blocks = [], []
         for r, slot in zip(requests, chosen):
@@ -213,10 +216,8 @@ class DecodeEngine:
             blocks.append(prompt[reuse:])
             self.cached[slot], self.busy[slot] = prompt, dataclasses.replace(r, slot=slot)
             self.lengths[slot] = len(prompt)
-            self.prefilled_tokens += len(prompt) - reuse
-            self.reused_tokens += reuse
         k = bucket_length(len(requests), 1)
-        t = bucket_length(max(len(b) for b in blocks), self.sampler.min_prompt_bucket)
+        t = bucket_length(max(len(b) for b in blocks), self.setup.min_prompt_bucket)
         block = np.zeros((k, t), np.int32)
         lens, start_arr, slot_ids = np.zeros(k, np.int32), np.zeros(k, np.int32), np.zeros(k, np.int32)
         seeds, row_ids = np.zeros(k, np.uint32), np.zeros(k, np.uint32)
@@ -228,18 +229,18 @@ class DecodeEngine:
             seeds[i], row_ids[i] = requests[j].seed % (1 << 31), requests[j].row_id % (1 << 32)
             sp = settings[j]
             temperature[i], top_k[i], top_p[i], max_new[i] = sp.temperature, sp.top_k, sp.top_p, sp.max_new_tokens
-        if self.rules is not None:
-            params = jax.device_put(params, self.sampler.params_sharding)
         window = self._window(int(start_arr.max()) + t)
-        self.state = self._programs.insert(params, self.state, slot_ids, block, lens, start_arr, seeds, row_ids,
-                                           (temperature, top_k, top_p, max_new), window=window)
+        self.state = self._programs.insert(self.setup.place(params), self.state, slot_ids, block, lens, start_arr,
+                                           seeds, row_ids, (temperature, top_k, top_p, max_new), window=window)
+        self.stats += DecodeStats(time.perf_counter() - start, prefilled_tokens=sum(map(len, blocks)),
+                                  reused_tokens=sum(starts))
 
     def decode(self, params) -> list[Finished]:
         """Run decode steps until some rows finish; return them (their slots are free again)."""
         if self.state is None or self.live == 0:
             return []
-        if self.rules is not None:
-            params = jax.device_put(params, self.sampler.params_sharding)
+        start = time.perf_counter()
+        params = self.setup.place(params)
         live = self.live
         longest = max(self.lengths[s] for s, r in enumerate(self.busy) if r is not None)
         # The next token goes to slot `longest`; leave room for a few steps before the window is full.
@@ -247,26 +248,25 @@ class DecodeEngine:
         max_steps = min(self.max_steps, window - longest)
         self.state, steps = self._programs.decode(params, self.state, np.int32(min(self.min_finished, live)),
                                                  np.int32(max_steps), window=window)
-        self.slot_steps += int(steps) * self.slots
         done, step, lengths = jax.device_get((self.state.done, self.state.step, self.state.length))
         self.lengths = lengths.tolist()
         ready = [s for s in range(self.slots) if self.busy[s] is not None and done[s]]
-        if not ready:
-            return []
-        tokens, lp, raw = jax.device_get((self.state.tokens, self.state.logprobs, self.state.raw_logprobs))
-        _check_finite(raw[ready], step[ready])
         out = []
-        for s in ready:
-            n = int(step[s])
-            ids = tokens[s, :n].tolist()
-            stopped = n > 0 and ids[-1] in self.sampling.stop_token_ids
-            reason = "cancelled" if s in self.cancelled else "stop" if stopped else "length"
-            out.append(Finished(self.busy[s], s, ids, lp[s, :n], raw[s, :n], reason))
-            self.cancelled.discard(s)
-            self.cached[s] = self.cached[s] + ids[:-1]  # the last token was sampled, never fed
-            self.busy[s] = None
-            self.generated_tokens += n
-            self.decoded_tokens += n - 1
+        if ready:
+            tokens, lp, raw = jax.device_get((self.state.tokens, self.state.logprobs, self.state.raw_logprobs))
+            check_finite(raw[ready], step[ready])
+            for s in ready:
+                n = int(step[s])
+                ids = tokens[s, :n].tolist()
+                reason = finish_reason(ids, self.sampling.stop_token_ids, cancelled=s in self.cancelled)
+                out.append(Finished(self.busy[s], s, ids, lp[s, :n], raw[s, :n], reason))
+                self.cancelled.discard(s)
+                self.cached[s] = self.cached[s] + ids[:-1]  # the last token was sampled, never fed
+                self.busy[s] = None
+        generated = sum(len(f.tokens) for f in out)
+        # Each row's first token comes from its prefill.
+        self.stats += DecodeStats(time.perf_counter() - start, generated, generated - len(out),
+                                  int(steps) * self.slots)
         return out
 
 
@@ -292,9 +292,6 @@ def _programs(cfg, rules, mode: str, stop_ids: tuple[int, ...], slots: int, cach
     stop_ids = np.asarray(stop_ids, np.int32)
 
     pick = functools.partial(sample_token, mode=mode)
-
-    def is_stop(token):
-        return jnp.any(token[:, None] == jnp.asarray(stop_ids)[None, :], axis=-1)
 
     def sharded(x, axes):
         return x if rules is None else jax.lax.with_sharding_constraint(x, rules.sharding(axes, x.shape))
@@ -340,7 +337,7 @@ def _programs(cfg, rules, mode: str, stop_ids: tuple[int, ...], slots: int, cach
         return EngineState(
             jax.lax.fori_loop(0, k, write_back, state.cache),
             put(state.length, ends), put(state.last, token), put(state.step, jnp.ones_like(token)),
-            put(state.done, is_stop(token) | (max_new <= 1)), put(state.keys, keys),
+            put(state.done, row_stops(token, 1, max_new, stop_ids)), put(state.keys, keys),
             put(state.tokens, first(token)), put(state.logprobs, first(lp)), put(state.raw_logprobs, first(raw)),
             put(state.temperature, temperature), put(state.top_k, top_k), put(state.top_p, top_p),
             put(state.max_new, max_new))
@@ -364,7 +361,7 @@ def _programs(cfg, rules, mode: str, stop_ids: tuple[int, ...], slots: int, cach
                                   st.temperature, st.top_k, st.top_p)
             col = jnp.where(live, st.step, budget)  # finished rows write nowhere
             step = st.step + live
-            stopped = live & (is_stop(token) | (step >= st.max_new))
+            stopped = live & row_stops(token, step, st.max_new, stop_ids)
             st = st._replace(cache=cache, length=st.length + live, last=jnp.where(live, token, st.last), step=step,
                              done=st.done | stopped, tokens=st.tokens.at[rows, col].set(token, mode="drop"),
                              logprobs=st.logprobs.at[rows, col].set(lp, mode="drop"),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 import weakref
 from typing import NamedTuple, Sequence
 
@@ -31,7 +32,9 @@ from spiral_jax.models import cpu, transformer
 from spiral_jax.models.config import ModelConfig
 from spiral_jax.models.params import check_params, param_shardings
 from spiral_jax.models.transformer import KVCache, decoder, positions_from_mask, unembed, unembed_table
+from spiral_jax.sampling.finish import check_finite, finish_reason, row_stops
 from spiral_jax.sampling.logits import sample_token
+from spiral_jax.sampling.stats import DecodeStats
 from spiral_jax.sharding import Rules, batch_shards
 
 _MAX_STOP_IDS = 8
@@ -97,13 +100,15 @@ class _DecodeState(NamedTuple):
 
 @dataclasses.dataclass
 class SampleOutput:
-    """Per row: generated ids (stop token included, nothing after), their log-probs, finish reason."""
+    """Per row: generated ids (stop token included, nothing after), their log-probs, finish reason;
+    and what the call cost."""
 
     tokens: list[list[int]]
     logprobs: list[np.ndarray]  # under the distribution sampled from (tempered, truncated)
     raw_logprobs: list[np.ndarray]  # temperature 1, full vocabulary
     finish_reasons: list[str]  # "stop" or "length"
     batch_rows: int = 0  # rows the call decoded, padding included: its decode slot-steps are rows x steps
+    stats: DecodeStats = dataclasses.field(default_factory=DecodeStats)  # the call's seconds and tokens
 
 
 def bucket_length(n: int, min_length: int = 16, per_octave: int = 1) -> int:
@@ -146,28 +151,81 @@ def batch_bucket(rows: int, shards: int) -> int:
     return -(-batch // shards) * shards
 
 
+@dataclasses.dataclass(frozen=True)
+class DecodeSetup:
+    """What every decode program of one model on one mesh shares: the model (without remat), the
+    sharding rules (None: one device), the prompt and prompt+generation length limits, the smallest
+    prompt and batch buckets, and the parameters' placement. A `Sampler` and every `DecodeEngine` made
+    from it decode with the same one."""
+
+    cfg: ModelConfig
+    rules: Rules | None
+    max_prompt_len: int
+    max_cache_len: int
+    min_prompt_bucket: int
+    min_batch_bucket: int
+    params_sharding: object = dataclasses.field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def create(cls, cfg: ModelConfig, mesh=None, max_prompt_len: int | None = None,
+               max_cache_len: int | None = None, min_prompt_bucket: int = 16,
+               min_batch_bucket: int = 1) -> DecodeSetup:
+        """The limits default to the model's max_position_embeddings; every data-parallel shard of the
+        mesh gets at least one row."""
+        cfg, rules = cfg.replace(remat=False), Rules.create(mesh, "sample")
+        max_cache_len = max_cache_len or cfg.max_position_embeddings
+        return cls(cfg, rules, max_prompt_len or max_cache_len, max_cache_len, min_prompt_bucket,
+                   max(min_batch_bucket, batch_shards(mesh)), param_shardings(cfg, rules) if rules else None)
+
+    def place(self, params):
+        """The parameters placed as the decode programs take them (as they are on one device)."""
+        return params if self.rules is None else jax.device_put(params, self.params_sharding)
+
+    def check_prompts(self, prompts: Sequence[Sequence[int]]) -> None:
+        """Raise a ValueError naming the first prompt that is empty, too long or outside the vocabulary."""
+        if len(prompts) == 0:
+            raise ValueError("generate() needs at least one prompt")
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token "
+                                 f"(e.g. the BOS token or a chat template)")
+            if len(p) > self.max_prompt_len:
+                raise ValueError(f"prompt {i} has {len(p)} tokens, more than max_prompt_len="
+                                 f"{self.max_prompt_len}; shorten it or raise max_prompt_len")
+            # JAX's gather clamps an out-of-range id to the table's edge: the model would silently read
+            # the wrong token, usually because the tokenizer belongs to another model.
+            ids = np.asarray(p)
+            if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
+                token = next(t for t in p if not 0 <= t < self.cfg.vocab_size)
+                raise ValueError(f"prompt {i} has token id {token}, outside the model's vocabulary "
+                                 f"[0, {self.cfg.vocab_size}); check that the tokenizer belongs to this model")
+
+
 class Sampler:
     """Generates continuations for many prompts at once with one compiled program per bucket.
 
     max_prompt_len / max_cache_len bound the prompt and prompt+generation lengths (after bucketing);
     they default to the model's max_position_embeddings. first_window: new-token slots the first
-    decode stage attends over (see `attention_windows`).
+    decode stage attends over (see `attention_windows`). These settings but the last are its `setup`;
+    the attributes named after the setup's fields read it.
     """
 
     def __init__(self, cfg: ModelConfig, mesh=None, max_prompt_len: int | None = None,
                  max_cache_len: int | None = None, min_prompt_bucket: int = 16, min_batch_bucket: int = 1,
                  first_window: int = 256):
-        self.cfg = cfg.replace(remat=False)
+        self.setup = DecodeSetup.create(cfg, mesh, max_prompt_len, max_cache_len, min_prompt_bucket,
+                                        min_batch_bucket)
         self.first_window = first_window
-        self.rules = Rules.create(mesh, "sample")
-        self.max_cache_len = max_cache_len or cfg.max_position_embeddings
-        self.max_prompt_len = max_prompt_len or self.max_cache_len
-        self.min_prompt_bucket = min_prompt_bucket
-        # Every data-parallel shard needs at least one row.
-        self.min_batch_bucket = max(min_batch_bucket, batch_shards(mesh))
-        self.params_sharding = param_shardings(self.cfg, self.rules) if self.rules else None
         self._table_t = (None, None)  # (weak reference to an unembedding table, its transposed copy)
         self._program = self._compile_program()
+
+    cfg = property(lambda self: self.setup.cfg)
+    rules = property(lambda self: self.setup.rules)
+    max_prompt_len = property(lambda self: self.setup.max_prompt_len)
+    max_cache_len = property(lambda self: self.setup.max_cache_len)
+    min_prompt_bucket = property(lambda self: self.setup.min_prompt_bucket)
+    min_batch_bucket = property(lambda self: self.setup.min_batch_bucket)
+    params_sharding = property(lambda self: self.setup.params_sharding)
 
     def _one_row_table(self, params, batch: int) -> jax.Array | None:
         """A [D, V] copy of the unembedding table for one-row calls on a single CPU device, else None.
@@ -199,7 +257,6 @@ class Sampler:
                                      mode=mode)
             keys = jax.vmap(jax.random.fold_in, (None, 0))(key, row_ids)
             step_keys = lambda step: jax.vmap(jax.random.fold_in, (0, None))(keys, step)  # noqa: E731
-            is_stop = lambda tok: jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)  # noqa: E731
             logits = lambda hidden: unembed(params, cfg, hidden, table_t, local=rules is None)  # noqa: E731
 
             kv_mask = jnp.zeros((batch, slots), bool).at[:, :plen].set(prompt_mask.astype(bool))
@@ -216,7 +273,7 @@ class Sampler:
                 step=jnp.int32(1), tokens=jnp.zeros((batch, budget), jnp.int32).at[:, 0].set(token),
                 logprobs=jnp.zeros((batch, budget), jnp.float32).at[:, 0].set(lp),
                 raw_logprobs=jnp.zeros((batch, budget), jnp.float32).at[:, 0].set(raw),
-                done=is_stop(token) | (max_new <= 1), lengths=jnp.ones((batch,), jnp.int32), cache=cache,
+                done=row_stops(token, 1, max_new, stop_ids), lengths=jnp.ones((batch,), jnp.int32), cache=cache,
                 kv_mask=kv_mask)
             next_pos = positions[:, -1] + 1
 
@@ -237,7 +294,7 @@ class Sampler:
                         step=st.step + 1, tokens=st.tokens.at[:, st.step].set(jnp.where(live, token, 0)),
                         logprobs=st.logprobs.at[:, st.step].set(jnp.where(live, lp, 0.0)),
                         raw_logprobs=st.raw_logprobs.at[:, st.step].set(jnp.where(live, raw, 0.0)),
-                        done=st.done | is_stop(token) | (st.step + 1 >= max_new), lengths=st.lengths + live,
+                        done=st.done | row_stops(token, st.step + 1, max_new, stop_ids), lengths=st.lengths + live,
                         cache=cache, kv_mask=kv_mask)
 
                 return jax.lax.while_loop(cond, body, state)
@@ -250,22 +307,7 @@ class Sampler:
 
     def check_prompts(self, prompts: Sequence[Sequence[int]]) -> None:
         """Raise a ValueError naming the first prompt that is empty, too long or outside the vocabulary."""
-        if len(prompts) == 0:
-            raise ValueError("generate() needs at least one prompt")
-        for i, p in enumerate(prompts):
-            if len(p) == 0:
-                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token "
-                                 f"(e.g. the BOS token or a chat template)")
-            if len(p) > self.max_prompt_len:
-                raise ValueError(f"prompt {i} has {len(p)} tokens, more than max_prompt_len="
-                                 f"{self.max_prompt_len}; shorten it or raise max_prompt_len")
-            # JAX's gather clamps an out-of-range id to the table's edge: the model would silently read
-            # the wrong token, usually because the tokenizer belongs to another model.
-            ids = np.asarray(p)
-            if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
-                token = next(t for t in p if not 0 <= t < self.cfg.vocab_size)
-                raise ValueError(f"prompt {i} has token id {token}, outside the model's vocabulary "
-                                 f"[0, {self.cfg.vocab_size}); check that the tokenizer belongs to this model")
+        self.setup.check_prompts(prompts)
 
     def _buckets(self, prompts: Sequence[Sequence[int]], sp: SamplingParams) -> tuple[int, int]:
         """The prompt bucket and cache slots of one generate call."""
@@ -283,19 +325,23 @@ class Sampler:
     def generate(self, params, prompts: Sequence[Sequence[int]], sampling_params: SamplingParams,
                  seed: int = 0, row_ids: Sequence[int] | None = None) -> SampleOutput:
         """Sample a continuation of every prompt. row_ids (default 0..n-1) key each row's randomness."""
+        start = time.perf_counter()
         sp, n = sampling_params, len(prompts)
         args, static = self._arguments(params, prompts, sp, seed, row_ids)
         out, lp, raw, lengths = jax.device_get(self._program(*args, **static))
         batch = args[2].shape[0]  # rows of the padded prompt
-        _check_finite(raw[:n], lengths[:n])
+        check_finite(raw[:n], lengths[:n])
         result = SampleOutput([], [], [], [], batch)
         for i in range(n):
             k = int(lengths[i])
             result.tokens.append(out[i, :k].tolist())
             result.logprobs.append(lp[i, :k])
             result.raw_logprobs.append(raw[i, :k])
-            stopped = k > 0 and int(out[i, k - 1]) in sp.stop_token_ids
-            result.finish_reasons.append("stop" if stopped else "length")
+            result.finish_reasons.append(finish_reason(result.tokens[-1], sp.stop_token_ids))
+        generated = sum(len(t) for t in result.tokens)
+        # Each row's first token comes from the prefill; every row, padding included, runs every step.
+        result.stats = DecodeStats(time.perf_counter() - start, generated, generated - n,
+                                   batch * (max(len(t) for t in result.tokens) - 1), sum(len(p) for p in prompts))
         return result
 
     def lower(self, params, prompts: Sequence[Sequence[int]], sampling_params: SamplingParams) -> jax.stages.Lowered:
@@ -341,14 +387,3 @@ class Sampler:
                 np.int32(sp.max_new_tokens), np.float32(sp.temperature), np.int32(sp.top_k), np.float32(sp.top_p),
                 sp.stop_array())
         return args, dict(slots=slots, mode=sp.mode)
-
-
-def _check_finite(raw_logprobs: np.ndarray, lengths: np.ndarray) -> None:
-    """Non-finite logits would otherwise come back as tokens past the vocabulary with NaN log-probs."""
-    bad = ~np.isfinite(raw_logprobs) & (np.arange(raw_logprobs.shape[1]) < lengths[:, None])
-    if bad.any():
-        row, step = np.argwhere(bad)[0]
-        raise FloatingPointError(
-            f"the model's logits are NaN or infinite (prompt {row}, new token {step}): the parameters hold "
-            f"NaN/inf values or overflow the compute dtype; check the checkpoint, or the update that "
-            f"produced these parameters")

@@ -5,6 +5,7 @@ import pytest
 
 from spiral_jax.rollout import Rollout
 from spiral_jax.sampling import SamplingParams
+from spiral_jax.sampling.stats import DecodeStats
 from tests.tiny_models import TINY
 
 
@@ -34,7 +35,7 @@ def _first_model_turn(finish_reason):
                               SimpleNamespace(tokens=[[5, 6]] * len(prompts),
                                               raw_logprobs=[np.zeros(2)] * len(prompts),
                                               finish_reasons=[finish_reason] * len(prompts),
-                                              batch_rows=len(prompts)))
+                                              batch_rows=len(prompts), stats=DecodeStats()))
     game, = Rollout(sampler, tokenizer, SamplingParams(8)).play(["TicTacToe-v0"], [("model", "random")],
                                                                  {"model": None}, seed=0)
     return game
@@ -115,11 +116,12 @@ def test_continuous_schedule_plays_the_rounds_games():
                 [(t.policy, t.prompt_ids, t.response_ids) for t in b.model_turns]
             for x, y in zip(a.model_turns, b.model_turns):
                 np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5)
-        assert rollout.generated_tokens == by_rounds.generated_tokens
-        assert rollout.reused_tokens > 0.3 * (rollout.reused_tokens + rollout.prefilled_tokens)
-        assert by_rounds.reused_tokens == 0
+        assert rollout.stats.generated_tokens == by_rounds.stats.generated_tokens
+        assert rollout.stats.decoded_tokens == by_rounds.stats.decoded_tokens
+        assert rollout.stats.prefill_saved > 0.3
+        assert by_rounds.stats.reused_tokens == 0
     # Four slots for twelve games keep the slots busier than one sampler call per round does.
-    assert rollout.decoded_tokens / rollout.slot_steps > by_rounds.decoded_tokens / by_rounds.slot_steps
+    assert rollout.stats.slot_utilization > by_rounds.stats.slot_utilization
     before = compile_count()
     assert [g.record.turns for g in play("continuous", 4)[0]] == [g.record.turns for g in games]
     assert compile_count() == before

@@ -61,8 +61,12 @@ def test_engine_samples_what_generate_samples(params, slots, min_finished, min_s
     _assert_same(got, ref, ids)
     lengths = [len(t) for t in ref.tokens]
     assert len(set(lengths)) > 5 and max(lengths) == SP.max_new_tokens  # a long-tailed workload
-    assert engine.generated_tokens == sum(lengths) and engine.decoded_tokens == sum(lengths) - len(lengths)
-    assert 0 < engine.decoded_tokens <= engine.slot_steps
+    for stats in (engine.stats, ref.stats):
+        assert stats.generated_tokens == sum(lengths) and stats.decoded_tokens == sum(lengths) - len(lengths)
+        assert 0 < stats.decoded_tokens <= stats.slot_steps and stats.seconds > 0
+    assert ref.stats.slot_steps == ref.batch_rows * (max(lengths) - 1)
+    prompt_tokens = engine.stats.prefilled_tokens + engine.stats.reused_tokens
+    assert prompt_tokens == ref.stats.prefilled_tokens == sum(map(len, prompts))
 
 
 def test_rows_with_their_own_settings_sample_what_generate_samples(params):
@@ -122,15 +126,17 @@ def test_a_slot_reuses_the_shared_prefix_exactly(params):
               first[1][:len(first[1]) // 2] + rng.integers(8, 64, 5).tolist(),  # half the prompt
               rng.integers(8, 64, 20).tolist(),  # nothing shared
               list(first[3])]  # the same prompt again: all but its last token reused
-    before = engine.reused_tokens
+    before = engine.stats.reused_tokens
     got = _run(engine, params, [Request(p, 2, i, slot=i) for i, p in enumerate(second)])
     _assert_same(got, sampler.generate(params, second, SP, seed=2, row_ids=range(4)), range(4))
     shared = [len(first[0]) + len(done[0].tokens) - 1, len(first[1]) // 2, 0, len(first[3]) - 1]
-    assert engine.reused_tokens - before >= sum(shared)
+    assert engine.stats.reused_tokens - before >= sum(shared)
     engine.forget()
-    before = engine.reused_tokens
+    before = engine.stats
     _run(engine, params, [Request(p, 2, i, slot=i) for i, p in enumerate(second)])
-    assert engine.reused_tokens == before  # forgotten: nothing reused under new parameters
+    used = engine.stats - before
+    assert used.reused_tokens == 0  # forgotten: nothing reused under new parameters
+    assert used.prefilled_tokens == sum(map(len, second)) and used.prefill_saved == 0
 
 
 def test_no_recompilation_after_warm_up(params):
