@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from spiral_jax.config import config_from_file
-from spiral_jax.run.setup import bootstrap_train_config, build_model, build_tokenizer
+from spiral_jax.run.build import build_model, build_tokenizer
+from spiral_jax.run.setup import run_spec
 from spiral_jax.rl.bootstrap import imitation_samples
 from spiral_jax.rl.samples import pack
 from spiral_jax.rl.train_step import init_train_state, make_train_step
@@ -33,8 +34,9 @@ def main():
     args = parser.parse_args()
 
     c = config_from_file(args.config)
-    cfg, params = build_model(c)
-    tokenizer = build_tokenizer(c, cfg)
+    spec = run_spec(c)
+    cfg, params = build_model(spec)
+    tokenizer = build_tokenizer(spec, cfg)
     b = c.bootstrap
     samples = imitation_samples(c.games.env_ids, c.games.weights, tokenizer, b.batch_size, seed=0,
                                 explore=b.explore, teacher=b.teacher, hash_uniform=b.hash_uniform)
@@ -45,7 +47,7 @@ def main():
     sizes = [int(s) for s in args.sizes.split(",")]
     steps, states, times = {}, {}, {s: [] for s in sizes}
     for size in sizes:
-        tc = dataclasses.replace(bootstrap_train_config(c), micro_batch_size=size or None)
+        tc = dataclasses.replace(spec.bootstrap.train, micro_batch_size=size or None)
         steps[size] = make_train_step(cfg, tc)
         states[size] = init_train_state(jax.tree.map(jnp.copy, params), cfg, tc)
         states[size], _ = steps[size](states[size], batch)  # compile

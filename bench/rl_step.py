@@ -53,12 +53,14 @@ from spiral_jax.envs import make
 from spiral_jax.models import ModelConfig
 from spiral_jax.models import transformer
 from spiral_jax.models.shapes import QWEN3
-from spiral_jax.rl.trainer import Trainer
+from spiral_jax.run import Trainer
 from spiral_jax.rl.train_step import make_compute_logprobs, make_train_step
+from spiral_jax.run.setup import run_spec
 from spiral_jax.sampling import SamplingParams
 from spiral_jax.sampling import engine as engine_module
 from spiral_jax.sampling import sampler as sampler_module
 from spiral_jax.templates import Template
+
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(model_type="qwen3", vocab_size=4096, hidden_size=128, intermediate_size=384, num_layers=2,
@@ -213,7 +215,7 @@ class Probes:
     def __init__(self, trainer):
         self.calls, self.inserts = SamplerCalls(trainer.sampler), EngineInserts(trainer.rollout)
         self.played = Played(trainer)
-        self.update = trainer.update = TimedUpdate(trainer.cfg, trainer.tc, trainer.mesh)
+        self.update = trainer.update = TimedUpdate(trainer.cfg, trainer.spec.train, trainer.mesh)
 
     def reset(self):
         self.calls.calls, self.inserts.seconds = [], 0.0
@@ -226,9 +228,10 @@ class Played:
         self.collect, self.games, self.compiled = trainer.collect, [], 0.0
         trainer.collect = self._collect
 
-    def _collect(self, params):
-        (samples, self.games), _, self.compiled = run_timed(self.collect, params)
-        return samples, self.games
+    def _collect(self, params=None):
+        collected, _, self.compiled = run_timed(self.collect, params)
+        self.games = collected.games
+        return collected
 
 
 class TimedUpdate:
@@ -375,7 +378,7 @@ def main():
     with tempfile.TemporaryDirectory() as out, stop_probability(c.model.random.vocab_size - 1, mean_tokens):
         c.out_dir = out
         tokenizer = StandInTokenizer(c.model.random.vocab_size, game_moves(c.games.env_ids))
-        trainer = Trainer(c, log=lambda *a, **k: None, tokenizer=tokenizer)
+        trainer = Trainer.from_config(c, log=lambda *a, **k: None, tokenizer=tokenizer)
         cfg, devices = trainer.cfg, jax.device_count()
         bandwidth, peak, rates = device_rates(args, jnp.dtype(cfg.compute_dtype))
         mean, capped = geometric_lengths(mean_tokens, r.max_new_tokens)
@@ -405,7 +408,7 @@ def main():
 def report(trainer, c, args, metrics, compiled, probes, bandwidth, peak, reads):
     """Print the last step's figures, less the time XLA spent compiling; the last line sums them up."""
     devices = jax.device_count()
-    params = trainer.to_sampler(trainer.state.params)
+    params = trainer.to_sampler(trainer.state.train.params)
     step = metrics["time/step"] - compiled
     sampling = metrics["time/sampling"] - probes.played.compiled
     print_phases(trainer, c, metrics, compiled, probes, params, step, sampling)
@@ -501,7 +504,7 @@ def print_train(cfg, c, update, peak) -> float:
 
 def print_memory(c, args, metrics):
     hw = hardware.hardware(args.hardware) if args.hardware else hardware.local_hardware()
-    p = planner.plan(c, hw)
+    p = planner.plan(run_spec(c, planning=True), hw)
     estimate = f"the plan's {p.peak / planner.GiB:.2f} GiB ({p.worst_phase}) on {hw.name}"
     if "memory/peak_gib" in metrics:
         print(f"memory: peak {metrics['memory/peak_gib']:.2f} GiB in use per device against {estimate} "

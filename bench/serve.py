@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from spiral_jax.config import base_config
-from spiral_jax.run.setup import build_model, build_tokenizer
+from spiral_jax.run.build import build_model, build_tokenizer
+from spiral_jax.run.setup import run_spec
 from spiral_jax.sampling import Sampler, bucket_length, cache_slots
 from spiral_jax.serve import ChatServer
 from spiral_jax.tokenizer import Tokenizer
@@ -94,8 +95,9 @@ def main():
                           num_kv_heads=2, head_dim=32, max_position_embeddings=4096)
     c.tokenizer.path = "embedded"
     c.lock()
-    cfg, params = build_model(c)
-    tok = build_tokenizer(c, cfg)
+    spec = run_spec(c)
+    cfg, params = build_model(spec)
+    tok = build_tokenizer(spec, cfg)
     endless = Tokenizer(tok.hf, tok.template, frozenset())  # no stop ids: every answer runs to max_tokens
     sampler = Sampler(cfg, max_prompt_len=256, max_cache_len=cache_slots(bucket_length(256), max(LENGTHS)))
 

@@ -19,6 +19,8 @@ from pathlib import Path
 from spiral_jax import aot
 from spiral_jax.config import config_from_file
 from spiral_jax.hardware import GiB
+from spiral_jax.run.setup import run_spec
+
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # Each TPU preset and the slice it is written for.
@@ -42,7 +44,7 @@ def main() -> int:
             c.optim.micro_batch_size = args.micro_batch
         tgt = aot.target(PRESETS[name])
         start = time.perf_counter()
-        results, plan = aot.compile_run(c, tgt, log=lambda m: print(f"  {name}: {m}", file=sys.stderr, flush=True))
+        results, plan = aot.compile_run(run_spec(c, planning=True), tgt, log=lambda m: print(f"  {name}: {m}", file=sys.stderr, flush=True))
         _, fits = aot.report(results, plan, tgt)
         worst = max(results, key=lambda r: r.total if r.total is not None else float("inf"))
         compiled = "OOM" if worst.total is None else f"{worst.total / GiB:.2f}"

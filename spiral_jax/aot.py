@@ -23,14 +23,12 @@ import jax
 import jax.numpy as jnp
 
 from spiral_jax import plan as planner
-from spiral_jax.run.setup import eval_sampling, rollout_sampling, train_config
 from spiral_jax.distributed import host_local_mesh
-from spiral_jax.eval.suite import cache_size
 from spiral_jax.models import abstract_params, lora, param_shardings
 from spiral_jax.rl.reshard import sample_config
 from spiral_jax.rl.samples import Batch, batch_shardings
 from spiral_jax.rl.train_step import make_compute_logprobs, make_optimizer, make_train_step, state_shardings
-from spiral_jax.sampling import Sampler, cache_slots
+from spiral_jax.sampling import cache_slots
 from spiral_jax.sharding import Rules, make_mesh
 from spiral_jax.hardware import GiB, Hardware, parse_accelerator
 
@@ -123,10 +121,10 @@ def _placed(abstract, shardings):
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
 
 
-def abstract_batch(c, rows: int, mesh) -> Batch:
-    """The packed batch of one update: `rows` of config `c`'s longest row, placed like `shard_batch`."""
+def abstract_batch(spec, rows: int, mesh) -> Batch:
+    """The packed batch of one update: `rows` of the run's longest row, placed like `shard_batch`."""
     return Batch(*(jax.ShapeDtypeStruct((rows, *x.shape[1:]), x.dtype, sharding=s)
-                   for x, s in zip(planner.longest_row(c), batch_shardings(mesh))))
+                   for x, s in zip(planner.longest_row(spec), batch_shardings(mesh))))
 
 
 def _memory(compiled) -> int:
@@ -147,13 +145,13 @@ def _compile(name: str, lower, resident: int, planned: int, log) -> Compiled:
     return Compiled(name, _memory(compiled), resident, planned, time.perf_counter() - start)
 
 
-def compile_run(c, tgt: Target, log=print) -> tuple[list[Compiled], planner.Plan]:
-    """Compile every program of config `c` for `tgt`'s devices; (results, the planner's plan)."""
-    mesh = make_mesh(**c.mesh, devices=tgt.devices)
+def compile_run(spec, tgt: Target, log=print) -> tuple[list[Compiled], planner.Plan]:
+    """Compile every program of a run (`RunSpec`) for `tgt`'s devices; (results, the planner's plan)."""
+    mesh = make_mesh(**spec.mesh, devices=tgt.devices)
     sample_mesh = host_local_mesh(mesh, process=tgt.devices[0].process_index)
     hw = Hardware(tgt.name, len(tgt.devices), tgt.memory, platform=tgt.devices[0].platform)
-    p = planner.plan(c, hw, planner.MeshShape(mesh.shape["data"], mesh.shape["fsdp"], mesh.shape["tensor"]))
-    cfg, tc, work, parts, phases = p.cfg, train_config(c.optim), p.work, p.parts, p.phases
+    p = planner.plan(spec, hw, planner.MeshShape(mesh.shape["data"], mesh.shape["fsdp"], mesh.shape["tensor"]))
+    cfg, tc, work, parts, phases = p.cfg, spec.train, p.work, p.parts, p.phases
     others = parts.get("kl_reference", 0) + parts.get("snapshots", 0)
 
     shardings = state_shardings(cfg, tc, mesh)
@@ -167,7 +165,7 @@ def compile_run(c, tgt: Target, log=print) -> tuple[list[Compiled], planner.Plan
     state = _placed(type(shardings)(params, jax.eval_shape(opt.init, params),
                                     jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32)),
                     shardings)
-    batch = abstract_batch(c, work.samples, mesh)
+    batch = abstract_batch(spec, work.samples, mesh)
     results = [_compile(f"train step ({work.micro_batch}-row micro-batches of {work.samples} rows x "
                         f"{work.train_len} slots)",
                         lambda: make_train_step(cfg, tc, mesh).lower(state, batch, *frozen),
@@ -178,9 +176,7 @@ def compile_run(c, tgt: Target, log=print) -> tuple[list[Compiled], planner.Plan
                                 parts["optimizer"] + parts.get("sampler_params", 0) + others,
                                 phases.get("old log-probs", phases["train step"]), log))
 
-    merged = c.model.lora.sample == "merged"
-    sampler = Sampler(sample_config(cfg, merged), sample_mesh, max_prompt_len=c.rollout.max_prompt_len,
-                      max_cache_len=cache_size(c))
+    sampler = spec.sampler(sample_config(cfg, spec.lora_merged), sample_mesh)
     sample_params = abstract_params(sampler.cfg)
     if cfg.lora_rank:  # merged weights, or the frozen ones, are in the compute dtype; adapters fp32
         weights, adapters = lora.split(sample_params)
@@ -193,10 +189,11 @@ def compile_run(c, tgt: Target, log=print) -> tuple[list[Compiled], planner.Plan
     separate = bool(parts.get("sampler_params", 0))
     resident = parts["optimizer"] + others + (parts["params"] + parts.get("frozen", 0) if separate else 0)
     seen = set()
-    for name, games, sp in [("rollout", work.rollout_games, rollout_sampling(c)),
-                            ("eval", work.in_flight(work.eval_games), eval_sampling(c)),
-                            ("final eval", work.in_flight(work.final_games), eval_sampling(c))]:
-        prompts = [[0] * c.rollout.max_prompt_len] * games
+    evaluation = spec.evaluation.sampling
+    for name, games, sp in [("rollout", work.rollout_games, spec.rollout.sampling),
+                            ("eval", work.in_flight(work.eval_games), evaluation),
+                            ("final eval", work.in_flight(work.final_games), evaluation)]:
+        prompts = [[0] * spec.rollout.max_prompt_len] * games
         key = (games, cache_slots(work.prompt_len, sp.max_new_tokens), sp.mode) if games else None
         if key is None or key in seen:
             continue

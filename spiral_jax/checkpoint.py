@@ -94,6 +94,10 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
+    def saving(self) -> bool:
+        """Whether an asynchronous save is still being written."""
+        return self._manager.is_saving_in_progress()
+
     def save(self, step: int, state, pool: list, meta: dict, reference=None) -> None:
         """Write `step` in the background. `reference`: the frozen policy of a KL penalty, if any."""
         meta = {**meta, "param_layout": PARAM_LAYOUT, "reference": reference is not None}
@@ -166,10 +170,11 @@ class Checkpointer:
         item = ocp.args.StandardRestore(_abstract(like_params))
         return self._manager.restore(step, args=ocp.args.Composite(reference=item))["reference"]
 
-    def restore_params(self, like_params, log=print) -> tuple[dict, int, dict]:
-        """(trained parameters, step, meta) of the newest readable checkpoint, and nothing else: no
-        optimiser state is read or allocated, so evaluation and export need one copy of the weights.
-        The arrays are built in the shardings of `like_params` (ShapeDtypeStructs), e.g. the sampler's."""
+    def restore_params(self, like_params, log=print, step: int | None = None) -> tuple[dict, int, dict]:
+        """(trained parameters, step, meta) of checkpoint `step` (default: the newest readable one),
+        and nothing else: no optimiser state is read or allocated, so evaluation and export need one
+        copy of the weights. The arrays are built in the shardings of `like_params`
+        (ShapeDtypeStructs), e.g. the sampler's."""
         def params_of(step):
             meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
             self._check_layout(step, meta)
@@ -179,6 +184,12 @@ class Checkpointer:
                                               {"params": like_params}))
             return self._manager.restore(step, args=ocp.args.Composite(state=item))["state"]["params"], step, meta
 
+        if step is not None:
+            saved = sorted(self._manager.all_steps())
+            if step not in saved:
+                raise FileNotFoundError(f"no checkpoint of step {step} in {self.directory}; it holds steps "
+                                        f"{', '.join(map(str, saved)) or 'none'}")
+            return params_of(step)
         return self._newest_readable(params_of, log)
 
     def _newest_readable(self, restore, log):

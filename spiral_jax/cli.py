@@ -37,6 +37,8 @@ flags.DEFINE_bool("overwrite", False, "train: delete the run already in out_dir 
                   "lists) and start over; export: replace the earlier export in --out (what its "
                   "export_manifest.json lists).")
 flags.DEFINE_integer("games", 0, "eval: games per (game, opponent); default eval.final_games.")
+flags.DEFINE_integer("step", -1, "eval: the checkpoint of this training step (default: the newest); its games "
+                     "are the ones the run played when it evaluated that step.")
 flags.DEFINE_string("out", "", "export: the folder to write the Hugging Face checkpoint to.")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "export: the dtype of the stored weights.")
 flags.DEFINE_bool("adapter", False, "export: a LoRA run's adapters as a PEFT adapter folder (adapter_config.json, "
@@ -90,8 +92,8 @@ flags.DEFINE_float("device_memory_gib", 0.0, "plan: memory per device in GiB, wi
 COMMANDS = {
     "train": ("Train: bootstrap (random tiny models), then self-play RL, with evaluations and checkpoints.",
               ("config", "resume", "overwrite")),
-    "eval": ("Evaluate the newest checkpoint in out_dir (or model.path): games, transfer, kuhn, crossplay "
-             "or bench.", ("config", "games", "suite", "eval_out", "opponents", "env_ids", "players",
+    "eval": ("Evaluate the newest checkpoint in out_dir (or --step's, or model.path): games, transfer, kuhn, "
+             "crossplay or bench.", ("config", "step", "games", "suite", "eval_out", "opponents", "env_ids", "players",
                            "crossplay_env", "kuhn_samples", "bench", "samples", "shots_file", "shots", "limit",
                            "protocol")),
     "export": ("Write the newest checkpoint as a Hugging Face folder (safetensors, config, tokenizer; a LoRA "
@@ -191,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         return _unreadable_config(command, vars(FLAGS.config).get("_error"))
     try:
         return _run(command, FLAGS.config)
-    except FloatingPointError as e:  # a diverged training (rl.trainer.TrainingDiverged), NaN logits
+    except FloatingPointError as e:  # a diverged training (run.TrainingDiverged), NaN logits
         print(f"spiral-jax {command}: {e}", file=sys.stderr)
         return 1
     except (CheckpointError, MeshError, ValueError, OSError) as e:
@@ -231,8 +233,8 @@ def _unreadable_config(command: str, error: Exception | None) -> int:
     return 2
 
 
-def _plan(c) -> int:
-    """Print the memory plan; no Trainer, no weights (see spiral_jax/plan.py)."""
+def _plan(spec) -> int:
+    """Print the memory plan of a RunSpec; no Trainer, no weights (see spiral_jax/plan/)."""
     from spiral_jax import hardware, plan
 
     if FLAGS.hardware and FLAGS.devices:
@@ -245,7 +247,7 @@ def _plan(c) -> int:
         hw = hardware.local_hardware()
         if FLAGS.device_memory_gib:
             hw = hardware.custom_hardware(hw.devices, FLAGS.device_memory_gib)
-    text, fits = plan.report(c, hw)
+    text, fits = plan.report(spec, hw)
     print(text)
     if not FLAGS.compile:
         return 1 if fits is False else 0
@@ -256,64 +258,68 @@ def _plan(c) -> int:
     tgt = aot.target(FLAGS.hardware)
     print(f"\nahead-of-time compilation for {tgt.name} ({len(tgt.devices)} devices"
           + (f", {tgt.memory / 2**30:.2f} GiB usable each" if tgt.memory else "") + ")", flush=True)
-    results, p = aot.compile_run(c, tgt, log=lambda m: print(m, flush=True))
+    results, p = aot.compile_run(spec, tgt, log=lambda m: print(m, flush=True))
     text, fits = aot.report(results, p, tgt)
     print(text)
     return 1 if fits is False else 0
 
 
 def _run(command: str, c) -> int:
-    if command == "plan":
-        return _plan(c)
     if command == "config":
         print(c.to_json(indent=2))
         return 0
+    from spiral_jax.config import with_protocol
+    from spiral_jax.run.setup import run_spec
+
+    if command == "plan":
+        return _plan(run_spec(c, planning=True))
+
+    if command == "eval":
+        c = with_protocol(c, FLAGS.protocol)
+    spec = run_spec(c, config_flags.get_config_filename(FLAGS["config"]))
+    from spiral_jax.distributed import initialize, is_leader
+
+    initialize(spec.distributed)
     if command == "train":
-        from spiral_jax.distributed import initialize, is_leader
-        from spiral_jax.rl.trainer import PREEMPTED_EXIT_CODE, Trainer
+        from spiral_jax.run import PREEMPTED_EXIT_CODE, Trainer
         from spiral_jax.run_dir import RunDir
 
-        initialize(c.distributed)
-        with RunDir(c.out_dir, resume=FLAGS.resume, overwrite=FLAGS.overwrite, leader=is_leader()):
-            trainer = Trainer(c, resume=FLAGS.resume,
-                              config_file=config_flags.get_config_filename(FLAGS["config"]))
+        with RunDir(spec.out_dir, resume=FLAGS.resume, overwrite=FLAGS.overwrite, leader=is_leader()):
+            trainer = Trainer(spec, resume=FLAGS.resume)
             trainer.run()
         return PREEMPTED_EXIT_CODE if trainer.stopped else 0
     if command == "export":  # before any weights are loaded: a folder that is unsafe to write fails now
         from spiral_jax.run_dir import check_export_dir
-        check_export_dir(FLAGS.out, c.out_dir, FLAGS.overwrite)
-    # eval / export / serve: the newest checkpoint's parameters in out_dir, else the weights at model.path.
-    from spiral_jax.config import with_protocol
-    from spiral_jax.run.setup import build_tokenizer, eval_sampling, load_policy, math_sampling
-    from spiral_jax.distributed import host_local_mesh, initialize
+        check_export_dir(FLAGS.out, spec.out_dir, FLAGS.overwrite)
+    # eval / export / serve: a checkpoint's parameters in out_dir, else the weights at model.path.
+    from spiral_jax.distributed import host_local_mesh
+    from spiral_jax.run.build import build_tokenizer, eval_context, load_policy
     from spiral_jax.sharding import make_mesh
 
-    initialize(c.distributed)
-    mesh = host_local_mesh(make_mesh(**c.mesh))
-    cfg, params, source = load_policy(c, mesh, what=command, log=lambda *a, **k: print(*a, **k, file=sys.stderr),
-                                      adapters=command == "export" and FLAGS.adapter)
+    mesh = host_local_mesh(make_mesh(**spec.mesh))
+    cfg, params, source, step = load_policy(spec, mesh, what=command, log=lambda *a, **k: print(*a, **k, file=sys.stderr),
+                                            adapters=command == "export" and FLAGS.adapter,
+                                            step=FLAGS.step if command == "eval" and FLAGS.step >= 0 else None)
     print(f"[{command}] {source}", file=sys.stderr)
-    tokenizer = build_tokenizer(c, cfg)
+    tokenizer = build_tokenizer(spec, cfg)
     if command == "eval":
-        from spiral_jax.eval.command import run_eval
-        from spiral_jax.eval.suite import EvalContext
-        c = with_protocol(c, FLAGS.protocol)
-        ctx = EvalContext.from_config(c, cfg, params, tokenizer, mesh, eval_sampling(c), math_sampling(c))
-        print(run_eval(ctx, c, FLAGS))
+        from spiral_jax.run.evaluate import run_eval
+
+        print(run_eval(eval_context(spec, cfg, params, tokenizer, mesh, step), spec, FLAGS))
         return 0
     if command == "serve":
         from spiral_jax.serve import ServeSettings
         from spiral_jax.serve.command import serve
 
-        settings = ServeSettings(FLAGS.host, FLAGS.port, max_rows=c.rollout.games_per_batch,
-                                 max_tokens=FLAGS.max_tokens, seed=c.seed, api_key=FLAGS.api_key or None,
+        settings = ServeSettings(FLAGS.host, FLAGS.port, max_rows=spec.rollout.games_per_batch,
+                                 max_tokens=FLAGS.max_tokens, seed=spec.seed, api_key=FLAGS.api_key or None,
                                  allow_origin=tuple(FLAGS.allow_origin), max_body_bytes=int(FLAGS.max_body_mb * 1e6),
                                  timeout_s=FLAGS.timeout_s, shutdown_s=FLAGS.shutdown_s)
-        return serve(cfg, params, tokenizer, mesh, name=FLAGS.served_name or Path(c.out_dir.rstrip("/")).name,
-                     max_prompt_len=c.rollout.max_prompt_len, settings=settings)
+        return serve(cfg, params, tokenizer, mesh, name=FLAGS.served_name or Path(spec.out_dir.rstrip("/")).name,
+                     max_prompt_len=spec.rollout.max_prompt_len, settings=settings)
     from spiral_jax.export import export_checkpoint
 
-    return export_checkpoint(cfg, params, tokenizer, FLAGS.out, model_path=c.model.path,
+    return export_checkpoint(cfg, params, tokenizer, FLAGS.out, model_path=spec.model_path,
                              tokenizer_path=c.tokenizer.path, dtype=FLAGS.dtype,
                              max_shard_bytes=int(FLAGS.max_shard_gib * 2**30), adapter=FLAGS.adapter)
 

@@ -11,15 +11,25 @@ The coordinator address is host:port of process 0; any free port works.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
-from ml_collections import ConfigDict
 
 _initialized = False
 
 
-def initialize(d: ConfigDict) -> None:
+@dataclasses.dataclass(frozen=True)
+class DistributedSetup:
+    """How this process joins a multi-host job (config section `distributed`): empty / 0 / -1 fields
+    come from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, else JAX's detection."""
+    enabled: bool = False
+    coordinator_address: str = ""
+    num_processes: int = 0
+    process_id: int = -1
+
+
+def initialize(d: DistributedSetup) -> None:
     """Join the other processes of a multi-host job (a no-op unless `d.enabled`; idempotent)."""
     global _initialized
     if not d.enabled or _initialized:

@@ -143,7 +143,7 @@ class RunDir:
     def __enter__(self) -> "RunDir":
         if self.lock is not None:
             try:
-                self._acquire()
+                self.acquire()
             except RunDirError:
                 raise
             except OSError as e:  # a read-only disk, a path through a file, no permission
@@ -154,10 +154,10 @@ class RunDir:
                 run_path(self.out_dir).mkdir(parents=True, exist_ok=True)
                 write_manifest(self.out_dir, RUN_FILES)
         except OSError as e:
-            self._release()
+            self.release()
             raise unwritable(self.out_dir, e) from None
         except BaseException:
-            self._release()
+            self.release()
             raise
         import jax
 
@@ -167,7 +167,7 @@ class RunDir:
         return self
 
     def __exit__(self, *exc) -> None:
-        self._release()
+        self.release()
 
     def _check_leftover(self) -> None:
         if self.resume:
@@ -195,7 +195,9 @@ class RunDir:
 
     # ------------------------------------------------------------------------------------ lock
 
-    def _acquire(self) -> None:
+    def acquire(self) -> None:
+        """Take out_dir's lock (`__enter__` does, after its checks); RunDirError when a live process
+        holds it. A stale lock is taken over by one claimant only."""
         self.lock.parent.mkdir(parents=True, exist_ok=True)
         record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "token": self.token,
                              "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")})
@@ -270,7 +272,8 @@ class RunDir:
         finally:
             claim.unlink(missing_ok=True)
 
-    def _release(self) -> None:
+    def release(self) -> None:
+        """Give the lock back, if this claim holds it."""
         if self.lock is None:
             return
         try:

@@ -74,11 +74,13 @@ def tiny_model():
     """(ModelConfig, params, Tokenizer) of a 2-layer random model (no mesh) with the project's
     embedded tokenizer, shared by the tests that need a real model and tokenizer."""
     from spiral_jax.config import base_config
-    from spiral_jax.run.setup import build_model, build_tokenizer
+    from spiral_jax.run.build import build_model, build_tokenizer
+    from spiral_jax.run.setup import run_spec
 
     c = base_config()
     c.model.random.update(TINY_RUN, max_position_embeddings=1024)
     c.tokenizer.path = "embedded"
     c.lock()
-    cfg, params = build_model(c)
-    return cfg, params, build_tokenizer(c, cfg)
+    spec = run_spec(c)
+    cfg, params = build_model(spec)
+    return cfg, params, build_tokenizer(spec, cfg)

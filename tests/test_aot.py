@@ -14,6 +14,7 @@ from spiral_jax import aot, cli  # noqa: E402
 from spiral_jax import plan as P  # noqa: E402
 from spiral_jax.config import config_from_file  # noqa: E402
 from spiral_jax.models import fused_attention, init_params, transformer  # noqa: E402
+from spiral_jax.run.setup import run_spec  # noqa: E402
 from spiral_jax.sampling import Sampler, SamplingParams  # noqa: E402
 from spiral_jax.hardware import GENERATIONS, parse_accelerator  # noqa: E402
 from tests.tiny_models import TINY  # noqa: E402
@@ -68,7 +69,7 @@ def test_a_run_compiles_for_a_tpu_slice_and_the_planner_agrees_with_the_compiler
     # The suite's "highest" matmul precision (tests/conftest.py) asks Mosaic for fp32 products of bf16
     # operands, which splash's kernels refuse; runs use the default precision.
     with jax.default_matmul_precision("default"):
-        results, plan = aot.compile_run(c, v5p, log=lambda m: None)
+        results, plan = aot.compile_run(run_spec(c, planning=True), v5p, log=lambda m: None)
     names = [r.name.split(" (")[0] for r in results]
     assert names == ["train step", "old log-probs", "rollout sampler", "eval sampler"]
     assert all(r.peak > 0 for r in results)
@@ -92,7 +93,7 @@ def test_fused_attention_shrinks_the_compiled_train_step(v5p):
         c.rollout.update(max_prompt_len=1024, max_new_tokens=1024)
         c.optim.epochs = 1
         with jax.default_matmul_precision("default"):
-            results, _ = aot.compile_run(c, v5p, log=lambda m: None)
+            results, _ = aot.compile_run(run_spec(c, planning=True), v5p, log=lambda m: None)
         peaks[attention] = results[0].peak
     assert peaks["splash"] < 0.7 * peaks["xla"], {k: v / P.MiB for k, v in peaks.items()}
 
@@ -105,7 +106,7 @@ def test_a_program_the_compiler_refuses_for_memory_is_reported_and_does_not_fit(
     c.mesh.tensor = 8
     c.rollout.games_per_batch = 65536
     with jax.default_matmul_precision("default"):
-        results, plan = aot.compile_run(c, tgt, log=lambda m: None)
+        results, plan = aot.compile_run(run_spec(c, planning=True), tgt, log=lambda m: None)
     refused = [r for r in results if r.total is None]
     assert [r.name.split(" (")[0] for r in refused] == ["rollout sampler"] and "HBM" in refused[0].error
     text, fits = aot.report(results, plan, tgt)
@@ -119,7 +120,7 @@ def test_a_multi_host_slice_compiles_the_sampler_for_one_hosts_chips():
     c.optim.micro_batch_size = 2
     tgt = aot.target("v5p-16")
     assert len(tgt.devices) == 8
-    results, plan = aot.compile_run(c, tgt, log=lambda m: None)
+    results, plan = aot.compile_run(run_spec(c, planning=True), tgt, log=lambda m: None)
     assert plan.mesh == P.MeshShape(1, 2, 4) and all(r.peak > 0 for r in results)
     # fsdp 2: the sampler's copy of the weights (split over tensor only) stays beside the train state.
     assert results[0].resident == plan.parts["sampler_params"] > 0

@@ -14,7 +14,8 @@ import pytest
 
 from spiral_jax.checkpoint import Checkpointer
 from spiral_jax.config import config_from_file
-from spiral_jax.run.setup import build_model, train_config
+from spiral_jax.run.build import build_model
+from spiral_jax.run.setup import run_spec, train_config
 from spiral_jax.rl.train_step import init_train_state
 
 # Runs the command with a thread that samples the resident memory every 2 ms; prints the most it grew
@@ -50,7 +51,7 @@ def _train_checkpoint(out, width: int, layers: int) -> int:
     c = config_from_file("configs/tiny_tictactoe.py")
     c.out_dir = str(out)
     c.model.random.update(hidden_size=width, intermediate_size=4 * width, num_layers=layers, head_dim=width // 4)
-    cfg, params = build_model(c)
+    cfg, params = build_model(run_spec(c))
     state = init_train_state(params, cfg, train_config(c.optim), None)
     ckpt = Checkpointer(f"{out}/checkpoints", async_save=False)
     ckpt.save(1, state, [], dict(step=1, seed=0, rae={}, pool_steps=[], config=c.to_json(), totals={},

@@ -12,7 +12,7 @@ LAYERS = {
     "sampling": 1, "rollout": 1, "checkpoint": 1,
     "rl": 2, "eval": 2, "serve": 2,
     "config": 1,
-    "rl.trainer": 3, "run": 3, "run_dir": 3, "plan": 3, "aot": 3, "export": 3,
+    "run": 3, "run_dir": 3, "plan": 3, "aot": 3, "export": 3,
     "cli": 4, "launch": 4,
 }
 
@@ -55,3 +55,17 @@ def test_the_config_schema_sits_below_rl():
     imported = set(_imports(PACKAGE / "config.py"))
     assert imported <= {"templates"}, imported
 
+
+
+def test_only_the_config_reader_imports_ml_collections():
+    """The config travels no deeper than the command line and the one module that reads it into a
+    RunSpec: everything else takes typed values."""
+    readers = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
+                     if "ml_collections" in path.read_text())
+    assert readers == ["cli.py", "config.py", "run/setup.py"], readers
+
+
+def test_no_module_outside_models_is_over_400_lines():
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
+            if p.relative_to(PACKAGE).parts[0] != "models" and (n := len(p.read_text().splitlines())) > 400}
+    assert not long, long

@@ -18,9 +18,15 @@ from spiral_jax.models.transformer import CACHE_AXES
 from spiral_jax.rl.reshard import make_reshard
 from spiral_jax.rl.samples import TurnSample, pack, shard_batch
 from spiral_jax.rl.train_step import init_train_state, make_train_step
-from spiral_jax.run.setup import train_config
+from spiral_jax.run.setup import run_spec, train_config
 from spiral_jax.sampling import Sampler, SamplingParams
 from spiral_jax.sharding import MeshError, Rules, make_mesh
+
+
+def planned(c):
+    """The RunSpec the planner reads (`spiral-jax plan`'s)."""
+    return run_spec(c, planning=True)
+
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PRESETS = {"kuhn_qwen3_4b_v4_8.py": "v4-8", "kuhn_qwen3_4b_v5e_8.py": "v5e-8", "kuhn_qwen3_4b_v5p_8.py": "v5p-8",
@@ -70,7 +76,7 @@ def test_estimate_matches_what_jax_measures_on_cpu(dtype):
     bf16 sampler copy and KV cache)."""
     c = tiny_config(dtype)
     hw = H.custom_hardware(8, None)
-    plan = P.plan(c, hw)
+    plan = P.plan(planned(c), hw)
     cfg, mesh, tc = plan.cfg, make_mesh(**c.mesh), train_config(c.optim)
     assert plan.parts["sampler_params"] > 0  # fsdp 2: the sampler gets its own copy
 
@@ -144,7 +150,7 @@ def test_estimate_matches_what_jax_measures_on_cpu(dtype):
 
 @pytest.mark.parametrize("path, hardware", sorted(PRESETS.items()))
 def test_presets_fit_their_hardware(path, hardware):
-    plan = P.plan(config_from_file(str(CONFIGS / path)), H.hardware(hardware))
+    plan = P.plan(planned(config_from_file(str(CONFIGS / path))), H.hardware(hardware))
     assert plan.fits, plan.table()
     assert plan.peak <= 0.9 * plan.hardware.memory * plan.hardware.usable
     assert plan.mesh.data * plan.mesh.fsdp * plan.mesh.tensor == H.hardware(hardware).devices
@@ -154,11 +160,11 @@ def test_a_setup_that_does_not_fit_warns_and_gets_a_suggestion_that_fits(capsys)
     c = config_from_file(str(CONFIGS / "kuhn_qwen3_4b_v5e_8.py"))
     c.mesh.update(data=8, fsdp=1, tensor=1)  # every chip holds all of Qwen3-4B's weights and Adam state
     hw = H.hardware("v5e-8")
-    bad = P.plan(c, hw)
+    bad = P.plan(planned(c), hw)
     assert bad.fits is False and bad.parts["params"] > 14 * P.GiB
-    change, better = P.suggest(c, hw, bad)
+    change, better = P.suggest(planned(c), hw, bad)
     assert better.fits and better.peak < bad.peak
-    text, fits = P.report(c, hw)
+    text, fits = P.report(planned(c), hw)
     assert fits is False and "WARNING" in text and change in text
     # The suggested overrides, applied through the CLI, give a plan that fits.
     args = ["spiral-jax", "plan", "--config", str(CONFIGS / "kuhn_qwen3_4b_v5e_8.py"), "--hardware", "v5e-8",
@@ -175,12 +181,12 @@ def test_evaluation_plays_at_most_games_per_batch_at_once():
     assert (c.eval.games, c.eval.final_games, c.rollout.games_per_batch) == (128, 512, 64)  # the paper's evals
     c.eval.max_new_tokens = 2048  # its own sampler call, apart from the rollout's
     hw = H.hardware("8xH100")
-    plan = P.plan(c, hw)
+    plan = P.plan(planned(c), hw)
     assert "eval, final eval (64 games at once)" in plan.phases
     assert "64 games x 4096 slots" in plan.labels["kv eval, final eval"]
     assert any("eval (128 games) and final eval (512 games) play at most 64 games" in n for n in plan.notes)
     c.eval.final_games = 16  # fewer than games_per_batch: a smaller call of its own
-    small = P.plan(c, hw)
+    small = P.plan(planned(c), hw)
     assert small.parts["kv final eval"] < small.parts["kv eval"] == plan.parts["kv eval, final eval"]
 
 
@@ -191,7 +197,7 @@ def test_more_final_eval_games_than_games_per_batch_do_not_change_the_eval_sampl
     plans = {}
     for games in (64, 65, 512, 4096):
         c.eval.final_games = games
-        plans[games] = P.plan(c, hw)
+        plans[games] = P.plan(planned(c), hw)
     for p in plans.values():
         assert p.parts["kv final eval"] == plans[64].parts["kv final eval"] > 0
         assert p.parts["prefill final eval"] == plans[64].parts["prefill final eval"]
@@ -204,14 +210,14 @@ def test_suggestion_sizes_games_per_batch_for_evaluation_and_keeps_the_eval_game
     # Short rollouts, the paper's 4096-token evaluation: evaluation's chunks are what does not fit.
     c.rollout.update(max_new_tokens=1024, games_per_batch=64)
     hw = H.hardware("v5e-8")
-    plan = P.plan(c, hw)
+    plan = P.plan(planned(c), hw)
     assert not plan.fits and plan.worst_phase == "eval, final eval (64 games at once)"
-    change, better = P.suggest(c, hw, plan)
+    change, better = P.suggest(planned(c), hw, plan)
     assert better.fits and "--config.rollout.games_per_batch=" in change and "--config.eval." not in change
     assert (better.work.eval_games, better.work.final_games) == (128, 512)
     g = better.work.rollout_games
     assert g < 64 and f"eval, final eval ({g} games at once)" in better.phases
-    text, fits = P.report(c, hw)
+    text, fits = P.report(planned(c), hw)
     assert fits is False and change in text and "cost time, not memory" in text
 
 
@@ -271,34 +277,34 @@ def test_a_mesh_for_other_hardware_is_planned_anyway_with_a_suggestion(capsys):
 def test_opponent_weights_are_counted():
     c = tiny_config()
     hw = H.custom_hardware(8, None)
-    sample_copy = P.plan(c, hw).parts["sampler_params"]
+    sample_copy = P.plan(planned(c), hw).parts["sampler_params"]
     c.rollout.update(mode="pool", pool_size=3)
-    assert P.plan(c, hw).parts["snapshots"] == 3 * sample_copy
+    assert P.plan(planned(c), hw).parts["snapshots"] == 3 * sample_copy
     c.rollout.update(mode="fixed_opponent", opponent="/ckpt/frozen")
-    assert P.plan(c, hw).parts["snapshots"] == sample_copy
+    assert P.plan(planned(c), hw).parts["snapshots"] == sample_copy
     c.rollout.opponent = "random"
-    assert "snapshots" not in P.plan(c, hw).parts
+    assert "snapshots" not in P.plan(planned(c), hw).parts
 
 
 def test_the_kl_reference_is_counted():
     c = tiny_config()
     hw = H.custom_hardware(8, None)
-    before = P.plan(c, hw)
+    before = P.plan(planned(c), hw)
     assert "kl_reference" not in before.parts
     c.optim.kl_coef = 0.1
-    after = P.plan(c, hw)
+    after = P.plan(planned(c), hw)
     assert after.parts["kl_reference"] == after.parts["params"]
     assert after.phases["train step"] == before.phases["train step"] + after.parts["params"]
 
 
 def test_lora_counts_frozen_weights_in_the_compute_dtype_and_optimizer_state_for_the_adapters_only():
-    full = P.plan(config_from_file(str(CONFIGS / "kuhn_qwen3_4b_v5e_8.py")), H.hardware("v5e-8"))
+    full = P.plan(planned(config_from_file(str(CONFIGS / "kuhn_qwen3_4b_v5e_8.py"))), H.hardware("v5e-8"))
     c = config_from_file(str(CONFIGS / "kuhn_qwen3_4b_v5e_8.py"))
     c.model.lora.update(rank=32, alpha=64.0)
-    lora = P.plan(c, H.hardware("v5e-8"))
+    lora = P.plan(planned(c), H.hardware("v5e-8"))
     assert lora.parts["frozen"] == full.parts["params"] // 2  # bf16 against fp32, same layout
     assert lora.parts["params"] < 0.06 * full.parts["params"] and 0 <= lora.parts["optimizer"] - 2 * lora.parts["params"] < 1024
     assert lora.parts["sampler_params"] == lora.parts["frozen"]  # the merged copy
     c.model.lora.sample = "adapters"
-    assert "sampler_params" not in P.plan(c, H.hardware("v5e-8")).parts
+    assert "sampler_params" not in P.plan(planned(c), H.hardware("v5e-8")).parts
     assert lora.phases["train step"] < full.phases["train step"] - 4 * P.GiB

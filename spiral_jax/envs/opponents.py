@@ -68,11 +68,13 @@ def _move_score(board: str, cell: int, me: str) -> int:
     free = board.count(".")
     if any(cell in line and all(after[i] == me for i in line) for line in LINES):
         return free  # sooner wins leave more free cells
-    return 0 if free == 1 else -_best_score(after, "X" if me == "O" else "O")
+    return 0 if free == 1 else -best_score(after, "X" if me == "O" else "O")
 
 
 @lru_cache(maxsize=None)
-def _best_score(board: str, me: str) -> int:
+def best_score(board: str, me: str) -> int:
+    """The value of a TicTacToe position for `me` to move under perfect play: above 0 a win (the sooner,
+    the higher), 0 a draw, below 0 a loss."""
     return max(_move_score(board, i, me) for i, c in enumerate(board) if c == ".")
 
 

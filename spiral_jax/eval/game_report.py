@@ -10,6 +10,7 @@ out-of-distribution games.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -20,30 +21,38 @@ from spiral_jax.distributed import is_leader
 from spiral_jax.eval.games import OUTCOMES, GameStats, evaluate
 from spiral_jax.eval.transcripts import write_transcripts
 from spiral_jax.paths import run_path, transcript_path
-from spiral_jax.policies import SCRIPTED
+from spiral_jax.policies import SCRIPTED, kind
 
 TRANSFER_GAMES = ("Snake-v0", "PigDice-v1", "ConnectFour-v0", "Nim-v0", "LiarsDice-v1", "SimpleTak-v0")
 
 
 def evaluate_games(rollout, params, env_ids: Sequence[str], opponents: Sequence[str], n_games: int,
                    seed: int, out_dir=None, opponent_params: Mapping[str, object] | None = None,
-                   settings: dict | None = None) -> dict[tuple[str, str], GameStats]:
-    """Stats per (game, opponent); transcripts to `out_dir`/transcripts when `out_dir` is given."""
+                   settings: dict | None = None, on_games=None) -> dict[tuple[str, str], GameStats]:
+    """Stats per (game, opponent), every matchup played from the same `seed` (the same deals for
+    every opponent); a JSONL transcript per matchup in `out_dir` when it is given (by the leader).
+    `on_games(env_id, opponent, games)` sees each matchup's played games."""
     if n_games < 2 or n_games % 2:
         raise ValueError(f"n_games must be even and >= 2 (both seats equally), got {n_games}")
     extra = dict(opponent_params or {})
     results = {}
-    pairs = [(e, env_id, o, opponent) for e, env_id in enumerate(env_ids) for o, opponent in enumerate(opponents)]
+    pairs = [(env_id, opponent) for env_id in env_ids for opponent in opponents]
     bar = tqdm(pairs, desc="eval", unit="matchup", dynamic_ncols=True, leave=False, disable=not is_leader())
-    for e, env_id, o, opponent in bar:
+    for env_id, opponent in bar:
         bar.set_postfix_str(f"{env_id} vs {opponent}, {n_games} games")
         weights = params if opponent == "self" else extra.get(opponent)
-        stats, games = evaluate(rollout, params, env_id, opponent, n_games, seed + 1000 * e + o, weights)
+        api = rollout.api_player(opponent) if kind(opponent) == "api" else None
+        failed = api.failures if api else 0
+        stats, games = evaluate(rollout, params, env_id, opponent, n_games, seed, weights)
+        if api:  # moves the API did not answer (each one an invalid move of that player)
+            stats = dataclasses.replace(stats, api_failures=api.failures - failed)
         results[env_id, opponent] = stats
-        if out_dir is not None:
+        if out_dir is not None and is_leader():
             llm = ("model", opponent) if weights is not None else ("model",)
-            write_transcripts(transcript_path(run_path(out_dir) / "transcripts", env_id, opponent),
+            write_transcripts(transcript_path(run_path(out_dir), env_id, opponent),
                               games, llm, extra={"settings": settings or {}})
+        if on_games is not None:
+            on_games(env_id, opponent, games)
     return results
 
 
@@ -57,7 +66,7 @@ def to_json(results: Mapping[tuple[str, str], GameStats], settings: dict | None 
         rows.append({"env_id": env_id, "opponent": opponent, "games": s.games, "counts": s.counts,
                      "overall": _rates(s, None), "seat0": _rates(s, 0), "seat1": _rates(s, 1),
                      "mean_game_length": s.mean_turns, "mean_response_tokens": s.mean_response_tokens,
-                     "truncated_responses": s.truncated_responses})
+                     "truncated_responses": s.truncated_responses, "summary": s.summary()})
     return {"settings": settings or {}, "results": rows}
 
 

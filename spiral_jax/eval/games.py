@@ -45,6 +45,7 @@ class GameStats:
     mean_turns: float
     mean_response_tokens: float
     truncated_responses: float  # share of the policy's responses cut at the token limit
+    api_failures: int | None = None  # against an API player: the requests it did not answer
 
     def rate(self, what: str, seat: int | None = None) -> float:
         counts = self.counts if seat is None else self.seat_counts[seat]
@@ -62,6 +63,8 @@ class GameStats:
         out.update({f"{prefix}/games": self.games, f"{prefix}/game_length": self.mean_turns,
                     f"{prefix}/response_tokens": self.mean_response_tokens,
                     f"{prefix}/truncated_responses": self.truncated_responses})
+        if self.api_failures is not None:
+            out[f"{prefix}/api_failures"] = self.api_failures
         return out
 
     def summary(self) -> dict:

@@ -47,7 +47,7 @@ def merge_equal(series: dict[str, list[tuple[int, float]]]) -> list[tuple[str, l
     return [(" =\n".join(tags), points) for tags, points in merged]
 
 
-def _label(tag: str, pattern: str) -> str:
+def series_label(tag: str, pattern: str) -> str:
     """The tag without the pattern's fixed head and tail (the panel's title says those)."""
     wild = [i for i, c in enumerate(pattern) if c in "*?["]
     if not wild:
@@ -70,7 +70,7 @@ def learning_curves(logdir, path, panels: Sequence[str] = DEFAULT_PANELS) -> Pat
     plt = _pyplot()
     fig, axes = plt.subplots(len(found), 1, figsize=(8, 2.6 * len(found)), squeeze=False, sharex=True)
     for ax, (pattern, tags) in zip(axes[:, 0], found):
-        lines = merge_equal({_label(t, pattern): scalars[t] for t in tags})
+        lines = merge_equal({series_label(t, pattern): scalars[t] for t in tags})
         for label, points in lines:
             steps, values = zip(*points)
             ax.plot(steps, values, marker="." if len(steps) < 30 else None, label=label)

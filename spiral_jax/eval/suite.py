@@ -1,22 +1,24 @@
 """The offline evaluation suite behind `spiral-jax eval`: one model, every kind of evaluation.
 
 An `EvalContext` holds what all of them share (model config, weights in the sampler layout,
-tokenizer, sampler, the eval rollout and the sampling settings, which every report records); the
-trainer hands one over (`Trainer.eval_context`: the newest checkpoint of a run, or an HF folder),
-and tests build one directly.  Each
-`run_*` writes its files under `out_dir` and returns its results.
+tokenizer, sampler, the eval rollout, the sampling settings, which every report records, and the
+step the weights are from, which seeds the games). A run's config describes one
+(`spiral_jax.run.setup.eval_context`), for the trainer and for `spiral-jax eval` alike; tests build
+one directly. Each `run_*` writes its files under `out_dir` and returns its results.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Mapping, Sequence
 
 from spiral_jax.eval import benchmarks, crossplay, game_report, kuhn_policy
+from spiral_jax.distributed import is_leader
 from spiral_jax.models import load_policy_weights
 from spiral_jax.paths import run_path
 from spiral_jax.policies import SCRIPTED
 from spiral_jax.rollout import Rollout
-from spiral_jax.sampling import Sampler, SamplingParams, bucket_length, cache_slots
+from spiral_jax.sampling import SamplingParams
 
 
 @dataclasses.dataclass
@@ -34,23 +36,28 @@ class EvalContext:
     schedule: str = "rounds"  # the rollout schedule (rollout.schedule)
     math_sampling: SamplingParams | None = None  # benchmarks (eval.math); None: `sampling`
     api: dict = dataclasses.field(default_factory=dict)  # API opponents' settings (the config's `api`)
-
-    @classmethod
-    def from_config(cls, c, cfg, params, tokenizer, mesh, sampling: SamplingParams,
-                    math_sampling: SamplingParams | None = None, sampler=None) -> "EvalContext":
-        """The context a run's config describes (its eval settings and sizes); `params` in the
-        sampler's layout on `mesh`. Without `sampler`, one sized like the trainer's is built."""
-        r, e = c.rollout, c.eval
-        if sampler is None:
-            sampler = Sampler(cfg, mesh, max_prompt_len=r.max_prompt_len, max_cache_len=cache_size(c))
-        return cls(cfg, params, tokenizer, sampler, sampling, tuple(e.invalid_rewards), c.games.max_turns,
-                   c.seed, mesh, r.max_in_flight or r.games_per_batch, r.schedule, math_sampling, c.api.to_dict())
+    step: int = 0  # the training step the weights are from: with `seed`, it seeds the games
 
     @property
+    def game_seed(self) -> int:
+        """The seed of every evaluation game of this policy: the run's seed and the step, so a
+        checkpoint evaluated again plays the very games its run evaluated at that step."""
+        return self.seed * 31 + self.step
+
+    @functools.cached_property
     def rollout(self) -> Rollout:
+        """The games' player, built once per context (a continuous schedule's engines stay warm)."""
         return Rollout(self.sampler, self.tokenizer, self.sampling, invalid_rewards=self.invalid_rewards,
                        max_turns=self.max_turns, max_in_flight=self.max_in_flight, schedule=self.schedule,
                        api=self.api)
+
+    def at(self, params, step: int) -> "EvalContext":
+        """The same evaluation of other weights (those of training step `step`), sharing this
+        context's rollout."""
+        ctx = dataclasses.replace(self, params=params, step=step)
+        if "rollout" in self.__dict__:
+            ctx.__dict__["rollout"] = self.__dict__["rollout"]
+        return ctx
 
     def settings(self, **more) -> dict:
         """The sampling settings every report records."""
@@ -64,26 +71,20 @@ class EvalContext:
         return load_policy_weights(source, self.cfg, self.mesh)
 
 
-def cache_size(c) -> int:
-    """KV cache slots a run's sampler needs: the longest prompt plus the most new tokens of training
-    games, evaluation games and (when configured) math benchmarks."""
-    r, e = c.rollout, c.eval
-    new = max(r.max_new_tokens, e.max_new_tokens, e.math.max_new_tokens if e.math.every or e.math.files else 0)
-    return cache_slots(bucket_length(r.max_prompt_len), new)
-
-
 def run_games(ctx: EvalContext, out_dir, env_ids: Sequence[str], opponents: Sequence[str], n_games: int,
-              opponent_params: Mapping[str, object] | None = None):
-    """The model against each opponent on each game: games.json / games.md / transcripts."""
-    settings = ctx.settings(n_games=n_games)
-    results = game_report.evaluate_games(ctx.rollout, ctx.params, env_ids, opponents, n_games, ctx.seed,
-                                         out_dir, opponent_params, settings)
-    game_report.write_report(results, out_dir, settings)
+              opponent_params: Mapping[str, object] | None = None, on_games=None):
+    """The model against each opponent on each game: games.json / games.md / transcripts
+    (`game_report.evaluate_games`, seeded by `ctx.game_seed`)."""
+    settings = ctx.settings(n_games=n_games, step=ctx.step)
+    results = game_report.evaluate_games(ctx.rollout, ctx.params, env_ids, opponents, n_games, ctx.game_seed,
+                                         out_dir, opponent_params, settings, on_games)
+    if is_leader():
+        game_report.write_report(results, out_dir, settings)
     return results
 
 
 def run_transfer(ctx: EvalContext, out_dir, n_games: int, opponents: Sequence[str] = SCRIPTED):
-    return game_report.transfer_report(ctx.rollout, ctx.params, out_dir, n_games, ctx.seed, opponents,
+    return game_report.transfer_report(ctx.rollout, ctx.params, out_dir, n_games, ctx.game_seed, opponents,
                                        ctx.settings(n_games=n_games))
 
 

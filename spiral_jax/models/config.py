@@ -171,6 +171,8 @@ class ModelConfig:
     def from_pretrained(cls, path: str | Path, **runtime) -> "ModelConfig":
         path = Path(path)
         file = path / "config.json" if path.is_dir() or not path.suffix else path
+        if not file.parent.exists():
+            raise CheckpointError(f"checkpoint folder {file.parent} does not exist")
         if not file.exists():
             raise CheckpointError(
                 f"no config.json at {file}; pass a Hugging Face checkpoint folder (config.json + "

@@ -1,4 +1,4 @@
-"""The memory planner: what a run needs per device, from the config alone (no weights, no devices).
+"""The memory planner: what a run needs per device, from its RunSpec alone (no weights, no devices).
 
 `spiral-jax plan --config C --hardware v5p-8` answers "will this run fit?" before a slice is booked.
 It prints, per device, the bytes of everything the trainer keeps or builds, and the peak of each
@@ -28,7 +28,7 @@ from spiral_jax.hardware import GiB, MiB
 from spiral_jax.plan.activations import fused
 from spiral_jax.plan.estimator import Plan, estimate, plan
 from spiral_jax.plan.search import meshes, report, suggest
-from spiral_jax.plan.sizes import MeshShape, Workload, longest_row, model_config, shard_elements, workload
+from spiral_jax.plan.sizes import MeshShape, Workload, longest_row, shard_elements, workload
 
 __all__ = ["GiB", "MiB", "MeshShape", "Plan", "Workload", "estimate", "fused", "longest_row", "meshes",
-           "model_config", "plan", "report", "shard_elements", "suggest", "workload"]
+           "plan", "report", "shard_elements", "suggest", "workload"]

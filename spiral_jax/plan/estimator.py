@@ -10,7 +10,7 @@ from spiral_jax.hardware import HEADROOM, GiB, MiB, Hardware
 from spiral_jax.models import ModelConfig
 from spiral_jax.plan import arrays
 from spiral_jax.plan.activations import activations, fused, logprob_pass, sampling, weights_in_flight
-from spiral_jax.plan.sizes import MeshShape, Workload, model_config, workload
+from spiral_jax.plan.sizes import MeshShape, Workload, workload
 from spiral_jax.sampling import bucket_length
 
 
@@ -154,15 +154,12 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
     return Plan(hw, mesh, cfg, work, parts, phases, labels, notes)
 
 
-def plan(c, hw: Hardware, mesh: MeshShape | None = None) -> Plan:
-    """The plan of config `c` on `hw` (its own mesh unless `mesh` is given)."""
-    from spiral_jax.run.setup import train_config
-
-    cfg, source = model_config(c)
-    mesh = mesh or MeshShape.resolve(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, hw.devices)
-    work = workload(c)
-    result = estimate(cfg, train_config(c.optim), work, mesh, hw)
-    notes = [f"model shape from {source}"] + ([f"hardware: {hw.source}"] if hw.source else [])
+def plan(spec, hw: Hardware, mesh: MeshShape | None = None) -> Plan:
+    """The plan of a run (`RunSpec`) on `hw` (its own mesh unless `mesh` is given)."""
+    mesh = mesh or MeshShape.resolve(spec.mesh["data"], spec.mesh["fsdp"], spec.mesh["tensor"], hw.devices)
+    work = workload(spec)
+    result = estimate(spec.model, spec.train, work, mesh, hw)
+    notes = [f"model shape from {spec.model_source}"] + ([f"hardware: {hw.source}"] if hw.source else [])
     if work.micro_batch % mesh.batch_shards or work.samples % work.micro_batch:
         notes.append(f"optim.micro_batch_size={work.micro_batch} must be a multiple of data x fsdp = "
                      f"{mesh.batch_shards} and divide rollout.samples_per_step={work.samples}: the trainer "
@@ -172,7 +169,7 @@ def plan(c, hw: Hardware, mesh: MeshShape | None = None) -> Plan:
     if chunked:
         notes.append(f"{' and '.join(chunked)} play at most {work.rollout_games} games at once per host "
                      f"(rollout.games_per_batch): more evaluation games take longer, not more memory")
-    if c.bootstrap.enabled and not c.model.path:
+    if spec.bootstrap and not spec.model_path:
         notes.append("not planned: the imitation bootstrap (tiny random models only; its own Adam state)")
     result.notes[:0] = notes
     return result

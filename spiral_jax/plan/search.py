@@ -30,7 +30,7 @@ def _fewer(n: int) -> list[int]:
     return [n] + [1 << k for k in range(n.bit_length() - 1, -1, -1) if 1 << k < n]
 
 
-def suggest(c, hw: Hardware, plan_now: Plan | None = None) -> tuple[str, Plan] | None:
+def suggest(spec, hw: Hardware, plan_now: Plan | None = None) -> tuple[str, Plan] | None:
     """The best setup that fits, by the same estimator: (what to change, its plan), or None.
 
     Searched on every mesh over the same devices (and with remat on): the largest micro-batch that
@@ -42,12 +42,10 @@ def suggest(c, hw: Hardware, plan_now: Plan | None = None) -> tuple[str, Plan] |
     Preferred: the largest micro-batch, then the most games per call (both change only speed), then
     the lowest peak.
     """
-    from spiral_jax.run.setup import train_config
-
     if hw.limit is None:
         return None
-    current = plan_now or plan(c, hw)
-    cfg, tc, work, limit = current.cfg, train_config(c.optim), current.work, hw.limit
+    current = plan_now or plan(spec, hw)
+    cfg, tc, work, limit = current.cfg, spec.train, current.work, hw.limit
     best, best_key = None, None
     for mesh, remat in itertools.product(meshes(hw.devices), (cfg.remat,) if cfg.remat else (False, True)):
         trial = functools.partial(estimate, cfg.replace(remat=remat), tc, mesh=mesh, hw=hw)
@@ -92,21 +90,21 @@ def suggest(c, hw: Hardware, plan_now: Plan | None = None) -> tuple[str, Plan] |
     return " ".join(changes), best
 
 
-def report(c, hw: Hardware) -> tuple[str, bool | None]:
+def report(spec, hw: Hardware) -> tuple[str, bool | None]:
     """The printed plan (with a warning and a suggestion when it does not fit) and whether it fits."""
     text, mesh_error = [], None
     try:
-        p = plan(c, hw)
+        p = plan(spec, hw)
     except MeshError as e:  # the config's mesh is for other hardware: plan fsdp over all, then suggest
         mesh_error = e
         text.append(f"WARNING: {e}; planned with data=1 fsdp={hw.devices} tensor=1 instead\n")
-        p = plan(c, hw, MeshShape(1, hw.devices, 1))
+        p = plan(spec, hw, MeshShape(1, hw.devices, 1))
     text.append(p.table())
     if p.fits is False or mesh_error:
         if p.fits is False:
             text.append(f"\nWARNING: this run needs {p.peak / GiB:.2f} GiB per device in its {p.worst_phase}, "
                         f"above the {hw.limit / GiB:.2f} GiB limit of {hw.name}; it would run out of memory.")
-        found = suggest(c, hw, p)
+        found = suggest(spec, hw, p)
         if found is None:
             text.append("No mesh, micro-batch or number of games per sampler call fits on these devices: "
                         "use more devices or devices with more memory, or shorten max_prompt_len / "

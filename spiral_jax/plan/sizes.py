@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
 
 import jax
 from jax.sharding import AbstractMesh
 
-from spiral_jax.models import ModelConfig
 from spiral_jax.policies import SCRIPTED
 from spiral_jax.rl.samples import Batch, TurnSample, pack
 from spiral_jax.sampling import bucket_length
@@ -92,38 +90,25 @@ class Workload:
         return min(games, self.rollout_games) if self.rollout_games > 0 else games
 
 
-def longest_row(c) -> Batch:
-    """The packed `Batch` of one training row of config `c` at its worst case: the longest prompt plus
-    the longest response, laid out by `pack` itself, so its buckets and dtypes are the trainer's."""
-    r = c.rollout
-    return pack([TurnSample([0] * r.max_prompt_len, [0] * r.max_new_tokens, [0.0] * r.max_new_tokens, "plan", 0, 0)])
+def longest_row(spec) -> Batch:
+    """The packed `Batch` of one training row of a run (`RunSpec`) at its worst case: the longest
+    prompt plus the longest response, laid out by `pack` itself, so its buckets and dtypes are the
+    trainer's."""
+    r = spec.rollout
+    new = r.sampling.max_new_tokens
+    return pack([TurnSample([0] * r.max_prompt_len, [0] * new, [0.0] * new, "plan", 0, 0)])
 
 
-def workload(c) -> Workload:
-    """Worst-case sizes of config `c` (see `longest_row`)."""
-    r, e = c.rollout, c.eval
-    row = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), longest_row(c))
+def workload(spec) -> Workload:
+    """Worst-case sizes of a run (`RunSpec`; see `longest_row`)."""
+    r, e = spec.rollout, spec.evaluation
+    row = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), longest_row(spec))
     samples = r.samples_per_step
     return Workload(
-        samples=samples, micro_batch=c.optim.micro_batch_size or samples, row=row,
-        chunk=min(c.optim.logprob_chunk, row.response_slots.shape[1]), prompt_len=bucket_length(r.max_prompt_len),
-        rollout_games=min(r.games_per_batch, r.max_in_flight or r.games_per_batch), rollout_new=r.max_new_tokens,
-        eval_games=e.games, final_games=e.final_games, eval_new=e.max_new_tokens,
+        samples=samples, micro_batch=spec.train.micro_batch_size or samples, row=row,
+        chunk=min(spec.train.logprob_chunk, row.response_slots.shape[1]), prompt_len=bucket_length(r.max_prompt_len),
+        rollout_games=min(r.games_per_batch, r.max_in_flight or r.games_per_batch),
+        rollout_new=r.sampling.max_new_tokens, eval_games=e.games, final_games=e.final_games,
+        eval_new=e.sampling.max_new_tokens,
         snapshots=r.pool_size if r.mode == "pool" else int(r.mode == "fixed_opponent" and r.opponent not in SCRIPTED),
-        lora_merged=c.model.lora.sample == "merged")
-
-
-def model_config(c) -> tuple[ModelConfig, str]:
-    """The architecture from model.path's config.json, else model.random (also for a preset whose
-    model.path is not downloaded yet); and where it came from."""
-    import copy
-
-    from spiral_jax.run.setup import model_config as configured
-
-    path = c.model.path
-    if path and (Path(path) / "config.json").exists():
-        return configured(c), f"{path}/config.json"
-    if path:
-        c = copy.deepcopy(c)
-        c.model.path = ""
-    return configured(c), "model.random" if not path else f"model.random (no config.json at {path!r})"
+        lora_merged=spec.lora_merged)

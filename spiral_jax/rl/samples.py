@@ -117,6 +117,22 @@ def pack(samples: Sequence[TurnSample], *, rows: int | None = None, row_multiple
                  zeros, zeros.copy(), response_slots)
 
 
+def row_multiple(micro_batch_size: int | None, shards: int, samples_per_step: int | None = None) -> int:
+    """The rows of a packed batch come in multiples of this: the micro-batch (default one row per
+    data x fsdp shard). It must split over the `shards` evenly and, when a step trains exactly
+    `samples_per_step` rows, divide them."""
+    micro = micro_batch_size or shards
+    if micro % shards or (samples_per_step and samples_per_step % micro):
+        raise ValueError(f"optim.micro_batch_size={micro} must be a multiple of the data x fsdp mesh size "
+                         f"({shards}) and divide rollout.samples_per_step={samples_per_step}")
+    return micro
+
+
+def padded_rows(n: int, multiple: int) -> int:
+    """Rows to pack `n` samples into: a bucketed count (few shapes, few compiles), in whole multiples."""
+    return -(-bucket_length(n, 1) // multiple) * multiple
+
+
 def batch_shardings(mesh: Mesh) -> Batch:
     """NamedSharding per field: rows over the ('data', 'fsdp') mesh axes, everything else whole."""
     rows = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))

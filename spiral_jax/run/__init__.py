@@ -1,1 +1,9 @@
-"""The layer above the RL core: turning a config into a run (`setup.py`)."""
+"""The layer above the RL core: a config read once into a `RunSpec` (`setup.py`), the run's state as
+one checkpointed value (`state.py`), a step's data (`collect.py`), the one evaluation path
+(`evaluate.py`), the step's scalars (`metrics.py`), summary.json (`summary.py`), and the loop that
+drives them (`loop.py`: `Trainer`)."""
+from spiral_jax.run.loop import PREEMPTED_EXIT_CODE, Trainer, TrainingDiverged
+from spiral_jax.run.setup import RunSpec, run_spec
+from spiral_jax.run.state import RunState
+
+__all__ = ["PREEMPTED_EXIT_CODE", "RunSpec", "RunState", "Trainer", "TrainingDiverged", "run_spec"]

@@ -1,23 +1,166 @@
-"""What a config builds: the model (with LoRA's adapters), its tokenizer, the optimiser, RAE and
-sampling settings, and the policy eval, export and serve load. The one place that turns a
-`ConfigDict` into the project's typed objects; `spiral_jax.config` holds the schema itself.
+"""The one reader of the experiment config: a `ConfigDict` becomes a `RunSpec`, a typed value of
+everything a run is (`spiral_jax.run.build` turns one into the model, tokenizer and policies).
+
+`run_spec(c)` reads every section once, derives what several places need (sampling settings, the
+optimiser's TrainConfig, the KV cache size, games in flight) and checks what can be checked without
+devices: unknown games, bad mixture weights, opponents a game cannot host. The trainer, the planner,
+the ahead-of-time compiler and `spiral-jax eval/export/serve` read the spec, never the config.
+`spiral_jax.config` holds the schema itself.
 """
 from __future__ import annotations
 
-import json
+import dataclasses
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
+import numpy as np
 from ml_collections import ConfigDict
 
 from spiral_jax.config import EMBEDDED_TOKENIZER
-from spiral_jax.models import CheckpointError, ModelConfig, init_params, load_pretrained, lora
+from spiral_jax.distributed import DistributedSetup
+from spiral_jax.envs import make
+from spiral_jax.eval.kuhn_policy import ENV_ID as KUHN_ENV_ID
+from spiral_jax.models import ModelConfig
+from spiral_jax.policies import PolicySpec, kind
 from spiral_jax.rl.rae import RAEConfig
 from spiral_jax.rl.train_step import TrainConfig
-from spiral_jax.sampling import SamplingParams
+from spiral_jax.sampling import Sampler, SamplingParams, bucket_length, cache_slots
 from spiral_jax.templates import Template
-from spiral_jax.tokenizer import Tokenizer, load_tokenizer
+
+MODES = ("self_play", "fixed_opponent", "pool")
+TEACHERS = {"random": "uniformly random legal moves (the answer format, no strategy)",
+            "hashed": "a random move distribution fixed per observation (no strategy)",
+            "legal": "any legal move, the model's own choice (the answer format, no strategy)",
+            "scripted": "the scripted players (imitation of a strategic teacher)"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Games:
+    """The training mixture: games, their weights, the move cap, invalid-move rewards."""
+    env_ids: tuple[str, ...]
+    weights: tuple[float, ...]
+    max_turns: int
+    invalid_rewards: tuple[float, float]
+
+    @property
+    def probabilities(self) -> np.ndarray:
+        """The chance of each game in a step's draw."""
+        weights = np.asarray(self.weights, float)
+        return weights / np.sum(weights)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSpec:
+    """How a step's games are played and its samples chosen (config section `rollout`)."""
+    mode: str
+    opponent: str
+    pool_size: int
+    pool_every: int
+    pool_self_weight: float
+    games_per_batch: int
+    samples_per_step: int
+    selection: str  # "exact": exactly samples_per_step; "all": every sample of the batch's games
+    max_prompt_len: int
+    schedule: str
+    max_in_flight: int | None  # games at once per host; None: all of a step's games
+    sampling: SamplingParams
+
+    @property
+    def eval_in_flight(self) -> int:
+        """Games an evaluation plays at once per host: max_in_flight, else a training batch's games."""
+        return self.max_in_flight or self.games_per_batch
+
+
+@dataclasses.dataclass(frozen=True)
+class MathSpec:
+    every: int  # 0: never during training
+    files: tuple[str, ...]  # "NAME=items.jsonl"
+    samples: int
+    limit: int | None
+    instruction_first: bool
+    sampling: SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSpec:
+    """What a run evaluates, and how (config section `eval`)."""
+    env_ids: tuple[str, ...]  # eval.env_ids, else the training games
+    opponents: tuple[str, ...]
+    games: int  # per (game, opponent) at the periodic evaluations
+    final_games: int  # at step 0 and at the end
+    invalid_rewards: tuple[float, float]
+    kuhn_samples: int  # -1: no exploitability; 0: exact scoring; k: k samples per information set
+    kuhn_env_id: str  # the one-round Kuhn game whose prompts the exploitability is read with
+    sampling: SamplingParams
+    math: MathSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class Cadence:
+    """How long a run trains and how often it evaluates and saves (config section `train`)."""
+    steps: int
+    eval_every: int
+    checkpoint_every: int
+    keep: int
+    async_checkpointing: bool
+    transcripts: int
+    max_skipped_in_a_row: int
+
+    def due(self, every: int, step: int) -> bool:
+        """Whether a periodic action of period `every` (0: never) falls on `step`."""
+        return bool(every) and step % every == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class BootstrapSpec:
+    """Imitation before RL (config section `bootstrap`); `train` is its optimiser."""
+    teacher: str
+    steps: int
+    batch_size: int
+    explore: float
+    hash_uniform: float
+    targets: str
+    train: TrainConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """A whole run, typed: everything the layers above the config read."""
+    seed: int
+    out_dir: str
+    model: ModelConfig  # with LoRA's adapters when model.lora.rank > 0
+    model_source: str  # where the architecture came from: model.path's config.json, or model.random
+    model_path: str  # "" for a random init of model.random
+    random_shape: dict  # model.random, which with the seed identifies a random init
+    lora_merged: bool  # the sampler reads the adapters merged into a copy (else applied in its forward)
+    tokenizer_path: str
+    template: Template
+    mesh: dict  # data / fsdp / tensor
+    distributed: DistributedSetup
+    games: Games
+    rollout: RolloutSpec
+    evaluation: EvalSpec
+    train: TrainConfig
+    cadence: Cadence
+    bootstrap: BootstrapSpec | None  # None: no imitation before RL
+    rae: RAEConfig
+    api: dict
+    wandb: dict
+    config: dict  # the resolved config (TensorBoard, Weights & Biases)
+    config_json: str  # the same, as written to out_dir/config.json and into checkpoints
+    config_file: str = ""
+
+    @property
+    def cache_len(self) -> int:
+        """KV cache slots the run's sampler needs: the longest prompt plus the most new tokens of
+        training games, evaluation games and (when configured) math benchmarks."""
+        m = self.evaluation.math
+        new = max(self.rollout.sampling.max_new_tokens, self.evaluation.sampling.max_new_tokens,
+                  m.sampling.max_new_tokens if m.every or m.files else 0)
+        return cache_slots(bucket_length(self.rollout.max_prompt_len), new)
+
+    def sampler(self, cfg: ModelConfig, mesh) -> Sampler:
+        """A sampler sized for this run's prompts and every kind of answer it samples."""
+        return Sampler(cfg, mesh, max_prompt_len=self.rollout.max_prompt_len, max_cache_len=self.cache_len)
 
 
 def train_config(optim: ConfigDict, **changes) -> TrainConfig:
@@ -28,42 +171,18 @@ def train_config(optim: ConfigDict, **changes) -> TrainConfig:
     return TrainConfig(**fields)
 
 
-def bootstrap_train_config(c: ConfigDict) -> TrainConfig:
-    """The bootstrap's optimiser: `optim` with the bootstrap's learning rate and schedule, plain
-    token-mean maximum likelihood (one epoch, no KL penalty or importance weights), micro-batched
-    like the RL update."""
+def _bootstrap(c: ConfigDict) -> BootstrapSpec | None:
+    """The bootstrap's optimiser is `optim` with its own learning rate and schedule: plain token-mean
+    maximum likelihood (one epoch, no KL penalty or importance weights), micro-batched like RL."""
     b = c.bootstrap
-    return train_config(c.optim, learning_rate=b.learning_rate, normaliser="token_mean", epochs=1,
-                        kl_coef=0.0, tis_cap=0.0,
-                        warmup_steps=b.warmup_steps, schedule=b.schedule,
-                        decay_steps=max(b.steps - b.warmup_steps, 1), final_lr_fraction=0.0)
-
-
-def rae_config(c: ConfigDict) -> RAEConfig:
-    return RAEConfig(c.rae.decay, c.rae.enabled, c.rae.drop_zero, c.rae.games_per_shard)
-
-
-def rollout_sampling(c: ConfigDict) -> SamplingParams:
-    """How training games are sampled."""
-    r = c.rollout
-    return SamplingParams(r.max_new_tokens, r.temperature, r.top_k, r.top_p)
-
-
-def eval_sampling(c: ConfigDict) -> SamplingParams:
-    """How evaluation games are sampled (no top-k: the reference evaluates with top-p only)."""
-    e = c.eval
-    return SamplingParams(e.max_new_tokens, e.temperature, 0, e.top_p)
-
-
-def math_sampling(c: ConfigDict) -> SamplingParams:
-    """How math benchmark answers are sampled (top-p only, as the reference)."""
-    m = c.eval.math
-    return SamplingParams(m.max_new_tokens, m.temperature, 0, m.top_p)
-
-
-# The reference's offline evaluation settings, for `spiral-jax eval --protocol reference`: games at
-# temperature 0.7, top-p 0.9, 8192 new tokens, 512 games; math at temperature 0.6, top-p 0.95, 8192
-# new tokens, 4 samples per item, the instruction before the question.
+    if not b.enabled:
+        return None
+    if b.teacher not in TEACHERS:
+        raise ValueError(f"bootstrap.teacher={b.teacher!r}; use one of {', '.join(TEACHERS)}")
+    tc = train_config(c.optim, learning_rate=b.learning_rate, normaliser="token_mean", epochs=1,
+                      kl_coef=0.0, tis_cap=0.0, warmup_steps=b.warmup_steps, schedule=b.schedule,
+                      decay_steps=max(b.steps - b.warmup_steps, 1), final_lr_fraction=0.0)
+    return BootstrapSpec(b.teacher, b.steps, b.batch_size, b.explore, b.hash_uniform, b.targets, tc)
 
 
 def _runtime(c: ConfigDict) -> dict:
@@ -72,12 +191,12 @@ def _runtime(c: ConfigDict) -> dict:
 
 
 def _with_lora(c: ConfigDict, cfg: ModelConfig) -> ModelConfig:
-    lora = c.model.lora
-    if lora.dropout:
-        raise ValueError(f"model.lora.dropout={lora.dropout}: dropout on the adapters is not supported; use 0")
-    if lora.sample not in ("merged", "adapters"):
-        raise ValueError(f"model.lora.sample={lora.sample!r}; use merged or adapters")
-    return cfg.replace(lora_rank=lora.rank, lora_alpha=lora.alpha, lora_targets=tuple(lora.targets))
+    lora_ = c.model.lora
+    if lora_.dropout:
+        raise ValueError(f"model.lora.dropout={lora_.dropout}: dropout on the adapters is not supported; use 0")
+    if lora_.sample not in ("merged", "adapters"):
+        raise ValueError(f"model.lora.sample={lora_.sample!r}; use merged or adapters")
+    return cfg.replace(lora_rank=lora_.rank, lora_alpha=lora_.alpha, lora_targets=tuple(lora_.targets))
 
 
 def model_config(c: ConfigDict) -> ModelConfig:
@@ -87,87 +206,83 @@ def model_config(c: ConfigDict) -> ModelConfig:
     return _with_lora(c, ModelConfig(**c.model.random.to_dict(), **_runtime(c)))
 
 
-def build_model(c: ConfigDict, mesh=None) -> tuple[ModelConfig, dict]:
-    """The model to train (train layout): model.path's weights, else a random init of model.random;
-    with model.lora, fresh adapters beside them (the weights are the same as without)."""
-    if c.model.path:
-        cfg, params = load_pretrained(c.model.path, mesh=mesh, **_runtime(c))
-        cfg = _with_lora(c, cfg)
-    else:
-        cfg = model_config(c)
-        params = init_params(cfg.base(), jax.random.key(c.seed), mesh=mesh, dtype=jnp.float32)
-    if cfg.lora_rank:
-        params = lora.join(params, lora.init_adapters(cfg, jax.random.fold_in(jax.random.key(c.seed), 1), mesh))
-    return cfg, params
+def _check_games(c: ConfigDict) -> None:
+    """Unknown game ids and unusable mixture weights fail here, before anything is compiled."""
+    if len(c.games.weights) != len(c.games.env_ids):
+        raise ValueError(f"games.weights has {len(c.games.weights)} entries for {len(c.games.env_ids)} games.env_ids")
+    for env_id in (*c.games.env_ids, *c.eval.env_ids):
+        make(env_id)
+    weights = np.asarray(c.games.weights, float)
+    if not (np.all(np.isfinite(weights)) and np.all(weights >= 0) and weights.sum() > 0):
+        raise ValueError(f"games.weights={tuple(c.games.weights)}: the mixture weights must be "
+                         f"non-negative with a positive sum, one per games.env_ids entry")
 
 
-def base_fingerprint(c: ConfigDict) -> str:
-    """What identifies the frozen weights LoRA adapters are trained on: a hash of model.path's
-    config.json and weight files (their bytes), or the random init's shape and seed."""
-    import hashlib
-
-    if not c.model.path:
-        return "random:" + hashlib.sha256(json.dumps([c.model.random.to_dict(), c.seed], sort_keys=True)
-                                          .encode()).hexdigest()[:16]
-    digest = hashlib.sha256()
-    folder = Path(c.model.path)
-    for f in [folder / "config.json", *sorted(folder.glob("*.safetensors"))]:
-        digest.update(f.name.encode())
-        with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 24), b""):
-                digest.update(block)
-    return "sha256:" + digest.hexdigest()[:16]
+def _check_scripted_opponents(c: ConfigDict, eval_env_ids: tuple[str, ...]) -> None:
+    """Scripted players need a game that lists its legal moves: TextArena games judge free-text
+    moves themselves, so there only model players (the trained one, a frozen one) can play."""
+    scripted = [("eval.opponents", env_id, o) for env_id in eval_env_ids for o in c.eval.opponents
+                if kind(o) == "scripted"]
+    if c.rollout.mode == "fixed_opponent" and kind(c.rollout.opponent) == "scripted":
+        scripted += [("rollout.opponent", env_id, c.rollout.opponent) for env_id in c.games.env_ids]
+    for key, env_id, opponent in scripted:
+        env = make(env_id)
+        env.reset(0)
+        if not env.legal_actions():
+            raise ValueError(f"{key}: the {opponent} player needs a game that lists its legal moves, and "
+                             f"{env_id} does not; evaluate it against model players only (e.g. "
+                             f"--config.eval.opponents='()' and `spiral-jax eval --opponents self`)")
 
 
-def _base_weights(c: ConfigDict, cfg: ModelConfig, mesh, rules: str = "sample"):
-    """The weights LoRA adapters sit on: model.path's, else the random init (as `build_model`)."""
-    from spiral_jax.models import load_policy_weights
-
-    if c.model.path:
-        return load_policy_weights(c.model.path, cfg.base(), mesh)
-    return init_params(cfg.base(), jax.random.key(c.seed), mesh=mesh, dtype=jnp.float32, rules=rules)
-
-
-def load_policy(c: ConfigDict, mesh, what: str = "eval", log=print, adapters: bool = False) -> tuple[ModelConfig, dict, str]:
-    """(cfg, params, where they came from) for eval, export and serving: the parameters of the newest
-    readable checkpoint in out_dir, else the weights at model.path; in the sampler's layout on `mesh`,
-    one copy, no optimiser state. A LoRA run's checkpoint holds its adapters: they come back merged
-    into the frozen weights (a model of `cfg.base()`), or, with `adapters`, as they are (cfg with LoRA)."""
-    from spiral_jax.checkpoint import Checkpointer
-    from spiral_jax.models import abstract_params, load_policy_weights
-    from spiral_jax.sharding import Rules
-
-    directory = f"{c.out_dir.rstrip('/')}/checkpoints"
-    cfg = model_config(c)
-    if "://" in directory or Path(directory).is_dir():
-        ckpt = Checkpointer(directory)
-        if ckpt.latest_step() is not None:
-            like = abstract_params(cfg, rules=Rules.create(mesh, "sample"))
-            params, step, meta = ckpt.restore_params(lora.split(like)[1] if cfg.lora_rank else like, log=log)
-            ckpt.close()
-            source = f"the checkpoint of step {step} in {ckpt.directory}"
-            if cfg.lora_rank:
-                if meta.get("lora_base") != base_fingerprint(c):
-                    raise CheckpointError(f"{source} holds LoRA adapters trained on other weights than model.path's "
-                                          f"({meta.get('lora_base')} != {base_fingerprint(c)}); give the model.path "
-                                          f"and model.lora the run was trained with")
-                if adapters:
-                    return cfg, params, source
-                params = lora.merge(lora.join(_base_weights(c, cfg, mesh), params), cfg)
-            return cfg.base(), params, source
-    if adapters:
-        raise FileNotFoundError(f"no LoRA adapters to {what}: no checkpoint in {directory}")
-    if not c.model.path:
-        raise FileNotFoundError(f"nothing to {what}: no checkpoint in {directory} and no model.path; "
-                                f"train first or pass --config.model.path=HF_FOLDER")
-    return cfg.base(), load_policy_weights(c.model.path, cfg.base(), mesh), f"the weights at model.path={c.model.path}"
+def _model(c: ConfigDict, planning: bool) -> tuple[ModelConfig, str]:
+    """The architecture and where it came from. Planning a preset whose checkpoint is not
+    downloaded yet uses the shape in model.random."""
+    path = c.model.path
+    if path and (not planning or (Path(path) / "config.json").exists()):
+        return model_config(c), f"{path}/config.json"
+    shape = _with_lora(c, ModelConfig(**c.model.random.to_dict(), **_runtime(c)))
+    return shape, f"model.random (no config.json at {path!r})" if path else "model.random"
 
 
-def build_tokenizer(c: ConfigDict, cfg: ModelConfig) -> Tokenizer:
-    t = c.tokenizer
-    path = EMBEDDED_TOKENIZER if t.path == "embedded" else (t.path or c.model.path)
-    if not path:
-        raise CheckpointError("no tokenizer: set tokenizer.path (a folder, or 'embedded' for the "
-                              "project's tiny tokenizer) when model.path is empty")
-    template = Template(t.template, t.instruction, t.suffix, t.enable_thinking)
-    return load_tokenizer(path, cfg, template)
+def run_spec(c: ConfigDict, config_file: str = "", planning: bool = False) -> RunSpec:
+    """Read config `c` once into a RunSpec, checking what can be checked without devices.
+    `planning`: for the memory planner, which needs the model's shape, not its weights."""
+    r, e, m, t = c.rollout, c.eval, c.eval.math, c.train
+    if r.mode not in MODES:
+        raise ValueError(f"rollout.mode={r.mode!r}; use one of {', '.join(MODES)}")
+    if r.selection not in ("exact", "all"):
+        raise ValueError(f"rollout.selection={r.selection!r}; use exact or all")
+    PolicySpec.parse(r.opponent)
+    _check_games(c)
+    eval_env_ids = tuple(e.env_ids) or tuple(c.games.env_ids)
+    _check_scripted_opponents(c, eval_env_ids)
+    for key, n in (("eval.games", e.games), ("eval.final_games", e.final_games)):
+        if n < 0 or n % 2:
+            raise ValueError(f"{key}={n}: evaluation plays each matchup from both seats equally; give an even "
+                             f"number of games (0: none)")
+    if m.every and not m.files:
+        raise ValueError("eval.math.every needs eval.math.files: the benchmarks to run, as (\"NAME=items.jsonl\", ...)")
+    tok, (model, model_source) = c.tokenizer, _model(c, planning)
+    return RunSpec(
+        seed=c.seed, out_dir=c.out_dir, model=model, model_source=model_source, model_path=c.model.path,
+        random_shape=c.model.random.to_dict(), lora_merged=c.model.lora.sample == "merged",
+        tokenizer_path=str(EMBEDDED_TOKENIZER) if tok.path == "embedded" else (tok.path or c.model.path),
+        template=Template(tok.template, tok.instruction, tok.suffix, tok.enable_thinking),
+        mesh=c.mesh.to_dict(), distributed=DistributedSetup(**c.distributed.to_dict()),
+        games=Games(tuple(c.games.env_ids), tuple(c.games.weights), c.games.max_turns, tuple(c.games.invalid_rewards)),
+        rollout=RolloutSpec(r.mode, r.opponent, r.pool_size, r.pool_every, r.pool_self_weight, r.games_per_batch,
+                            r.samples_per_step, r.selection, r.max_prompt_len, r.schedule, r.max_in_flight or None,
+                            SamplingParams(r.max_new_tokens, r.temperature, r.top_k, r.top_p)),
+        # Evaluation samples with top-p only, as the reference does.
+        evaluation=EvalSpec(
+            eval_env_ids, tuple(e.opponents), e.games, e.final_games, tuple(e.invalid_rewards), e.kuhn_samples,
+            next((g for g in c.games.env_ids if g == "KuhnPokerChips-v0"), KUHN_ENV_ID),
+            SamplingParams(e.max_new_tokens, e.temperature, 0, e.top_p),
+            MathSpec(m.every, tuple(m.files), m.samples, m.limit or None, m.instruction_first,
+                     SamplingParams(m.max_new_tokens, m.temperature, 0, m.top_p))),
+        train=train_config(c.optim),
+        cadence=Cadence(t.steps, t.eval_every, t.checkpoint_every, t.keep, t.async_checkpointing, t.transcripts,
+                        t.max_skipped_in_a_row),
+        bootstrap=_bootstrap(c), rae=RAEConfig(c.rae.decay, c.rae.enabled, c.rae.drop_zero, c.rae.games_per_shard),
+        api=c.api.to_dict(), wandb=c.wandb.to_dict(), config=c.to_dict(), config_json=c.to_json(indent=1),
+        config_file=config_file)

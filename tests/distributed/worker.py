@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
 from spiral_jax.config import base_config  # noqa: E402
-from spiral_jax.rl.trainer import Trainer  # noqa: E402
+from spiral_jax.run import Trainer  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for the tests' tiny sizes
 from tests.tiny_models import TINY_RUN  # noqa: E402
@@ -45,13 +45,13 @@ def config():
     return c
 
 
-trainer = Trainer(config(), bootstrap=False)
-initial = multihost_utils.process_allgather(trainer.state.params, tiled=True)
+trainer = Trainer.from_config(config(), bootstrap=False)
+initial = multihost_utils.process_allgather(trainer.state.train.params, tiled=True)
 for _ in range(2):
     metrics = trainer.train_step()
-params = multihost_utils.process_allgather(trainer.state.params, tiled=True)
+params = multihost_utils.process_allgather(trainer.state.train.params, tiled=True)
 # The games themselves, not only their number: one more rollout with the final weights, digested.
-_, games = trainer.collect(trainer.to_sampler(trainer.state.params))
+games = trainer.collect().games
 digest = hashlib.sha256(json.dumps([(g.record.env_id, g.record.seed, [t.action for t in g.record.turns],
                                      [t.response_ids for t in g.model_turns]) for g in games]).encode()).hexdigest()
 if jax.process_index() == 1:
@@ -61,9 +61,9 @@ stop = trainer.stop_requested()  # every host must agree, so all stop at the sam
 trainer.save()
 trainer.ckpt.close()
 lines = []
-resumed = Trainer(config(), resume=True, log=lines.append)
-restored = multihost_utils.process_allgather(resumed.state.params, tiled=True)
-restored_exactly = resumed.step == 2 and all(np.array_equal(a, b) for a, b in
+resumed = Trainer.from_config(config(), resume=True, log=lines.append)
+restored = multihost_utils.process_allgather(resumed.state.train.params, tiled=True)
+restored_exactly = resumed.state.step == 2 and all(np.array_equal(a, b) for a, b in
                                               zip(jax.tree.leaves(params), jax.tree.leaves(restored)))
 log_lines = [int(n) for n in multihost_utils.process_allgather(np.array(len(lines)))]  # per process
 if jax.process_index() == 0:
@@ -71,7 +71,7 @@ if jax.process_index() == 0:
             for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
     np.savez(Path(out) / "result.npz", **flat)
     (Path(out) / "rae.json").write_text(json.dumps(
-        {"rae": trainer.rae_state, "games": metrics["rollout/games"], "samples": metrics["rollout/samples"],
+        {"rae": trainer.state.rae, "games": metrics["rollout/games"], "samples": metrics["rollout/samples"],
          "processes": jax.process_count(), "devices": jax.device_count(), "stop": stop, "digest": digest,
          "restored_exactly": restored_exactly, "log_lines": log_lines,
          "moved": max(float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(initial)))}))

@@ -4,7 +4,7 @@ import pytest
 
 from spiral_jax.envs import (KuhnNashOpponent, NimOptimal, RandomOpponent, TicTacToeMinimax, make,
                              registered_ids, scripted_opponent)
-from spiral_jax.envs.opponents import _best_score
+from spiral_jax.envs.opponents import best_score
 
 
 def _position(moves):
@@ -25,7 +25,7 @@ def _duel(env_id, players, seed):
 
 
 def test_minimax_values_the_empty_board_as_a_draw():
-    assert _best_score("." * 9, "O") == 0
+    assert best_score("." * 9, "O") == 0
 
 
 @pytest.mark.parametrize("seed", range(10))

@@ -152,4 +152,4 @@ def test_eval_transcripts_of_a_spec_with_dot_dot_stay_in_the_report_folder(hosti
     results = run_games(tiny_ctx, tmp_path / "report", ["TicTacToe-v0"], [spec], 2)
     assert results["TicTacToe-v0", spec].games == 2
     written = [p.relative_to(tmp_path) for p in tmp_path.rglob("*.jsonl")]
-    assert len(written) == 1 and written[0].parts[:2] == ("report", "transcripts"), written
+    assert len(written) == 1 and written[0].parts[0] == "report" and written[0].suffix == ".jsonl", written

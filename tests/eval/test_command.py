@@ -5,8 +5,8 @@ from types import SimpleNamespace
 import pytest
 
 from spiral_jax.config import EVAL_PROTOCOLS, base_config, with_protocol
-from spiral_jax.run.setup import math_sampling
-from spiral_jax.eval.command import run_eval
+from spiral_jax.run.evaluate import run_eval
+from spiral_jax.run.setup import run_spec
 
 
 @pytest.fixture
@@ -24,6 +24,7 @@ def args(**kw):
 def test_suites(ctx, tmp_path):
     c = base_config()
     c.out_dir = str(tmp_path)
+    c = run_spec(c)
     md = run_eval(ctx, c, args(env_ids=["Nim-v0"], opponents=["random"]))
     assert "| Nim-v0 | random | both | 2 |" in md and (tmp_path / "eval" / "games" / "games.json").exists()
     assert "Exploitability" in run_eval(ctx, c, args(suite="kuhn", kuhn_samples=2))
@@ -56,7 +57,8 @@ def test_bench_samples_and_prompts_as_eval_math_says(ctx, tmp_path):
     c.out_dir = str(tmp_path)
     c.eval.math.update(files=(f"toy={items}",), samples=3, limit=2, temperature=0.8, max_new_tokens=5,
                        instruction_first=True)
-    ctx = dataclasses.replace(ctx, math_sampling=math_sampling(c))
+    c = run_spec(c)
+    ctx = dataclasses.replace(ctx, math_sampling=c.evaluation.math.sampling)
     run_eval(ctx, c, args(suite="bench", samples=0, eval_out=str(tmp_path / "o")))
     rows = [json.loads(line) for line in (tmp_path / "o" / "toy.items.jsonl").open()]
     assert len(rows) == 2 and all(len(r["responses"]) == 3 for r in rows)

@@ -24,7 +24,7 @@ def test_no_box_is_invalid_and_every_game_counts(tiny_model, rollout, tmp_path):
     assert all(sum(vs_random.seat_counts[s].values()) == 2 for s in (0, 1))
     # against itself (a second copy named "self"), each game counts once, from the model's seat
     assert sum(vs_self.counts.values()) == 4 and all(sum(vs_self.seat_counts[s].values()) == 2 for s in (0, 1))
-    lines = read_transcripts(tmp_path / "transcripts" / "TicTacToe-v0_vs_random.jsonl")
+    lines = read_transcripts(tmp_path / "TicTacToe-v0_vs_random.jsonl")
     assert len(lines) == 4 and all(line["settings"] == SETTINGS for line in lines)
     for line in lines:
         (seat, result), = line["outcomes"].items()
@@ -33,7 +33,7 @@ def test_no_box_is_invalid_and_every_game_counts(tiny_model, rollout, tmp_path):
             assert not model_moves[-1]["valid"]
     invalid = sum(line["outcomes"][s] == "invalid" for line in lines for s in line["outcomes"])
     assert invalid == vs_random.counts["invalid"] > 0
-    self_lines = read_transcripts(tmp_path / "transcripts" / "TicTacToe-v0_vs_self.jsonl")
+    self_lines = read_transcripts(tmp_path / "TicTacToe-v0_vs_self.jsonl")
     assert all(len(line["outcomes"]) == 2 for line in self_lines)
 
     md = write_report(results, tmp_path, SETTINGS)

@@ -24,11 +24,11 @@ def test_learning_curves_png(tmp_path):
 
 
 def test_equal_series_are_drawn_once_with_every_label():
-    from spiral_jax.eval.plots import _label, merge_equal
+    from spiral_jax.eval.plots import series_label, merge_equal
 
     a, b = [(0, 0.0), (1, 0.0)], [(0, 0.0), (1, 0.5)]
     assert merge_equal({"x/scripted": a, "y/scripted": a, "z/random": b}) == [("x/scripted =\ny/scripted", a),
                                                                             ("z/random", b)]
-    assert _label("eval/TicTacToe-v0/random/win_rate", "eval/*/win_rate") == "TicTacToe-v0/random"
-    assert _label("rollout/Nim-v0/role1/reward", "rollout/*/role*/reward") == "Nim-v0/role1"
-    assert _label("train/loss", "train/loss") == "train/loss"
+    assert series_label("eval/TicTacToe-v0/random/win_rate", "eval/*/win_rate") == "TicTacToe-v0/random"
+    assert series_label("rollout/Nim-v0/role1/reward", "rollout/*/role*/reward") == "Nim-v0/role1"
+    assert series_label("train/loss", "train/loss") == "train/loss"

@@ -333,7 +333,7 @@ def test_eval_games_against_the_served_model(served, tiny_ctx, tmp_path):
     spec = f"openai:tiny@{served.url}"
     results = run_games(tiny_ctx, tmp_path, ["TicTacToe-v0"], [spec], 4)
     assert results["TicTacToe-v0", spec].games == 4
-    games = read_transcripts(next((tmp_path / "transcripts").glob("*.jsonl")))
+    games = read_transcripts(next(tmp_path.glob("*.jsonl")))
     api_turns = [t for g in games for t in g["turns"] if t["policy"] == spec]
     assert api_turns and all(t["response"] for t in api_turns)
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from spiral_jax.config import base_config
-from spiral_jax.run.setup import build_tokenizer
+from spiral_jax.run.build import build_tokenizer
+from spiral_jax.run.setup import run_spec
 from spiral_jax.envs import extract_action, make
 from spiral_jax.models import ModelConfig
 from spiral_jax.rl.bootstrap import HashedRandomPlayer, boxed, imitation_samples
@@ -17,7 +18,7 @@ def tok():
     c = base_config()
     c.tokenizer.path = "embedded"
     c.model.random.vocab_size = 2048
-    return build_tokenizer(c, ModelConfig(**c.model.random.to_dict()))
+    return build_tokenizer(run_spec(c), ModelConfig(**c.model.random.to_dict()))
 
 
 def _moves(tok, samples):
@@ -139,12 +140,11 @@ def test_boxed_round_trips_through_the_action_rules():
 @pytest.mark.parametrize("schedule", ["constant", "cosine"])
 def test_bootstrap_learning_rate_schedule(schedule):
     """Warm-up to bootstrap.learning_rate, then constant, or a cosine that reaches 0 at the last step."""
-    from spiral_jax.run.setup import bootstrap_train_config
     from spiral_jax.rl.train_step import make_schedule
 
     c = base_config()
-    c.bootstrap.update(steps=300, warmup_steps=50, learning_rate=2e-3, schedule=schedule)
-    lr = make_schedule(bootstrap_train_config(c))
+    c.bootstrap.update(enabled=True, steps=300, warmup_steps=50, learning_rate=2e-3, schedule=schedule)
+    lr = make_schedule(run_spec(c).bootstrap.train)
     assert float(lr(0)) == 0.0 and float(lr(50)) == pytest.approx(2e-3)
     if schedule == "constant":
         assert float(lr(300)) == pytest.approx(2e-3)

@@ -9,7 +9,7 @@ import pytest
 
 from spiral_jax.cli import main as cli_main
 from spiral_jax.models import CheckpointError, load_pretrained, lora
-from spiral_jax.rl.trainer import Trainer
+from spiral_jax.run import Trainer
 from tests.tiny_models import jit_forward
 from tests.trainer.test_trainer import _config_file, tiny_config
 
@@ -21,38 +21,38 @@ def _leaves(tree):
 
 
 def test_only_the_adapters_train_and_the_sampler_plays_the_merged_policy(tmp_path):
-    trainer = Trainer(tiny_config(tmp_path, **LORA, **{"train.steps": 2, "train.eval_every": 0,
+    trainer = Trainer.from_config(tiny_config(tmp_path, **LORA, **{"train.steps": 2, "train.eval_every": 0,
                                                        "eval.final_games": 0}), log=lambda *_: None)
-    weights, adapters = _leaves(trainer.weights), _leaves(trainer.state.params)
-    names = {k for layer in trainer.state.params["layers"] for k in layer}
+    weights, adapters = _leaves(trainer.weights), _leaves(trainer.state.train.params)
+    names = {k for layer in trainer.state.train.params["layers"] for k in layer}
     assert names == {f"{t}_lora_{ab}" for t in ("q", "k", "v", "o", "gate", "up", "down") for ab in "ab"}
-    moments = jax.tree.leaves(trainer.state.opt_state)
+    moments = jax.tree.leaves(trainer.state.train.opt_state)
     assert sum(x.size for x in moments) < 3 * sum(x.size for x in adapters) + 16  # Adam: 2 moments per adapter
     trainer.run()
     assert all(np.array_equal(a, b) for a, b in zip(weights, _leaves(trainer.weights)))  # frozen
-    assert any(not np.array_equal(a, b) for a, b in zip(adapters, _leaves(trainer.state.params)))  # trained
+    assert any(not np.array_equal(a, b) for a, b in zip(adapters, _leaves(trainer.state.train.params)))  # trained
     # What the sampler reads is the merged model.
     cfg = trainer.cfg
-    merged = jax.device_get(trainer.to_sampler(trainer.state.params))
+    merged = jax.device_get(trainer.to_sampler(trainer.state.train.params))
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 9))
     np.testing.assert_allclose(jit_forward(merged, cfg.base(), ids),
-                               jit_forward(lora.join(trainer.weights, trainer.state.params), cfg, ids), atol=1e-5)
+                               jit_forward(lora.join(trainer.weights, trainer.state.train.params), cfg, ids), atol=1e-5)
 
 
 def test_a_lora_resume_is_exact_and_refuses_other_weights(tmp_path):
     changes = {**LORA, "train.eval_every": 0, "eval.final_games": 0}
-    full = Trainer(tiny_config(tmp_path / "a", **changes, **{"train.steps": 4}), log=lambda *_: None)
+    full = Trainer.from_config(tiny_config(tmp_path / "a", **changes, **{"train.steps": 4}), log=lambda *_: None)
     full.run()
-    first = Trainer(tiny_config(tmp_path / "b", **changes, **{"train.steps": 2}), log=lambda *_: None)
+    first = Trainer.from_config(tiny_config(tmp_path / "b", **changes, **{"train.steps": 2}), log=lambda *_: None)
     first.run()
-    resumed = Trainer(tiny_config(tmp_path / "b", **changes, **{"train.steps": 4}), resume=True, log=lambda *_: None)
-    assert resumed.step == 2
+    resumed = Trainer.from_config(tiny_config(tmp_path / "b", **changes, **{"train.steps": 4}), resume=True, log=lambda *_: None)
+    assert resumed.state.step == 2
     resumed.run()
-    for a, b in zip(_leaves(full.state), _leaves(resumed.state)):
+    for a, b in zip(_leaves(full.state.train), _leaves(resumed.state.train)):
         np.testing.assert_array_equal(a, b)
-    assert full.rae_state == resumed.rae_state
+    assert full.state.rae == resumed.state.rae
     with pytest.raises(CheckpointError, match="other frozen weights"):
-        Trainer(tiny_config(tmp_path / "b", **changes, **{"train.steps": 6, "seed": 1}), resume=True,
+        Trainer.from_config(tiny_config(tmp_path / "b", **changes, **{"train.steps": 6, "seed": 1}), resume=True,
                 log=lambda *_: None)
 
 
@@ -66,7 +66,7 @@ def test_export_merged_or_as_a_peft_adapter(tmp_path, capsys):
     assert (tmp_path / "adapter" / "adapter_model.safetensors").stat().st_size > 0
     cfg, merged = load_pretrained(tmp_path / "merged")
     assert cfg.lora_rank == 0
-    trainer = Trainer(tiny_config(tmp_path, **LORA, **{"train.steps": 2}), resume=True, log=lambda *_: None)
+    trainer = Trainer.from_config(tiny_config(tmp_path, **LORA, **{"train.steps": 2}), resume=True, log=lambda *_: None)
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 9))
     np.testing.assert_allclose(jit_forward(merged, cfg, ids),
-                               jit_forward(lora.join(trainer.weights, trainer.state.params), trainer.cfg, ids), atol=1e-5)
+                               jit_forward(lora.join(trainer.weights, trainer.state.train.params), trainer.cfg, ids), atol=1e-5)

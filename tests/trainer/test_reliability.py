@@ -15,7 +15,7 @@ import pytest
 from spiral_jax.cli import main as cli_main
 from spiral_jax.models import CheckpointError
 from spiral_jax.rollout import ModelTurn, PlayedGame
-from spiral_jax.rl.trainer import PREEMPTED_EXIT_CODE, Trainer, TrainingDiverged
+from spiral_jax.run import PREEMPTED_EXIT_CODE, Trainer, TrainingDiverged
 from spiral_jax.envs import GameRecord, Turn
 from tests.tiny_models import jit_forward
 from tests.trainer.test_trainer import REPO, _config_file, tiny_config
@@ -26,7 +26,7 @@ def _train(config, *extra):
 
 
 def _params(trainer):
-    return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(trainer.state.params))]
+    return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(trainer.state.train.params))]
 
 
 # ------------------------------------------------------------------------------- the out_dir claim
@@ -76,16 +76,16 @@ def test_a_second_run_on_a_locked_out_dir_refuses_and_a_stale_lock_is_taken_over
 # ----------------------------------------------------------------------------- damaged checkpoints
 
 def test_resume_falls_back_past_a_truncated_checkpoint(tmp_path, monkeypatch):
-    Trainer(tiny_config(tmp_path, **{"train.steps": 2, "train.checkpoint_every": 1}), log=lambda *_: None).run()
+    Trainer.from_config(tiny_config(tmp_path, **{"train.steps": 2, "train.checkpoint_every": 1}), log=lambda *_: None).run()
     step2 = tmp_path / "run" / "checkpoints" / "2"
     data = max((p for p in (step2 / "state").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
     with open(data, "r+b") as f:
         f.truncate(data.stat().st_size // 2)
     lines, unraisable = [], []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)  # the failed read's coroutines end quietly
-    resumed = Trainer(tiny_config(tmp_path, **{"train.steps": 3, "train.checkpoint_every": 1}), resume=True,
+    resumed = Trainer.from_config(tiny_config(tmp_path, **{"train.steps": 3, "train.checkpoint_every": 1}), resume=True,
                       log=lines.append)
-    assert resumed.step == 1
+    assert resumed.state.step == 1
     assert any("checkpoint step 2" in line and "cannot be read" in line for line in lines)
     assert any("resuming from step 1" in line for line in lines)
     assert (tmp_path / "run" / "checkpoints" / "2.unreadable").is_dir()
@@ -100,7 +100,7 @@ def test_the_fallback_past_a_damaged_checkpoint_is_one_line_without_tracebacks(t
     """`train --resume` in a fresh process past a cut-off tensorstore manifest: the restore fails while
     reads are in flight, whose late errors ("Event loop is closed") Python would print as tracebacks.
     The step is one line with a short reason; nothing else is said about it."""
-    Trainer(tiny_config(tmp_path, **{"train.steps": 2, "train.checkpoint_every": 1}), log=lambda *_: None).run()
+    Trainer.from_config(tiny_config(tmp_path, **{"train.steps": 2, "train.checkpoint_every": 1}), log=lambda *_: None).run()
     manifest = tmp_path / "run" / "checkpoints" / "2" / "state" / "manifest.ocdbt"
     manifest.write_bytes(manifest.read_bytes()[: manifest.stat().st_size // 2])
     config = tmp_path / "cfg.py"
@@ -119,12 +119,12 @@ def test_the_fallback_past_a_damaged_checkpoint_is_one_line_without_tracebacks(t
 
 
 def test_no_readable_checkpoint_is_a_clear_error(tmp_path):
-    Trainer(tiny_config(tmp_path, **{"train.steps": 1}), log=lambda *_: None).run()
+    Trainer.from_config(tiny_config(tmp_path, **{"train.steps": 1}), log=lambda *_: None).run()
     for p in (tmp_path / "run" / "checkpoints" / "1" / "state").rglob("*"):
         if p.is_file() and p.stat().st_size > 100:
             p.write_bytes(b"")
     with pytest.raises(CheckpointError, match="no checkpoint in .* can be read: step 1"):
-        Trainer(tiny_config(tmp_path), resume=True, log=lambda *_: None)
+        Trainer.from_config(tiny_config(tmp_path), resume=True, log=lambda *_: None)
 
 
 # ------------------------------------------------------------------------------------ preemption
@@ -135,11 +135,11 @@ def _bootstrap_config(tmp_path, **changes):
 
 
 def test_a_stop_in_the_bootstrap_saves_it_and_the_resumed_run_is_exact(tmp_path):
-    full = Trainer(_bootstrap_config(tmp_path / "a"), log=lambda *_: None)
+    full = Trainer.from_config(_bootstrap_config(tmp_path / "a"), log=lambda *_: None)
     full.run()
-    stopped = Trainer(_bootstrap_config(tmp_path / "b"), log=lambda *_: None)
+    stopped = Trainer.from_config(_bootstrap_config(tmp_path / "b"), log=lambda *_: None)
     update_calls = []
-    from spiral_jax.rl import trainer as trainer_module
+    from spiral_jax.run import loop as trainer_module
     imitation = trainer_module.imitation_samples
 
     def samples_then_signal(*args, **kwargs):
@@ -153,14 +153,14 @@ def test_a_stop_in_the_bootstrap_saves_it_and_the_resumed_run_is_exact(tmp_path)
         assert stopped.run() == {} and stopped.stopped
     finally:
         trainer_module.imitation_samples = imitation
-    assert stopped.bootstrap_done == 3 and stopped.ckpt.latest_step() == 0
-    resumed = Trainer(_bootstrap_config(tmp_path / "b"), resume=True, log=lambda *_: None)
-    assert resumed.bootstrap_done == 3
+    assert stopped.state.bootstrap_step == 3 and stopped.ckpt.latest_step() == 0
+    resumed = Trainer.from_config(_bootstrap_config(tmp_path / "b"), resume=True, log=lambda *_: None)
+    assert resumed.state.bootstrap_step == 3
     resumed.run()
     for a, b in zip(_params(full), _params(resumed)):
         np.testing.assert_array_equal(a, b)
-    again = Trainer(_bootstrap_config(tmp_path / "b", **{"train.steps": 2}), resume=True, log=lambda *_: None)
-    assert again.bootstrap_state is None and again.step == 1  # the finished bootstrap is not redone
+    again = Trainer.from_config(_bootstrap_config(tmp_path / "b", **{"train.steps": 2}), resume=True, log=lambda *_: None)
+    assert again.state.phase == "rl" and again.state.step == 1  # the finished bootstrap is not redone
 
 
 def _train_until_bootstrap_step(config, step: int, *extra) -> tuple[int, str]:
@@ -211,13 +211,13 @@ def test_sigterm_during_the_bootstrap_exits_75_and_resume_continues_from_its_ste
 
 def test_updates_skipped_in_a_row_stop_the_run(tmp_path):
     lines = []
-    trainer = Trainer(tiny_config(tmp_path, **{"train.steps": 10, "train.max_skipped_in_a_row": 2}),
+    trainer = Trainer.from_config(tiny_config(tmp_path, **{"train.steps": 10, "train.max_skipped_in_a_row": 2}),
                       log=lines.append)
     step = trainer.train_step
 
     def skipped_step():
         metrics = step()
-        return {**metrics, "train/skipped": 1.0, "train/skipped_total": float(trainer.step)}
+        return {**metrics, "train/skipped": 1.0, "train/skipped_total": float(trainer.state.step)}
 
     trainer.train_step = skipped_step
     with pytest.raises(TrainingDiverged, match="2 updates in a row were skipped.*--resume"):
@@ -278,14 +278,14 @@ def test_config_file_errors_name_the_file_line_and_problem(tmp_path, capsys, bod
 
 
 def test_prompts_longer_than_max_prompt_len_fail_in_the_first_round(tmp_path):
-    trainer = Trainer(tiny_config(tmp_path, **{"rollout.max_prompt_len": 32}), log=lambda *_: None)
+    trainer = Trainer.from_config(tiny_config(tmp_path, **{"rollout.max_prompt_len": 32}), log=lambda *_: None)
     with pytest.raises(ValueError, match=r"longer than rollout.max_prompt_len=32 tokens \(the shortest has \d+\)"):
-        trainer.collect(trainer.to_sampler(trainer.state.params))
+        trainer.collect(trainer.to_sampler(trainer.state.train.params))
 
 
 def test_all_zero_game_weights_are_an_error(tmp_path):
     with pytest.raises(ValueError, match="games.weights=.*positive sum"):
-        Trainer(tiny_config(tmp_path, **{"games.weights": (0.0,)}))
+        Trainer.from_config(tiny_config(tmp_path, **{"games.weights": (0.0,)}))
 
 
 def test_a_tokenizer_far_smaller_than_the_model_or_without_the_template_tokens(tmp_path):
@@ -295,7 +295,7 @@ def test_a_tokenizer_far_smaller_than_the_model_or_without_the_template_tokens(t
     c = tiny_config(tmp_path)
     c.model.random.vocab_size = 8192
     with pytest.raises(CheckpointError, match="2048 tokens but the model's embedding has 8192 rows"):
-        Trainer(c)
+        Trainer.from_config(c)
 
     class NoChatTokens:
         chat_template = None
@@ -364,8 +364,8 @@ def test_bf16_sharded_export_loads_in_transformers(tmp_path):
     assert 2 in json.loads((out / "generation_config.json").read_text())["eos_token_id"]  # <|im_end|>
     assert {oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {"0o644"}
 
-    trainer = Trainer(tiny_config(tmp_path), resume=True, log=lambda *_: None)
-    ours = jax.device_get(trainer.state.params)
+    trainer = Trainer.from_config(tiny_config(tmp_path), resume=True, log=lambda *_: None)
+    ours = jax.device_get(trainer.state.train.params)
     cfg, reloaded = load_pretrained(out)  # our own loader reads the shards: the weights rounded to bf16
     for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(jax.device_get(reloaded))):
         np.testing.assert_array_equal(np.asarray(a).astype(ml_dtypes.bfloat16).astype(np.float32), b)
@@ -374,7 +374,7 @@ def test_bf16_sharded_export_loads_in_transformers(tmp_path):
     with torch.no_grad():
         theirs = model(torch.tensor(ids)).logits.numpy()
     np.testing.assert_allclose(theirs, np.asarray(jit_forward(reloaded, cfg, ids)), atol=1e-4)  # same bf16 weights
-    full = np.asarray(jit_forward(trainer.state.params, trainer.cfg, ids))
+    full = np.asarray(jit_forward(trainer.state.train.params, trainer.cfg, ids))
     assert np.abs(theirs - full).max() < 0.05  # bf16 storage: each weight off by at most 2^-9 relative
 
 
@@ -388,21 +388,21 @@ def _async_config(tmp_path, **changes):
 def test_a_signal_during_an_async_save_keeps_the_checkpoint_whole(tmp_path):
     """SIGTERM arrives while the step-2 checkpoint is still being written in the background: the run
     waits for it, stops, and the resumed run ends where an uninterrupted one does."""
-    full = Trainer(_async_config(tmp_path / "a", **{"train.steps": 3}), log=lambda *_: None)
+    full = Trainer.from_config(_async_config(tmp_path / "a", **{"train.steps": 3}), log=lambda *_: None)
     full.run()
-    trainer = Trainer(_async_config(tmp_path / "b", **{"train.steps": 3}), log=lambda *_: None)
+    trainer = Trainer.from_config(_async_config(tmp_path / "b", **{"train.steps": 3}), log=lambda *_: None)
     save = trainer.ckpt.save
 
     def save_then_signal(step, *args, **kwargs):
         save(step, *args, **kwargs)
         if step == 2:
-            assert trainer.ckpt._manager.is_saving_in_progress() or trainer.ckpt.latest_step() == 2
+            assert trainer.ckpt.saving() or trainer.ckpt.latest_step() == 2
             os.kill(os.getpid(), signal.SIGTERM)
 
     trainer.ckpt.save = save_then_signal
-    assert trainer.run() == {} and trainer.stopped and trainer.step == 2
-    resumed = Trainer(_async_config(tmp_path / "b", **{"train.steps": 3}), resume=True, log=lambda *_: None)
-    assert resumed.step == 2
+    assert trainer.run() == {} and trainer.stopped and trainer.state.step == 2
+    resumed = Trainer.from_config(_async_config(tmp_path / "b", **{"train.steps": 3}), resume=True, log=lambda *_: None)
+    assert resumed.state.step == 2
     resumed.run()
     for a, b in zip(_params(full), _params(resumed)):
         np.testing.assert_array_equal(a, b)
@@ -413,14 +413,14 @@ def test_resume_replaces_a_checkpoint_left_incomplete(tmp_path):
     the step again and it restores."""
     import shutil
 
-    Trainer(_async_config(tmp_path, **{"train.steps": 2}), log=lambda *_: None).run()
+    Trainer.from_config(_async_config(tmp_path, **{"train.steps": 2}), log=lambda *_: None).run()
     checkpoints = tmp_path / "run" / "checkpoints"
     shutil.copytree(checkpoints / "2", checkpoints / "3.orbax-checkpoint-tmp-1234")  # a step-3 save, cut off
-    resumed = Trainer(_async_config(tmp_path, **{"train.steps": 3}), resume=True, log=lambda *_: None)
-    assert resumed.step == 2
+    resumed = Trainer.from_config(_async_config(tmp_path, **{"train.steps": 3}), resume=True, log=lambda *_: None)
+    assert resumed.state.step == 2
     resumed.run()
-    again = Trainer(_async_config(tmp_path, **{"train.steps": 3}), resume=True, log=lambda *_: None)
-    assert again.step == 3 and again.ckpt.latest_step() == 3
+    again = Trainer.from_config(_async_config(tmp_path, **{"train.steps": 3}), resume=True, log=lambda *_: None)
+    assert again.state.step == 3 and again.ckpt.latest_step() == 3
     for a, b in zip(_params(resumed), _params(again)):  # step 3 is the new save, not the leftover
         np.testing.assert_array_equal(a, b)
 

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from spiral_jax.cli import main as cli_main
-from spiral_jax.rl.trainer import Trainer
+from spiral_jax.run import Trainer
 from spiral_jax.run_dir import RunDir, RunDirError, write_manifest
 from tests.eval.test_api_player import _serve
 from tests.trainer.test_trainer import REPO, _config_file, tiny_config
@@ -23,10 +23,10 @@ def test_training_eval_transcripts_of_a_hostile_spec_stay_in_out_dir(tmp_path):
     server = _serve()
     try:
         spec = f"openai:m@http://127.0.0.1:{server.server_port}/ok/../../../../../../../escaped/v1"
-        trainer = Trainer(tiny_config(tmp_path / "deep" / "er", **{"eval.opponents": (spec,), "eval.kuhn_samples": -1}),
+        trainer = Trainer.from_config(tiny_config(tmp_path / "deep" / "er", **{"eval.opponents": (spec,), "eval.kuhn_samples": -1}),
                           log=lambda *_: None)
         for step in (0, 1):
-            trainer.step = step
+            trainer.state.step = step
             trainer.evaluate(2)
     finally:
         server.shutdown()
@@ -126,7 +126,7 @@ def test_a_stale_lock_is_taken_over_by_exactly_one_of_many_at_once(tmp_path):
             claim = RunDir(str(out), resume=True, log=lambda *_: None)
             start.wait()
             try:
-                claim._acquire()
+                claim.acquire()
                 winners.append(claim)
             except RunDirError as e:
                 refusals.append(str(e))
@@ -140,7 +140,7 @@ def test_a_stale_lock_is_taken_over_by_exactly_one_of_many_at_once(tmp_path):
         assert len(winners) == 1 and len(refusals) == 11, (round_, len(winners), refusals[:2])
         assert json.loads(lock.read_text())["token"] == winners[0].token
         assert all(f"in use by process {os.getpid()}" in r for r in refusals), refusals[:2]
-        winners[0]._release()
+        winners[0].release()
         assert not lock.exists() and not list(out.glob("run.lock.*"))
 
 
@@ -153,7 +153,7 @@ print("ready", flush=True)
 while not os.path.exists(go):
     time.sleep(0.001)
 try:
-    claim._acquire()
+    claim.acquire()
     print("won", flush=True)
 except RunDirError:
     print("refused", flush=True)

@@ -8,8 +8,18 @@ import pytest
 from spiral_jax.envs import INFO_SETS
 from spiral_jax.eval.suite import run_kuhn
 from spiral_jax.metrics import read_scalars
-from spiral_jax.rl.trainer import Trainer
-from tests.trainer.test_trainer import tiny_config
+from spiral_jax.run import Trainer
+from spiral_jax.cli import main as cli_main
+from tests.trainer.test_trainer import _config_file, tiny_config
+
+
+def _kuhn_changes(math) -> dict:
+    return {"eval.math.every": 1, "eval.math.files": (f"toy={math}",), "eval.math.samples": 2,
+            "eval.math.max_new_tokens": 6, "eval.math.temperature": 0.9, "eval.math.instruction_first": True,
+            "games.env_ids": ("KuhnPokerChips-v0",), "train.steps": 2, "train.eval_every": 1,
+            "eval.kuhn_samples": 0, "eval.final_games": 8, "eval.opponents": ("random",),
+            "bootstrap.enabled": True, "bootstrap.teacher": "random", "bootstrap.steps": 150,
+            "bootstrap.batch_size": 16, "bootstrap.learning_rate": 3e-3, "rae.games_per_shard": 2}
 
 
 @pytest.fixture(scope="module")
@@ -20,15 +30,9 @@ def kuhn_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("kuhn")
     math = tmp / "toy.jsonl"
     math.write_text('{"problem": "What is 1+1?", "answer": "2"}\n{"problem": "What is 2+5?", "answer": "7"}\n')
-    c = tiny_config(tmp, **{"eval.math.every": 1, "eval.math.files": (f"toy={math}",), "eval.math.samples": 2,
-                            "eval.math.max_new_tokens": 6, "eval.math.temperature": 0.9,
-                            "eval.math.instruction_first": True,"games.env_ids": ("KuhnPokerChips-v0",), "train.steps": 2, "train.eval_every": 1,
-                            "eval.kuhn_samples": 0, "eval.final_games": 8, "eval.opponents": ("random",),
-                            "bootstrap.enabled": True, "bootstrap.teacher": "random", "bootstrap.steps": 150,
-                            "bootstrap.batch_size": 16, "bootstrap.learning_rate": 3e-3,
-                            "rae.games_per_shard": 2})
+    c = tiny_config(tmp, **_kuhn_changes(math))
     lines = []
-    trainer = Trainer(c, log=lines.append, config_file="configs/tiny_kuhn.py")
+    trainer = Trainer.from_config(c, log=lines.append, config_file="configs/tiny_kuhn.py")
     results = trainer.run()
     return trainer, results, lines, tmp / "run"
 
@@ -53,6 +57,20 @@ def test_summary_json_has_step0_and_final(kuhn_run):
     table = lines[-2]  # then the closing line
     assert "vs random, step 0" in table and "vs random, step 2" in table and "at step 0 ->" in table
     assert lines[-1].startswith("done: outputs are in")
+
+
+def test_spiral_jax_eval_on_a_checkpoint_replays_the_runs_evaluation(kuhn_run):
+    """`spiral-jax eval --step 0` plays the very games the run evaluated at step 0, so its rows are
+    summary.json's step-0 rows; on the newest checkpoint, the final rows."""
+    _, _, _, out = kuhn_run
+    summary = json.loads((out / "summary.json").read_text())
+    config = _config_file(out.parent, **_kuhn_changes(out.parent / "toy.jsonl"))
+    for step, point in ((0, "step0"), (None, "final")):
+        report = out / "eval" / f"again_{point}"
+        flags = [f"--step={step}"] if step is not None else []
+        assert cli_main(["spiral-jax", "eval", f"--config={config}", f"--eval_out={report}", *flags]) == 0
+        rows = json.loads((report / "games.json").read_text())["results"]
+        assert {f"{r['env_id']}/{r['opponent']}": r["summary"] for r in rows} == summary["eval"][point], point
 
 
 def test_step0_evaluation_is_logged_before_any_update(kuhn_run):
@@ -89,9 +107,9 @@ def test_math_benchmarks_run_at_step0_every_math_every_steps_and_at_the_end(kuhn
 
 def test_math_every_without_files_or_with_a_missing_file_fails_before_the_run(tmp_path):
     with pytest.raises(ValueError, match="eval.math.every needs eval.math.files"):
-        Trainer(tiny_config(tmp_path, **{"eval.math.every": 4}))
+        Trainer.from_config(tiny_config(tmp_path, **{"eval.math.every": 4}))
     with pytest.raises(FileNotFoundError, match="no such file"):
-        Trainer(tiny_config(tmp_path, **{"eval.math.every": 4, "eval.math.files": ("aime=/no/such.jsonl",)}))
+        Trainer.from_config(tiny_config(tmp_path, **{"eval.math.every": 4, "eval.math.files": ("aime=/no/such.jsonl",)}))
 
 
 def test_per_role_rewards_and_zero_advantage_share_are_logged(kuhn_run):
@@ -106,7 +124,7 @@ def test_per_role_rewards_and_zero_advantage_share_are_logged(kuhn_run):
     dropped = [v for _, v in scalars["rollout/zero_advantage_dropped"]]
     assert all(0.0 <= v < 1.0 for v in dropped) and len(games) == 2
     assert all(v >= 16 for _, v in scalars["rollout/samples_before_selection"])
-    assert any(k.endswith("@0") for k in trainer.rae_state["baselines"])  # sharded baselines
+    assert any(k.endswith("@0") for k in trainer.state.rae["baselines"])  # sharded baselines
     assert "rae/baseline/KuhnPokerChips-v0/0" in scalars
 
 
@@ -132,7 +150,7 @@ def test_a_run_of_no_steps_prints_each_evaluation_once(tmp_path):
     """train.steps=0 (a bootstrap-only run): the step-0 and final evaluations are the same point, one row each."""
     c = tiny_config(tmp_path, **{"train.steps": 0, "eval.final_games": 2, "eval.opponents": ("random",)})
     lines = []
-    Trainer(c, log=lines.append).run()
+    Trainer.from_config(c, log=lines.append).run()
     table = lines[-2]
     assert table.count("TicTacToe-v0 vs random, step 0") == 1 and "after 0 steps" in table
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

@@ -11,7 +11,8 @@ import transformers
 from spiral_jax.cli import main as cli_main
 from spiral_jax.config import base_config, config_from_file
 from spiral_jax.models import CheckpointError, load_pretrained
-from spiral_jax.rl.trainer import Trainer, draw_seats
+from spiral_jax.run import Trainer
+from spiral_jax.run.collect import draw_seats
 from tests.tiny_models import TINY_RUN, jit_forward
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -53,18 +54,19 @@ def _assert_only_the_model_is_trained(samples, games):
 ], ids=["self_play", "fixed_opponent", "pool", "two_games", "continuous"])
 def test_three_steps_in_every_mode(tmp_path, changes):
     """A random model writes garbage: every game still ends (invalid moves), nothing crashes."""
-    trainer = Trainer(tiny_config(tmp_path, **changes), log=lambda *_: None)
+    trainer = Trainer.from_config(tiny_config(tmp_path, **changes), log=lambda *_: None)
     results = trainer.run()
-    assert trainer.step == 3 and int(trainer.state.step) == 3
+    assert trainer.state.step == 3 and int(trainer.state.train.step) == 3
     assert results and all(s.games == 4 for s in results.values())
     assert trainer.ckpt.latest_step() == 3
-    baselines = trainer.rae_state["baselines"]
-    assert set(baselines) <= set(trainer.c.games.env_ids) and baselines
+    baselines = trainer.state.rae["baselines"]
+    assert set(baselines) <= set(trainer.spec.games.env_ids) and baselines
     if changes.get("rollout.mode") == "pool":
-        assert trainer.pool_steps == [1, 2, 3][-trainer.c.rollout.pool_size:]
+        assert trainer.state.pool_steps == [1, 2, 3][-trainer.spec.rollout.pool_size:]
         if changes.get("rollout.pool_self_weight") == 0.0:  # every game against a snapshot, its seat by the LLM
-            samples, games = trainer.collect(trainer.to_sampler(trainer.state.params))
-            pools = {f"pool/{s}" for s in trainer.pool_steps}
+            collected = trainer.collect()
+            samples, games = collected.samples, collected.games
+            pools = {f"pool/{s}" for s in trainer.state.pool_steps}
             assert all(g.seats.count("model") == 1 and set(g.seats) - {"model"} <= pools for g in games)
             assert any(t.policy in pools for g in games for t in g.model_turns)
             _assert_only_the_model_is_trained(samples, games)
@@ -77,7 +79,7 @@ def test_three_steps_in_every_mode(tmp_path, changes):
         assert len(scalars[tag]) == 3 and all(np.isfinite(v) for _, v in scalars[tag])
     assert scalars["rollout/TicTacToe-v0/role0/response_tokens_p95"]  # steps that played that game
     games = [v for _, v in scalars["totals/games"]]
-    assert games == sorted(games) and games[0] > 0 and games[-1] == trainer.totals["games"]
+    assert games == sorted(games) and games[0] > 0 and games[-1] == trainer.state.totals["games"]
     assert [step for step, _ in scalars["time/eval"]] == [0, 2, 3]  # step 0, periodic, final
     assert all(v >= 0 for _, v in scalars["time/checkpoint"])
     assert [step for step, _ in scalars["compile/new_executables"]] == [1, 2, 3]
@@ -110,21 +112,22 @@ def test_pool_games_draw_snapshots_at_the_configured_weight():
 
 def test_fixed_opponent_can_be_a_frozen_model_folder(tmp_path):
     """A checkpoint folder as the fixed opponent: sampled in the same program, never trained."""
-    first = Trainer(tiny_config(tmp_path / "a", **{"train.steps": 1}), log=lambda *_: None)
+    first = Trainer.from_config(tiny_config(tmp_path / "a", **{"train.steps": 1}), log=lambda *_: None)
     from spiral_jax.models import save_pretrained
-    save_pretrained(first.cfg, first.state.params, tmp_path / "frozen")
-    trainer = Trainer(tiny_config(tmp_path / "b", **{"rollout.mode": "fixed_opponent",
+    save_pretrained(first.cfg, first.state.train.params, tmp_path / "frozen")
+    trainer = Trainer.from_config(tiny_config(tmp_path / "b", **{"rollout.mode": "fixed_opponent",
                                                      "rollout.opponent": str(tmp_path / "frozen")}),
                       log=lambda *_: None)
     frozen = [np.asarray(x) for x in jax.tree.leaves(trainer.frozen["frozen"])]
-    samples, games = trainer.collect(trainer.to_sampler(trainer.state.params))
+    collected = trainer.collect()
+    samples, games = collected.samples, collected.games
     assert all(sorted(g.seats) == ["frozen", "model"] for g in games)
     assert any(t.policy == "frozen" for g in games for t in g.model_turns)  # the LLM played its seat
     _assert_only_the_model_is_trained(samples, games)
     trainer.train_step()
     assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(frozen, jax.tree.leaves(trainer.frozen["frozen"])))
     with pytest.raises(FileNotFoundError, match="neither 'random', 'scripted', an API model .* nor a model folder"):
-        Trainer(tiny_config(tmp_path / "c", **{"rollout.mode": "fixed_opponent", "rollout.opponent": "nope"}))
+        Trainer.from_config(tiny_config(tmp_path / "c", **{"rollout.mode": "fixed_opponent", "rollout.opponent": "nope"}))
 
 
 def test_fixed_opponent_can_be_an_api_model(tmp_path, tiny_model):
@@ -140,9 +143,10 @@ def test_fixed_opponent_can_be_an_api_model(tmp_path, tiny_model):
     server.start()
     try:
         spec = f"openai:other@{server.url}"
-        trainer = Trainer(tiny_config(tmp_path / "a", **{"rollout.mode": "fixed_opponent", "rollout.opponent": spec}),
+        trainer = Trainer.from_config(tiny_config(tmp_path / "a", **{"rollout.mode": "fixed_opponent", "rollout.opponent": spec}),
                           log=lambda *_: None)
-        samples, games = trainer.collect(trainer.to_sampler(trainer.state.params))
+        collected = trainer.collect()
+        samples, games = collected.samples, collected.games
         assert all(sorted(g.seats) == sorted(["model", spec]) for g in games)
         api_turns = [t for g in games for t in g.record.turns if g.seats[t.player] == spec]
         assert api_turns and all(t.response for t in api_turns)  # the served model's text
@@ -151,24 +155,24 @@ def test_fixed_opponent_can_be_an_api_model(tmp_path, tiny_model):
     finally:
         server.close()
     with pytest.raises(ConnectionError, match="cannot reach the API opponent"):
-        Trainer(tiny_config(tmp_path / "b", **{"eval.opponents": ("openai:m@http://127.0.0.1:9/v1",)}))
+        Trainer.from_config(tiny_config(tmp_path / "b", **{"eval.opponents": ("openai:m@http://127.0.0.1:9/v1",)}))
 
 
 def _params(trainer):
-    return [np.asarray(x) for x in jax.tree.leaves(trainer.state.params)]
+    return [np.asarray(x) for x in jax.tree.leaves(trainer.state.train.params)]
 
 
 def test_resume_continues_exactly(tmp_path):
-    full = Trainer(tiny_config(tmp_path / "a", **{"train.steps": 4}), log=lambda *_: None)
+    full = Trainer.from_config(tiny_config(tmp_path / "a", **{"train.steps": 4}), log=lambda *_: None)
     full.run()
-    first = Trainer(tiny_config(tmp_path / "b", **{"train.steps": 2}), log=lambda *_: None)
+    first = Trainer.from_config(tiny_config(tmp_path / "b", **{"train.steps": 2}), log=lambda *_: None)
     first.run()
-    resumed = Trainer(tiny_config(tmp_path / "b", **{"train.steps": 4}), resume=True, log=lambda *_: None)
-    assert resumed.step == 2
+    resumed = Trainer.from_config(tiny_config(tmp_path / "b", **{"train.steps": 4}), resume=True, log=lambda *_: None)
+    assert resumed.state.step == 2
     resumed.run()
     for a, b in zip(_params(full), _params(resumed)):
         np.testing.assert_array_equal(a, b)
-    assert full.rae_state == resumed.rae_state
+    assert full.state.rae == resumed.state.rae
 
 
 def test_kl_penalty_is_taken_against_the_policy_rl_started_from(tmp_path):
@@ -177,38 +181,38 @@ def test_kl_penalty_is_taken_against_the_policy_rl_started_from(tmp_path):
     from spiral_jax.metrics import read_scalars
 
     changes = {"optim.kl_coef": 0.5, "train.eval_every": 0, "eval.final_games": 0}
-    first = Trainer(tiny_config(tmp_path, **changes, **{"train.steps": 2}), log=lambda *_: None)
+    first = Trainer.from_config(tiny_config(tmp_path, **changes, **{"train.steps": 2}), log=lambda *_: None)
     start = _params(first)
     first.run()
     assert all(np.any(a != b) for a, b in zip(start, _params(first)) if a.ndim == 2), "the policy moved"
     kl = dict(read_scalars(tmp_path / "run" / "tensorboard")["train/kl"])
     assert kl[1] == 0.0 and kl[2] > 0.0  # step 1 updates the reference itself; step 2 a moved policy
-    resumed = Trainer(tiny_config(tmp_path, **changes, **{"train.steps": 3}), resume=True, log=lambda *_: None)
-    assert resumed.step == 2
+    resumed = Trainer.from_config(tiny_config(tmp_path, **changes, **{"train.steps": 3}), resume=True, log=lambda *_: None)
+    assert resumed.state.step == 2
     resumed.run()
-    assert resumed.step == 3
-    reference = jax.tree.leaves(resumed.reference)
+    assert resumed.state.step == 3
+    reference = jax.tree.leaves(resumed.state.reference)
     assert len(reference) == len(start)
     for a, b in zip(start, reference):
         np.testing.assert_array_equal(a, np.asarray(b))
 
 
 def test_sigterm_saves_and_exits(tmp_path):
-    trainer = Trainer(tiny_config(tmp_path, **{"train.steps": 100, "train.checkpoint_every": 50}),
+    trainer = Trainer.from_config(tiny_config(tmp_path, **{"train.steps": 100, "train.checkpoint_every": 50}),
                       log=lambda *_: None)
     step = trainer.train_step
 
     def step_then_signal():
         metrics = step()
-        if trainer.step == 2:
+        if trainer.state.step == 2:
             os.kill(os.getpid(), signal.SIGTERM)
         return metrics
 
     trainer.train_step = step_then_signal
     assert trainer.run() == {}
-    assert trainer.step == 2 and trainer.ckpt.latest_step() == 2
-    resumed = Trainer(tiny_config(tmp_path, **{"train.steps": 3}), resume=True, log=lambda *_: None)
-    assert resumed.step == 2
+    assert trainer.state.step == 2 and trainer.ckpt.latest_step() == 2
+    resumed = Trainer.from_config(tiny_config(tmp_path, **{"train.steps": 3}), resume=True, log=lambda *_: None)
+    assert resumed.state.step == 2
 
 
 def _config_file(tmp_path, **changes):
@@ -231,9 +235,9 @@ def test_export_loads_in_transformers(tmp_path, capsys):
     assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={out}"]) == 0
     model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
-    trainer = Trainer(tiny_config(tmp_path), resume=True, log=lambda *_: None)
+    trainer = Trainer.from_config(tiny_config(tmp_path), resume=True, log=lambda *_: None)
     ids = np.asarray([tokenizer.encode("Free cells: [0], [4]. \\boxed{4}")])
-    ours = np.asarray(jit_forward(trainer.state.params, trainer.cfg, ids))
+    ours = np.asarray(jit_forward(trainer.state.train.params, trainer.cfg, ids))
     with torch.no_grad():
         theirs = model(torch.tensor(ids)).logits.numpy()
     np.testing.assert_allclose(theirs, ours, atol=1e-4)
@@ -252,10 +256,10 @@ def test_kuhn_paper_config_runs_one_step_with_tiny_sizes(tmp_path):
     c.optim.update(micro_batch_size=8)
     c.train.update(steps=1, async_checkpointing=False)
     c.eval.update(final_games=2, max_new_tokens=16)
-    trainer = Trainer(c, log=lambda *_: None)
-    assert trainer.cfg.scan_layers and trainer.tc.epochs == 2 and trainer.tc.normaliser_constant == 4096
+    trainer = Trainer.from_config(c, log=lambda *_: None)
+    assert trainer.cfg.scan_layers and trainer.spec.train.epochs == 2 and trainer.spec.train.normaliser_constant == 4096
     results = trainer.run()
-    assert int(trainer.state.step) == 2  # PPO: two optimizer steps per iteration
+    assert int(trainer.state.train.step) == 2  # PPO: two optimizer steps per iteration
     # trained on Kuhn poker, evaluated on Kuhn poker and TicTacToe, as the reference does online
     assert sorted(results) == [(g, o) for g in ("KuhnPoker-v1", "TicTacToe-v0") for o in ("random", "scripted")]
 
@@ -300,12 +304,12 @@ def test_full_disk_is_a_clear_error_and_loses_no_checkpoint(tmp_path, capsys, mo
     assert "the checkpoint of step 2 could not be written" in err and "is full" in err
     assert "--resume (the newest complete checkpoint, step 1)" in err
     monkeypatch.setattr(ocp.CheckpointManager, "save", save)  # space freed
-    assert Trainer(tiny_config(tmp_path), resume=True, log=lambda *_: None).step == 1
+    assert Trainer.from_config(tiny_config(tmp_path), resume=True, log=lambda *_: None).state.step == 1
 
 
 def test_unknown_env_id(tmp_path):
     with pytest.raises(ValueError, match="Chess-v0.*TicTacToe-v0"):
-        Trainer(tiny_config(tmp_path, **{"games.env_ids": ("Chess-v0",)}))
+        Trainer.from_config(tiny_config(tmp_path, **{"games.env_ids": ("Chess-v0",)}))
 
 
 def test_missing_checkpoint(tmp_path):
@@ -313,16 +317,16 @@ def test_missing_checkpoint(tmp_path):
     with c.unlocked():
         c.model.path = str(tmp_path / "no_such_model")
     with pytest.raises(CheckpointError, match="does not exist"):
-        Trainer(c)
+        Trainer.from_config(c)
     with pytest.raises(FileNotFoundError, match="no checkpoint to resume from"):
-        Trainer(tiny_config(tmp_path), resume=True)
+        Trainer.from_config(tiny_config(tmp_path), resume=True)
 
 
 def test_tokenizer_that_does_not_fit_the_model(tmp_path):
     c = tiny_config(tmp_path)
     c.model.random.vocab_size = 1000
     with pytest.raises(CheckpointError, match="2048 tokens but the model's embedding has only 1000 rows"):
-        Trainer(c)
+        Trainer.from_config(c)
 
 
 @pytest.mark.parametrize("dtype, tolerance", [
@@ -335,7 +339,7 @@ def test_tokenizer_that_does_not_fit_the_model(tmp_path):
 def test_sampler_and_learner_logprobs_agree_and_nothing_recompiles(tmp_path, dtype, tolerance):
     """The learner's log-probs of the sampled tokens equal the sampler's (train/drift_max, measured
     end to end through rollout, packing and the update), and after the first step no program compiles."""
-    trainer = Trainer(tiny_config(tmp_path, **{"train.steps": 4, "model.compute_dtype": dtype}),
+    trainer = Trainer.from_config(tiny_config(tmp_path, **{"train.steps": 4, "model.compute_dtype": dtype}),
                       log=lambda *_: None)
     metrics = [trainer.train_step() for _ in range(4)]
     assert all(m["train/drift_max"] < tolerance for m in metrics), [m["train/drift_max"] for m in metrics]
@@ -353,11 +357,11 @@ def test_main_job_config_bootstraps_and_trains_one_step(tmp_path):
     c.rollout.update(games_per_batch=2, samples_per_step=32)
     c.train.update(steps=1, async_checkpointing=False)
     c.eval.update(opponents=())  # evaluation is tested elsewhere
-    trainer = Trainer(c, log=lambda *_: None)
+    trainer = Trainer.from_config(c, log=lambda *_: None)
     trainer.run()
     from spiral_jax.metrics import read_scalars
     scalars = read_scalars(tmp_path / "tensorboard")
-    assert [s for s, _ in scalars["bootstrap/loss"]] == [0, 2] and trainer.step == 1
+    assert [s for s, _ in scalars["bootstrap/loss"]] == [0, 2] and trainer.state.step == 1
     assert trainer.summary.read()["bootstrap"] == {"teacher": "hashed", "steps": 3}
 
 
@@ -370,7 +374,7 @@ def test_textarena_self_play_and_evaluation(tmp_path):
     from spiral_jax.metrics import read_scalars
 
     game = "textarena:TruthAndDeception-v0"
-    trainer = Trainer(tiny_config(tmp_path, **{"games.env_ids": (game,), "eval.opponents": (),
+    trainer = Trainer.from_config(tiny_config(tmp_path, **{"games.env_ids": (game,), "eval.opponents": (),
                                                "rollout.max_prompt_len": 512, "train.steps": 1}),
                       log=lambda *_: None)
     trainer.run()
@@ -379,4 +383,4 @@ def test_textarena_self_play_and_evaluation(tmp_path):
     results = run_games(trainer.eval_context(), tmp_path / "eval", [game], ["self"], 2)
     assert list(results) == [(game, "self")] and results[game, "self"].games == 2
     with pytest.raises(ValueError, match="the random player needs a game that lists its legal moves"):
-        Trainer(tiny_config(tmp_path / "b", **{"games.env_ids": (game,)}))
+        Trainer.from_config(tiny_config(tmp_path / "b", **{"games.env_ids": (game,)}))

@@ -1,0 +1,116 @@
+"""What a `RunSpec` builds: the model to train, its tokenizer, the policy that eval, export and serve
+load from a checkpoint (or model.path), and the evaluation context of a policy."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from spiral_jax.eval.suite import EvalContext
+from spiral_jax.models import CheckpointError, ModelConfig, init_params, load_pretrained, lora
+from spiral_jax.run.setup import RunSpec
+from spiral_jax.sampling import Sampler
+from spiral_jax.tokenizer import Tokenizer, load_tokenizer
+
+
+def build_model(spec: RunSpec, mesh=None) -> tuple[ModelConfig, dict]:
+    """The model to train (train layout): model.path's weights, else a random init of model.random;
+    with LoRA, fresh adapters beside them (the weights are the same as without)."""
+    cfg = spec.model
+    if spec.model_path:
+        _, params = load_pretrained(spec.model_path, mesh=mesh, compute_dtype=cfg.compute_dtype,
+                                    scan_layers=cfg.scan_layers, remat=cfg.remat, attention=cfg.attention)
+    else:
+        params = init_params(cfg.base(), jax.random.key(spec.seed), mesh=mesh, dtype=jnp.float32)
+    if cfg.lora_rank:
+        params = lora.join(params, lora.init_adapters(cfg, jax.random.fold_in(jax.random.key(spec.seed), 1), mesh))
+    return cfg, params
+
+
+def base_fingerprint(spec: RunSpec) -> str:
+    """What identifies the frozen weights LoRA adapters are trained on: a hash of model.path's
+    config.json and weight files (their bytes), or the random init's shape and seed."""
+    if not spec.model_path:
+        return "random:" + hashlib.sha256(json.dumps([spec.random_shape, spec.seed], sort_keys=True)
+                                          .encode()).hexdigest()[:16]
+    digest = hashlib.sha256()
+    folder = Path(spec.model_path)
+    for f in [folder / "config.json", *sorted(folder.glob("*.safetensors"))]:
+        digest.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 24), b""):
+                digest.update(block)
+    return "sha256:" + digest.hexdigest()[:16]
+
+
+def _base_weights(spec: RunSpec, mesh, rules: str = "sample"):
+    """The weights LoRA adapters sit on: model.path's, else the random init (as `build_model`)."""
+    from spiral_jax.models import load_policy_weights
+
+    cfg = spec.model
+    if spec.model_path:
+        return load_policy_weights(spec.model_path, cfg.base(), mesh)
+    return init_params(cfg.base(), jax.random.key(spec.seed), mesh=mesh, dtype=jnp.float32, rules=rules)
+
+
+def load_policy(spec: RunSpec, mesh, what: str = "eval", log=print, adapters: bool = False,
+                step: int | None = None) -> tuple[ModelConfig, dict, str, int]:
+    """(cfg, params, where they came from, step) for eval, export and serving: the parameters of the
+    checkpoint of `step` in out_dir (default: the newest readable one), else the weights at
+    model.path (step 0); in the sampler's layout on `mesh`, one copy, no optimiser state. A LoRA run's
+    checkpoint holds its adapters: they come back merged into the frozen weights (a model of
+    `cfg.base()`), or, with `adapters`, as they are (cfg with LoRA)."""
+    from spiral_jax.checkpoint import Checkpointer
+    from spiral_jax.models import abstract_params, load_policy_weights
+    from spiral_jax.sharding import Rules
+
+    directory = f"{spec.out_dir.rstrip('/')}/checkpoints"
+    cfg = spec.model
+    if "://" in directory or Path(directory).is_dir():
+        ckpt = Checkpointer(directory)
+        if ckpt.latest_step() is not None:
+            like = abstract_params(cfg, rules=Rules.create(mesh, "sample"))
+            params, step, meta = ckpt.restore_params(lora.split(like)[1] if cfg.lora_rank else like, log=log,
+                                                     step=step)
+            ckpt.close()
+            source = f"the checkpoint of step {step} in {ckpt.directory}"
+            if cfg.lora_rank:
+                if meta.get("lora_base") != base_fingerprint(spec):
+                    raise CheckpointError(f"{source} holds LoRA adapters trained on other weights than model.path's "
+                                          f"({meta.get('lora_base')} != {base_fingerprint(spec)}); give the model.path "
+                                          f"and model.lora the run was trained with")
+                if adapters:
+                    return cfg, params, source, step
+                params = lora.merge(lora.join(_base_weights(spec, mesh), params), cfg)
+            return cfg.base(), params, source, step
+    if step:
+        raise FileNotFoundError(f"no checkpoint of step {step} to {what}: no checkpoint in {directory}")
+    if adapters:
+        raise FileNotFoundError(f"no LoRA adapters to {what}: no checkpoint in {directory}")
+    if not spec.model_path:
+        raise FileNotFoundError(f"nothing to {what}: no checkpoint in {directory} and no model.path; "
+                                f"train first or pass --config.model.path=HF_FOLDER")
+    return (cfg.base(), load_policy_weights(spec.model_path, cfg.base(), mesh),
+            f"the weights at model.path={spec.model_path}", 0)
+
+
+def build_tokenizer(spec: RunSpec, cfg: ModelConfig | None = None) -> Tokenizer:
+    """The run's tokenizer with its chat template, checked against the model's vocabulary."""
+    if not spec.tokenizer_path:
+        raise CheckpointError("no tokenizer: set tokenizer.path (a folder, or 'embedded' for the "
+                              "project's tiny tokenizer) when model.path is empty")
+    return load_tokenizer(spec.tokenizer_path, cfg or spec.model, spec.template)
+
+
+def eval_context(spec: RunSpec, cfg: ModelConfig, params, tokenizer, mesh, step: int = 0,
+                 sampler: Sampler | None = None) -> EvalContext:
+    """What the evaluation suite needs to evaluate the policy of `step` (`params`, sampler layout on
+    `mesh`) as this run does: its settings, sizes and seeds. Without `sampler`, one sized like the
+    trainer's is built."""
+    e, r = spec.evaluation, spec.rollout
+    return EvalContext(cfg, params, tokenizer, sampler or spec.sampler(cfg, mesh), e.sampling, e.invalid_rewards,
+                       spec.games.max_turns, spec.seed, mesh, r.eval_in_flight, r.schedule, e.math.sampling,
+                       spec.api, step=step)

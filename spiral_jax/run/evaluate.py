@@ -1,0 +1,134 @@
+"""The one evaluation path, for the trainer and for `spiral-jax eval` alike.
+
+`evaluate_policy` plays the policy of a training step against every configured opponent on every
+evaluated game (`eval.suite.run_games`, seeded by the run's seed and the step) and reads the Kuhn
+exploitability where configured; `evaluate_math` runs the math benchmarks. The trainer calls them at
+step 0, every `eval_every` steps and at the end, writing under out_dir/eval/step<N>/; `spiral-jax
+eval` calls the same functions on a checkpoint (`run_eval`), so evaluating the checkpoint of step N
+again plays the very games the run played at step N.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from spiral_jax.distributed import is_leader
+from spiral_jax.eval import benchmarks, game_report, hub
+from spiral_jax.eval.suite import EvalContext, run_benchmarks, run_crossplay, run_games, run_kuhn, run_transfer
+from spiral_jax.paths import file_in
+from spiral_jax.policies import SCRIPTED, kind
+from spiral_jax.rollout import PlayedGame
+from spiral_jax.run.setup import RunSpec
+
+SUITES = ("games", "transfer", "kuhn", "crossplay", "bench")
+
+
+def transcript(game: PlayedGame) -> str:
+    """One game as markdown, for TensorBoard's text tab."""
+    rec = game.record
+    lines = [f"{rec.env_id} seed {rec.seed}, seats {game.seats}, rewards {rec.rewards}: {rec.reason}", ""]
+    for t in rec.turns:
+        lines.append(f"**player {t.player}** -> `{t.action}`{'' if t.valid else ' (invalid)'}\n\n"
+                     f"    {t.response.strip()[:500]}")
+    return "\n\n".join(lines)
+
+
+def evaluate_policy(ctx: EvalContext, spec: RunSpec, n_games: int, folder, writer=None, transcripts: int = 0,
+                    log=print) -> tuple[dict, object]:
+    """The policy of `ctx` (step `ctx.step`) against each opponent on each evaluated game, `n_games`
+    per matchup (0: no games), and the Kuhn exploitability where configured: ({(env id, opponent): GameStats},
+    KuhnPolicyEstimate | None). Reports and transcripts go to `folder`; scalars under eval/ to
+    `writer`, with the first `transcripts` games of each matchup as text."""
+    start, e = time.perf_counter(), spec.evaluation
+
+    def shown(env_id, opponent, games):
+        for i, g in enumerate(games[:transcripts] if writer is not None else []):
+            writer.text(ctx.step, f"transcripts/{env_id}/{opponent}/{i}", transcript(g))
+
+    results = run_games(ctx, folder, e.env_ids, e.opponents, n_games, on_games=shown) if n_games else {}
+    scalars = {k: v for (env_id, opponent), stats in results.items()
+               for k, v in stats.scalars(f"eval/{env_id}/{opponent}").items()}
+    kuhn = None
+    if e.kuhn_samples >= 0:  # exploitability of the policy on one-round Kuhn poker
+        try:
+            kuhn = run_kuhn(ctx, folder, e.kuhn_samples, env_id=e.kuhn_env_id)
+            scalars.update(kuhn.scalars("eval/kuhn"))
+        except ValueError as err:  # exact scoring of a model that does not answer that way yet
+            log(f"[eval] step {ctx.step}: no Kuhn exploitability: {err}")
+    if writer is not None:
+        writer.scalars(ctx.step, {**scalars, "time/eval": time.perf_counter() - start})
+    return results, kuhn
+
+
+def evaluate_math(ctx: EvalContext, spec: RunSpec, files: dict, folder, writer=None, log=print) -> list:
+    """The math benchmarks `files` (NAME -> items.jsonl) on the leader, as eval.math says, logged
+    under eval/math/<name>/ and written to `folder`: [BenchmarkResult]."""
+    if not files or not is_leader():
+        return []
+    start, m = time.perf_counter(), spec.evaluation.math
+    log(f"[eval] step {ctx.step}: math benchmarks {', '.join(files)}")
+    results = run_benchmarks(ctx, folder, files, m.samples, limit=m.limit, writer=writer, step=ctx.step,
+                             instruction_first=m.instruction_first, prefix="eval/math")
+    if writer is not None:
+        writer.scalars(ctx.step, {"time/eval_math": time.perf_counter() - start})
+    return results
+
+
+def _named(spec: str) -> tuple[str, str]:
+    name, _, path = spec.partition("=")
+    return (name, path) if path else (Path(spec).name, spec)
+
+
+def run_eval(ctx: EvalContext, spec: RunSpec, args) -> str:
+    """`spiral-jax eval --suite ...`: run the chosen suite, write its files, return its markdown.
+
+    Options come as attributes of `args` (the CLI's flags, or any namespace in tests): suite, games
+    (per pair; 0: eval.final_games), eval_out (default <out_dir>/eval/<suite>), opponents and env_ids
+    (default the config's), players (crossplay: "name=path" or "path"), crossplay_env, kuhn_samples
+    (0: exact scoring), bench ("NAME=file.jsonl", "file.jsonl", or "NAME" from the hub), samples,
+    shots_file, shots, limit."""
+    if args.suite not in SUITES:
+        raise ValueError(f"--suite must be one of {', '.join(SUITES)}, got {args.suite!r}")
+    out = Path(args.eval_out) if args.eval_out else Path(spec.out_dir) / "eval" / args.suite
+    n, e = args.games or spec.evaluation.final_games, spec.evaluation
+    if args.suite == "games":
+        extra, opponents = {}, []
+        for name in args.opponents or e.opponents:
+            if kind(name) in ("scripted", "self"):
+                opponents.append(name)
+            elif kind(name) == "api":  # reached now: a dead endpoint fails before any game
+                ctx.rollout.api_player(name).check()
+                opponents.append(name)
+            else:  # a model folder
+                label, path = _named(name)
+                if not Path(path).is_dir():
+                    raise FileNotFoundError(f"--opponents {name}: not random, scripted, self or "
+                                            f"openai:MODEL@URL, and no model folder {path} exists "
+                                            "(name=path/to/hf_folder for a model)")
+                extra[label] = ctx.load_weights(path)
+                opponents.append(label)
+        results = run_games(ctx, out, args.env_ids or e.env_ids, opponents, n, extra)
+        return game_report.to_markdown(results, ctx.settings(n_games=n, step=ctx.step))
+    if args.suite == "transfer":
+        results = run_transfer(ctx, out, n, args.opponents or SCRIPTED)
+        return game_report.to_markdown(results, ctx.settings(n_games=n), "Transfer to unseen games")
+    if args.suite == "kuhn":
+        run_kuhn(ctx, out, args.kuhn_samples)
+        return (out / "kuhn.md").read_text()
+    if args.suite == "crossplay":
+        players = {"model": ctx.params}
+        players.update({name: ctx.load_weights(path) for name, path in map(_named, args.players)})
+        scripted = [o for o in args.opponents if kind(o) == "scripted"]
+        run_crossplay(ctx, out, players, args.crossplay_env, n, scripted)
+        return (out / "crossplay.md").read_text()
+    files, m = {}, e.math
+    for name in args.bench or m.files:
+        local = "=" in name or name.endswith(".jsonl") or Path(name).is_file()
+        files.update(benchmarks.local_files([name]) if local else
+                     {name: hub.download(name, file_in(out / "data", name, ".jsonl"))})
+    if not files:
+        raise ValueError("--bench needs NAME=file.jsonl (or NAME, to download from the hub) entries, "
+                         "or eval.math.files in the config")
+    results = run_benchmarks(ctx, out, files, args.samples or m.samples, args.shots_file or None, args.shots,
+                             args.limit or m.limit, instruction_first=m.instruction_first)
+    return benchmarks.markdown(results)

@@ -1,0 +1,96 @@
+"""RunState: a run's whole state as one value, through a checkpoint and back; RunSpec's checks."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spiral_jax.checkpoint import Checkpointer
+from spiral_jax.config import base_config
+from spiral_jax.rl.train_step import TrainConfig, init_train_state
+from spiral_jax.run import RunState, run_spec
+
+
+def _state(tiny_model, scale: float) -> RunState:
+    cfg, params, _ = tiny_model
+    params = jax.tree.map(lambda x: x * scale, params)
+    train = init_train_state(params, cfg, TrainConfig(learning_rate=1e-3))
+    train = train._replace(step=jnp.asarray(7, jnp.int32), skipped=jnp.asarray(2, jnp.int32))
+    snapshot = jax.tree.map(lambda x: x + 1.0, params)
+    return RunState(train, step=7, rae={"baselines": {"TicTacToe-v0": {"0": 0.25, "1": -0.5}}},
+                    pool=[snapshot], pool_steps=[5], reference=jax.tree.map(lambda x: x - 1.0, params),
+                    totals={"games": 12, "sampled_tokens": 345, "trained_tokens": 678}, lora_base="random:abc")
+
+
+def _abstract(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+def _leaves(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def _assert_equal(a: RunState, b: RunState):
+    for field in dataclasses.fields(RunState):
+        x, y = getattr(a, field.name), getattr(b, field.name)
+        if field.name in ("train", "pool", "reference"):
+            assert len(_leaves(x)) == len(_leaves(y)), field.name
+            for u, v in zip(_leaves(x), _leaves(y)):
+                np.testing.assert_array_equal(u, v, err_msg=field.name)
+        else:
+            assert x == y, field.name
+
+
+def test_a_run_state_round_trips_through_a_checkpoint(tmp_path, tiny_model):
+    saved = _state(tiny_model, 2.0)
+    ckpt = Checkpointer(tmp_path / "checkpoints", async_save=False)
+    saved.save(ckpt, seed=3, config_json="{}")
+    like = _state(tiny_model, 1.0)  # another state of the same shapes
+    restored = RunState.restore(ckpt, like, like.pool[0], log=lambda *_: None)
+    _assert_equal(saved, restored)
+    without = RunState.restore(ckpt, like, like.pool[0], log=lambda *_: None, reference=False)
+    assert without.reference is None and without.step == 7
+    ckpt.close()
+    reader = Checkpointer(tmp_path / "checkpoints")  # what eval and export read: the parameters alone
+    params, step, _ = reader.restore_params(_abstract(like.train.params), step=7)
+    assert step == 7 and all(np.array_equal(a, b) for a, b in zip(_leaves(params), _leaves(saved.train.params)))
+    reader.close()
+
+
+def test_a_bootstrap_state_keeps_its_progress_and_no_reference(tmp_path, tiny_model):
+    saved = dataclasses.replace(_state(tiny_model, 2.0), step=0, phase="bootstrap", bootstrap_step=4, pool=[],
+                                pool_steps=[])
+    ckpt = Checkpointer(tmp_path / "checkpoints", async_save=False)
+    saved.save(ckpt, seed=0, config_json="{}")
+    like = _state(tiny_model, 1.0)
+    restored = RunState.restore(ckpt, like, like.pool[0], log=lambda *_: None)
+    assert (restored.phase, restored.bootstrap_step, restored.step, restored.reference) == ("bootstrap", 4, 0, None)
+    ckpt.close()
+    with pytest.raises(FileNotFoundError, match="no checkpoint of step 3 .* holds steps 0"):
+        Checkpointer(tmp_path / "checkpoints").restore_params(_abstract(like.train.params), step=3)
+    with pytest.raises(ValueError, match="phase 'warmup'"):
+        RunState(saved.train, phase="warmup")
+
+
+def test_run_spec_reads_the_config_once_and_checks_it():
+    c = base_config()
+    c.games.update(env_ids=("TicTacToe-v0", "KuhnPoker-v1"), weights=(3.0, 1.0))
+    c.rollout.update(max_in_flight=0, games_per_batch=8)
+    spec = run_spec(c)
+    np.testing.assert_allclose(spec.games.probabilities, [0.75, 0.25])
+    assert spec.rollout.max_in_flight is None and spec.rollout.eval_in_flight == 8
+    assert spec.evaluation.env_ids == ("TicTacToe-v0", "KuhnPoker-v1") and spec.bootstrap is None
+    assert spec.evaluation.sampling.top_k == 0 and spec.rollout.sampling.max_new_tokens == 4096
+    assert spec.cache_len >= spec.rollout.max_prompt_len + 4096
+    for key, value, message in [("rollout.mode", "league", "rollout.mode='league'"),
+                                ("eval.final_games", 3, "eval.final_games=3: .* even"),
+                                ("games.weights", (1.0,), "2 games.env_ids"),
+                                ("bootstrap.teacher", "oracle", "bootstrap.teacher='oracle'")]:
+        bad = base_config()
+        bad.games.update(env_ids=("TicTacToe-v0", "KuhnPoker-v1"), weights=(1.0, 1.0))
+        bad.bootstrap.enabled = True
+        *section, name = key.split(".")
+        bad[section[0]][name] = value
+        with pytest.raises(ValueError, match=message):
+            run_spec(bad)
