@@ -195,7 +195,7 @@ def test_more_final_eval_games_than_games_per_batch_do_not_change_the_eval_sampl
     c.eval.update(games=0, max_new_tokens=2048)  # only the final eval makes a 2048-token call
     hw = H.hardware("8xH100")
     plans = {}
-    for games in (64, 65, 512, 4096):
+    for games in (64, 66, 512, 4096):
         c.eval.final_games = games
         plans[games] = P.plan(planned(c), hw)
     for p in plans.values():

@@ -124,8 +124,9 @@ def _sampler_row_bytes(cfg: ModelConfig, prompt_len: int, slots: int) -> int:
 
 def sampler_row_bytes(cfg: ModelConfig, merged: bool, prompt_len: int, slots: int) -> int:
     """What a generate call returns per row (new tokens, their log-probs and raw log-probs, the length):
-    the outputs of the sampler's own program, lowered for the model it decodes with."""
-    return _sampler_row_bytes(sample_config(cfg, merged).replace(remat=False), prompt_len, slots)
+    the outputs of the sampler's own program, lowered here for the model it decodes with (through
+    XLA's attention: the outputs are the same with any kernel, and a TPU's is not lowered on a CPU)."""
+    return _sampler_row_bytes(sample_config(cfg, merged).replace(remat=False, attention="xla"), prompt_len, slots)
 
 
 def _whole(tc: TrainConfig) -> TrainConfig:

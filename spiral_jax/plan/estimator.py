@@ -11,6 +11,7 @@ from spiral_jax.models import ModelConfig
 from spiral_jax.plan import arrays
 from spiral_jax.plan.activations import activations, fused, logprob_pass, sampling, weights_in_flight
 from spiral_jax.plan.sizes import MeshShape, Workload, workload
+from spiral_jax.rl.samples import row_multiple
 from spiral_jax.sampling import bucket_length
 
 
@@ -160,10 +161,10 @@ def plan(spec, hw: Hardware, mesh: MeshShape | None = None) -> Plan:
     work = workload(spec)
     result = estimate(spec.model, spec.train, work, mesh, hw)
     notes = [f"model shape from {spec.model_source}"] + ([f"hardware: {hw.source}"] if hw.source else [])
-    if work.micro_batch % mesh.batch_shards or work.samples % work.micro_batch:
-        notes.append(f"optim.micro_batch_size={work.micro_batch} must be a multiple of data x fsdp = "
-                     f"{mesh.batch_shards} and divide rollout.samples_per_step={work.samples}: the trainer "
-                     f"refuses this config")
+    try:
+        row_multiple(spec.train.micro_batch_size, mesh.batch_shards, work.samples)
+    except ValueError as e:
+        notes.append(f"{e}: the trainer refuses this config")
     chunked = [f"{name} ({n} games)" for name, n in (("eval", work.eval_games), ("final eval", work.final_games))
                if n > work.in_flight(n)]
     if chunked:

@@ -107,7 +107,7 @@ def workload(spec) -> Workload:
     return Workload(
         samples=samples, micro_batch=spec.train.micro_batch_size or samples, row=row,
         chunk=min(spec.train.logprob_chunk, row.response_slots.shape[1]), prompt_len=bucket_length(r.max_prompt_len),
-        rollout_games=min(r.games_per_batch, r.max_in_flight or r.games_per_batch),
+        rollout_games=min(r.games_per_batch, r.eval_in_flight),
         rollout_new=r.sampling.max_new_tokens, eval_games=e.games, final_games=e.final_games,
         eval_new=e.sampling.max_new_tokens,
         snapshots=r.pool_size if r.mode == "pool" else int(r.mode == "fixed_opponent" and r.opponent not in SCRIPTED),

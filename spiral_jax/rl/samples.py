@@ -123,8 +123,9 @@ def row_multiple(micro_batch_size: int | None, shards: int, samples_per_step: in
     `samples_per_step` rows, divide them."""
     micro = micro_batch_size or shards
     if micro % shards or (samples_per_step and samples_per_step % micro):
+        divide = f" and divide rollout.samples_per_step={samples_per_step}" if samples_per_step else ""
         raise ValueError(f"optim.micro_batch_size={micro} must be a multiple of the data x fsdp mesh size "
-                         f"({shards}) and divide rollout.samples_per_step={samples_per_step}")
+                         f"({shards}){divide}")
     return micro
 
 

@@ -3,7 +3,7 @@ import jax
 import numpy as np
 import pytest
 
-from spiral_jax.rl.samples import TurnSample, bucket_length, pack, shard_batch
+from spiral_jax.rl.samples import TurnSample, bucket_length, pack, padded_rows, row_multiple, shard_batch
 from spiral_jax.sharding import make_mesh
 
 
@@ -65,3 +65,17 @@ def test_shard_batch_splits_rows_over_data_and_fsdp():
         assert x.sharding.spec[0] == ("data", "fsdp")
         assert {s.data.shape[0] for s in x.addressable_shards} == {1}
     assert isinstance(shard_batch(pack([_sample([1], [2])]), None).tokens, jax.Array)
+
+
+def test_the_micro_batch_rule_of_the_trainer_and_the_planner():
+    """Rows come in micro-batches (default one row per data x fsdp shard) that split over the shards
+    and, for an exact selection, divide the step's samples; a step of any size pads to few shapes."""
+    assert row_multiple(None, 8, 128) == 8 and row_multiple(16, 8, 128) == 16 and row_multiple(16, 8) == 16
+    with pytest.raises(ValueError, match=r"micro_batch_size=12 must be a multiple of .* \(8\) and divide "
+                                         r"rollout.samples_per_step=128"):
+        row_multiple(12, 8, 128)
+    with pytest.raises(ValueError, match=r"micro_batch_size=48 .* divide rollout.samples_per_step=128"):
+        row_multiple(48, 8, 128)
+    with pytest.raises(ValueError, match=r"\(8\)$"):
+        row_multiple(12, 8)
+    assert [padded_rows(n, 8) for n in (1, 8, 9, 100)] == [8, 8, 16, 128]
