@@ -273,7 +273,6 @@ def _run(command: str, c) -> int:
 
     if command == "plan":
         return _plan(run_spec(c, planning=True))
-
     if command == "eval":
         c = with_protocol(c, FLAGS.protocol)
     spec = run_spec(c, config_flags.get_config_filename(FLAGS["config"]))

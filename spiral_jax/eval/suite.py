@@ -60,11 +60,11 @@ class EvalContext:
         return ctx
 
     def settings(self, **more) -> dict:
-        """The sampling settings every report records."""
+        """The sampling settings every report records, with the step the weights are from."""
         sp = self.sampling
         return {"temperature": sp.temperature, "top_p": sp.top_p, "top_k": sp.top_k, "greedy": sp.greedy,
                 "max_new_tokens": sp.max_new_tokens, "template": self.tokenizer.template.name,
-                "seed": self.seed, **more}
+                "seed": self.seed, "step": self.step, **more}
 
     def load_weights(self, source: str):
         """Weights of another model with the same architecture: an HF folder (sampler layout)."""
@@ -75,7 +75,7 @@ def run_games(ctx: EvalContext, out_dir, env_ids: Sequence[str], opponents: Sequ
               opponent_params: Mapping[str, object] | None = None, on_games=None):
     """The model against each opponent on each game: games.json / games.md / transcripts
     (`game_report.evaluate_games`, seeded by `ctx.game_seed`)."""
-    settings = ctx.settings(n_games=n_games, step=ctx.step)
+    settings = ctx.settings(n_games=n_games)
     results = game_report.evaluate_games(ctx.rollout, ctx.params, env_ids, opponents, n_games, ctx.game_seed,
                                          out_dir, opponent_params, settings, on_games)
     if is_leader():

@@ -108,7 +108,7 @@ def run_eval(ctx: EvalContext, spec: RunSpec, args) -> str:
                 extra[label] = ctx.load_weights(path)
                 opponents.append(label)
         results = run_games(ctx, out, args.env_ids or e.env_ids, opponents, n, extra)
-        return game_report.to_markdown(results, ctx.settings(n_games=n, step=ctx.step))
+        return game_report.to_markdown(results, ctx.settings(n_games=n))
     if args.suite == "transfer":
         results = run_transfer(ctx, out, n, args.opponents or SCRIPTED)
         return game_report.to_markdown(results, ctx.settings(n_games=n), "Transfer to unseen games")

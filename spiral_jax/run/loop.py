@@ -256,11 +256,12 @@ class Trainer:
             s.pool_steps.append(s.step)
             if len(s.pool) > r.pool_size:
                 del s.pool[0], s.pool_steps[0]
+        trained = trained_tokens(collected)
         s.totals = {"games": s.totals["games"] + len(collected.games),
                     "sampled_tokens": s.totals["sampled_tokens"] + collected.decode.generated_tokens,
-                    "trained_tokens": s.totals["trained_tokens"] + trained_tokens(collected)}
+                    "trained_tokens": s.totals["trained_tokens"] + trained}
         times = StepTimes(time.perf_counter() - t0, t_handover, t_rollout, t_update)
-        return step_scalars(collected, update, times, s.totals, s.rae, compile_count() - executables0)
+        return step_scalars(collected, trained, update, times, s.totals, s.rae, compile_count() - executables0)
 
     def eval_context(self):
         """The evaluation context of the current policy (`run.setup.eval_context`)."""

@@ -35,9 +35,10 @@ def trained_tokens(collected: Collected) -> int:
     return sum(len(x.prompt_ids) + len(x.response_ids) for x in collected.samples)
 
 
-def step_scalars(collected: Collected, update: dict, times: StepTimes, totals: dict, rae: dict,
+def step_scalars(collected: Collected, trained: int, update: dict, times: StepTimes, totals: dict, rae: dict,
                  new_executables: int) -> dict[str, float]:
-    """Everything step logs, from its collected data, the update's metrics and its timings."""
+    """Everything a step logs, from its collected data (`trained` tokens of it went into the update),
+    the update's metrics and its timings."""
     games, samples, decode = collected.games, collected.samples, collected.decode
     metrics = {f"train/{k}": float(v) for k, v in update.items()}
     metrics.update(summarize(games).scalars("rollout/all"))
@@ -61,7 +62,7 @@ def step_scalars(collected: Collected, update: dict, times: StepTimes, totals: d
         "rollout/prefill_saved": decode.prefill_saved,
         # Nonzero after the first steps means a shape is not bucketed and a program recompiles.
         "compile/new_executables": new_executables,
-        "throughput/trained_tokens_per_s": trained_tokens(collected) / max(times.update, 1e-9),
+        "throughput/trained_tokens_per_s": trained / max(times.update, 1e-9),
         "throughput/games_per_s": len(games) / max(times.rollout, 1e-9),
         **{f"totals/{k}": float(v) for k, v in totals.items()},
     })
