@@ -62,40 +62,50 @@ def v5p():
     return aot.target("v5p-8")
 
 
-@pytest.mark.parametrize("attention", [pytest.param("xla", marks=pytest.mark.slow), "auto"])
-def test_a_run_compiles_for_a_tpu_slice_and_the_planner_agrees_with_the_compiler(v5p, attention):
-    c = _mid_config()
-    c.model.attention = attention
+def _compile_mid(tgt, c):
     # The suite's "highest" matmul precision (tests/conftest.py) asks Mosaic for fp32 products of bf16
     # operands, which splash's kernels refuse; runs use the default precision.
     with jax.default_matmul_precision("default"):
-        results, plan = aot.compile_run(run_spec(c, planning=True), v5p, log=lambda m: None)
-    names = [r.name.split(" (")[0] for r in results]
-    assert names == ["train step", "old log-probs", "rollout sampler", "eval sampler"]
-    assert all(r.peak > 0 for r in results)
+        return aot.compile_run(run_spec(c, planning=True), tgt, log=lambda m: None)
+
+
+def _planner_agrees(results):
     for r in results:
         # The planner never plans more than 10% below the TPU compiler. At this small size its loss-head
         # terms (fp32 logits, counted as XLA:CPU keeps them) make it err high, up to 1.6x; at the presets'
         # size it is within 10% either way (docs/memory.md, scripts/compile_presets.py).
         assert 0.9 <= r.planned / r.total <= 1.6, (r.name, r.planned / P.MiB, r.total / P.MiB)
+
+
+def test_a_run_compiles_for_a_tpu_slice_and_the_planner_agrees_with_the_compiler(v5p):
+    c = _mid_config()
+    c.model.attention = "auto"
+    results, plan = _compile_mid(v5p, c)
+    names = [r.name.split(" (")[0] for r in results]
+    assert names == ["train step", "old log-probs", "rollout sampler", "eval sampler"]
+    assert all(r.peak > 0 for r in results)
+    _planner_agrees(results)
     text, fits = aot.report(results, plan, v5p)
     m = LAST_LINE.match(text.splitlines()[-1])
     assert m and m.group(1) == "4" and m.group(2) == "v5p-8" and m.group(6) == "fits" and fits
 
 
 @pytest.mark.slow
-def test_fused_attention_shrinks_the_compiled_train_step(v5p):
-    """Splash never builds the [rows, heads, T, T] scores: at 2048-slot rows they dominate XLA's step."""
+def test_xla_attention_compiles_too_and_splash_never_holds_the_scores(v5p):
+    """Both attention paths compile and plan within bounds; XLA's train step holds at least one
+    [rows, heads, T, T] fp32 score tensor more than splash's, which never builds it."""
     peaks = {}
     for attention in ("xla", "splash"):
         c = _mid_config()
         c.model.attention = attention
-        c.rollout.update(max_prompt_len=1024, max_new_tokens=1024)
-        c.optim.epochs = 1
-        with jax.default_matmul_precision("default"):
-            results, _ = aot.compile_run(run_spec(c, planning=True), v5p, log=lambda m: None)
+        c.optim.update(micro_batch_size=8, epochs=1)  # one epoch on-policy: no old-log-prob pass
+        results, plan = _compile_mid(v5p, c)
+        assert [r.name.split(" (")[0] for r in results] == ["train step", "rollout sampler", "eval sampler"]
+        _planner_agrees(results)
         peaks[attention] = results[0].peak
-    assert peaks["splash"] < 0.7 * peaks["xla"], {k: v / P.MiB for k, v in peaks.items()}
+    rows, heads_per_chip, slots = 8, 8 // 4, 1024
+    scores = rows * heads_per_chip * slots * slots * 4
+    assert peaks["xla"] - peaks["splash"] >= scores, {k: v / P.MiB for k, v in peaks.items()}
 
 
 @pytest.mark.slow
@@ -105,8 +115,9 @@ def test_a_program_the_compiler_refuses_for_memory_is_reported_and_does_not_fit(
     c = _mid_config()
     c.mesh.tensor = 8
     c.rollout.games_per_batch = 65536
-    with jax.default_matmul_precision("default"):
-        results, plan = aot.compile_run(run_spec(c, planning=True), tgt, log=lambda m: None)
+    c.optim.epochs = 1  # only the train step and the rollout sampler: no old-log-prob pass, no evaluation
+    c.eval.update(games=0, final_games=0)
+    results, plan = _compile_mid(tgt, c)
     refused = [r for r in results if r.total is None]
     assert [r.name.split(" (")[0] for r in refused] == ["rollout sampler"] and "HBM" in refused[0].error
     text, fits = aot.report(results, plan, tgt)
