@@ -6,8 +6,13 @@
 #   2. bench/sampler.py: spiral_jax against transformers on the same GPU, both in bf16,
 #   3. the main job (configs/tiny_pig.py) end to end on the GPU.
 # Logs go to $OUT (default /tmp/gpu_check). Run from the repository root with spiral_jax importable
-# (pip install -e '.[cuda,test]', or PYTHONPATH=. where the packages are already there).
+# (pip install -e '.[cuda,test]', or PYTHONPATH=. where the packages are already there). Wheels in
+# .whl/ (for a machine that cannot reach PyPI; see scripts/gpu_rl_step.sh) are installed first.
 set -u
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"

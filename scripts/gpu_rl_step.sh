@@ -19,8 +19,15 @@
 # Logs go to $OUT (default /tmp/gpu_rl_step), one per part, and summary.txt collects each bench's
 # last line. Override a part's limit with ATTENTION_S, SMALL_S, MEDIUM_S, PRESET_S, the cap
 # with NEW_TOKENS. Run from the repository root with spiral_jax importable (pip install -e
-# '.[cuda]', or PYTHONPATH=. where the packages are already there).
+# '.[cuda]', or PYTHONPATH=. where the packages are already there). On a machine that cannot reach
+# PyPI, put the wheels of what it lacks in .whl/ (an image with JAX, flax and transformers lacks
+# ml-collections: pip download --no-deps --only-binary=:all: -d .whl ml-collections==1.1.0); they are
+# installed to /tmp/site first.
 set -u
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 OUT=${OUT:-/tmp/gpu_rl_step}
 NEW_TOKENS=${NEW_TOKENS:-1024}
 mkdir -p "$OUT"
@@ -29,7 +36,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/spiral_jax_xla_cache}
 
 nvidia-smi -L
-python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
+python3 -c "import jax, ml_collections; print('jax', jax.__version__, jax.devices())" || exit 1
 
 section() { echo; echo "=== $1 ($(date +%T))"; }
 
