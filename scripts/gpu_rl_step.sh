@@ -18,11 +18,13 @@
 #      is not part of the 12 minutes: the command printed at the end runs it (about 8 min).
 # Logs go to $OUT (default /tmp/gpu_rl_step), one per part, and summary.txt collects each bench's
 # last line. Override a part's limit with ATTENTION_S, SMALL_S, MEDIUM_S, PRESET_S, the cap
-# with NEW_TOKENS. Run from the repository root with spiral_jax importable (pip install -e
-# '.[cuda]', or PYTHONPATH=. where the packages are already there). On a machine that cannot reach
-# PyPI, put the wheels of what it lacks in .whl/ (an image with JAX, flax and transformers lacks
-# ml-collections: pip download --no-deps --only-binary=:all: -d .whl ml-collections==1.1.0); they are
-# installed to /tmp/site first.
+# with NEW_TOKENS; PARTS picks parts (default "attention small medium preset"), e.g. two calls of a
+# machine that runs one command for at most 10 minutes: PARTS="attention small medium", then
+# PARTS=preset (summary.txt is appended to, so give both the same $OUT or read both). Run from the
+# repository root with spiral_jax importable (pip install -e '.[cuda]', or PYTHONPATH=. where the
+# packages are already there). On a machine that cannot reach PyPI, put the wheels of what it lacks
+# in .whl/ (an image with JAX, flax and transformers lacks ml-collections: pip download --no-deps
+# --only-binary=:all: -d .whl ml-collections==1.1.0); they are installed to /tmp/site first.
 set -u
 if ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -53,16 +55,18 @@ run() {
   echo "$name ($*): $(tail -1 "$OUT/$name.log")" >> "$OUT/summary.txt"
 }
 
-: > "$OUT/summary.txt"
-if [ -f scripts/gpu_attention_check.py ]; then
+PARTS=" ${PARTS:-attention small medium preset} "
+want() { [[ "$PARTS" == *" $1 "* ]]; }
+
+if want attention && [ -f scripts/gpu_attention_check.py ]; then
   section "scripts/gpu_attention_check.py"
   timeout "${ATTENTION_S:-60}" python3 scripts/gpu_attention_check.py 2>&1 | tee "$OUT/attention.log" | tail -30
   echo "attention check: exit ${PIPESTATUS[0]}"
 fi
 
-run qwen3_0p6b "${SMALL_S:-120}" --shape 0.6b --max_new_tokens "$NEW_TOKENS" --steps 1
-run qwen3_1p7b "${MEDIUM_S:-150}" --shape 1.7b --max_new_tokens "$NEW_TOKENS" --steps 1
-run qwen3_4b_1xh200 "${PRESET_S:-330}" --config configs/kuhn_qwen3_4b_1xh200.py --max_new_tokens "$NEW_TOKENS" --steps 2
+want small && run qwen3_0p6b "${SMALL_S:-120}" --shape 0.6b --max_new_tokens "$NEW_TOKENS" --steps 1
+want medium && run qwen3_1p7b "${MEDIUM_S:-150}" --shape 1.7b --max_new_tokens "$NEW_TOKENS" --steps 1
+want preset && run qwen3_4b_1xh200 "${PRESET_S:-330}" --config configs/kuhn_qwen3_4b_1xh200.py --max_new_tokens "$NEW_TOKENS" --steps 2
 
 section "summary"
 cat "$OUT/summary.txt"
