@@ -16,11 +16,14 @@
 #      thousands of steps a rollout. At the full 4096-token cap the step alone is about 4-5 min by
 #      that arithmetic (four times the decode steps, each reading up to four times the cache), so it
 #      is not part of the 12 minutes: the command printed at the end runs it (about 8 min).
+#   4. (part "continuous", not in the default) the Qwen3-0.6B step of part 2 with the continuous
+#      schedule, 16 decode slots for its 64 games (rollout.max_in_flight): the same tokens as the
+#      rounds step, so the two steps' times say whether the presets should use it (2 min, cut at 120 s).
 # Logs go to $OUT (default /tmp/gpu_rl_step), one per part, and summary.txt collects each bench's
-# last line. Override a part's limit with ATTENTION_S, SMALL_S, MEDIUM_S, PRESET_S, the cap
-# with NEW_TOKENS; PARTS picks parts (default "attention small medium preset"), e.g. two calls of a
-# machine that runs one command for at most 10 minutes: PARTS="attention small medium", then
-# PARTS=preset (summary.txt is appended to, so give both the same $OUT or read both). Run from the
+# last line. Override a part's limit with ATTENTION_S, SMALL_S, CONTINUOUS_S, MEDIUM_S, PRESET_S,
+# the cap with NEW_TOKENS; PARTS picks parts (default "attention small medium preset"). A machine
+# that runs one command for at most 10 minutes takes it in two calls, the issue's targets first:
+# PARTS=preset, then PARTS="attention small continuous" (summary.txt is appended to). Run from the
 # repository root with spiral_jax importable (pip install -e '.[cuda]', or PYTHONPATH=. where the
 # packages are already there). On a machine that cannot reach PyPI, put the wheels of what it lacks
 # in .whl/ (an image with JAX, flax and transformers lacks ml-collections: pip download --no-deps
@@ -65,6 +68,8 @@ if want attention && [ -f scripts/gpu_attention_check.py ]; then
 fi
 
 want small && run qwen3_0p6b "${SMALL_S:-120}" --shape 0.6b --max_new_tokens "$NEW_TOKENS" --steps 1
+want continuous && run qwen3_0p6b_continuous "${CONTINUOUS_S:-120}" --shape 0.6b --max_new_tokens "$NEW_TOKENS" \
+  --steps 1 --schedule continuous --max_in_flight 16
 want medium && run qwen3_1p7b "${MEDIUM_S:-150}" --shape 1.7b --max_new_tokens "$NEW_TOKENS" --steps 1
 want preset && run qwen3_4b_1xh200 "${PRESET_S:-330}" --config configs/kuhn_qwen3_4b_1xh200.py --max_new_tokens "$NEW_TOKENS" --steps 2
 
