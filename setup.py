@@ -45,6 +45,8 @@ setup(
         # gcsfs: a gs:// out_dir for everything a run writes besides checkpoints (spiral_jax/paths.py).
         "gcs": ["gcsfs"],
         "tpu": [f"jax[tpu]=={JAX_TPU}", "gcsfs"],
+        # JAX with CUDA for a GPU box; it also brings XLA's GPU compiler, with which `spiral-jax plan
+        # --hardware 1xH200 --compile` compiles for NVIDIA presets on a machine without a GPU.
         "cuda": ["jax[cuda12]"],
         "eval": ["math-verify", "datasets", "matplotlib"],
         "textarena": ["textarena"],

@@ -69,9 +69,6 @@ TINY = dict(model_type="qwen3", vocab_size=4096, hidden_size=128, intermediate_s
 SHAPES = {"tiny": TINY, **QWEN3}
 # Sizes of a tiny run (CPU, seconds); real shapes keep the recipe's unless a flag says otherwise.
 TINY_SIZES = dict(samples=16, max_new_tokens=128, games=8, micro_batch=8)
-# Device kind (a substring of jax's device_kind) -> (memory bandwidth TB/s, dense bf16 TFLOP/s), data sheets.
-DEVICES = {"H200": (4.8, 989.0), "H100": (3.35, 989.0), "A100": (2.0, 312.0), "L40S": (0.864, 362.0),
-           "A6000": (0.768, 155.0), "4090": (1.008, 165.0)}
 BATCH1_STEPS = 128  # decode steps of the batch-1 measurement
 
 
@@ -297,8 +294,8 @@ def device_rates(args, dtype) -> tuple[float, float, str]:
     """(bytes/s, FLOP/s, where they came from): the flags, else the data-sheet table, else measured
     (always on CPU, whose data sheet depends on the machine)."""
     kind = jax.devices()[0].device_kind
-    sheet = None if jax.default_backend() == "cpu" else \
-        next((v for k, v in DEVICES.items() if k.lower() in kind.lower()), None)
+    card = None if jax.default_backend() == "cpu" else hardware.gpu_card(kind)
+    sheet = None if card is None else (card.bandwidth / 1e12, card.bf16_flops / 1e12)
     if args.bandwidth_tbs and args.peak_tflops:
         sheet, source = (args.bandwidth_tbs, args.peak_tflops), "flags"
     elif sheet is None:

@@ -3,9 +3,11 @@
 `spiral-jax plan --config C --hardware v5p-8 --compile` builds the programs a training run executes
 (the train step at its micro-batch, PPO's old-log-prob pass, the rollout's and evaluation's sampler
 programs) over abstract arguments placed on the slice's devices, compiles them with the slice's own
-compiler and reads `memory_analysis()`. For a TPU slice the devices come from
-`jax.experimental.topologies` and the compiler from libtpu (the `tpu` extra), so this works on a
-laptop without any TPU; with no `--hardware` it compiles for the devices this machine has.
+compiler and reads `memory_analysis()`. The devices come from `jax.experimental.topologies`, so
+this works on a laptop without the accelerator: for a TPU slice the compiler is libtpu's (the `tpu`
+extra); for an NVIDIA preset (1xH200, 8xH100, ...) it is XLA's GPU compiler from JAX's CUDA plugin
+(the `cuda` extra), told the card's properties (`hardware.GpuCard`). With no `--hardware` it compiles
+for the devices this machine has.
 
 A program's compiled peak covers its arguments, outputs and temporaries. What else stays on the
 device while it runs (the optimiser state during sampling, a second copy of the weights in the
@@ -24,13 +26,13 @@ import jax.numpy as jnp
 
 from spiral_jax import plan as planner
 from spiral_jax.distributed import host_local_mesh
-from spiral_jax.models import abstract_params, lora, param_shardings
+from spiral_jax.models import abstract_params, cpu, lora, param_shardings
 from spiral_jax.rl.reshard import sample_config
 from spiral_jax.rl.samples import Batch, batch_shardings
 from spiral_jax.rl.train_step import make_compute_logprobs, make_optimizer, make_train_step, state_shardings
 from spiral_jax.sampling import cache_slots
 from spiral_jax.sharding import Rules, make_mesh
-from spiral_jax.hardware import GiB, Hardware, parse_accelerator
+from spiral_jax.hardware import GiB, Hardware, hardware as preset, parse_accelerator
 
 _HBM = re.compile(r"exceeds available HBM \(([0-9.]+)([KMGT])")
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -84,6 +86,44 @@ def tpu_devices(accelerator: str) -> tuple:
             f"{str(e).splitlines()[0][:200]}); install it with pip install -e '.[tpu]' (libtpu)") from e
 
 
+def prepare(hardware: str) -> None:
+    """Get JAX ready to compile for `hardware`; call it before anything starts JAX's backends.
+
+    For an NVIDIA preset: JAX's CUDA plugin checks the CUDA driver's version as it loads and, on a
+    machine without a GPU (no driver), fails to load, compiler and all, unless told to skip the check.
+    """
+    try:
+        card = preset(hardware).card
+    except ValueError:
+        return  # an unknown name fails later, in `target`, with the list of known ones
+    if card is not None:
+        os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+
+
+def gpu_devices(hw: Hardware) -> tuple:
+    """Compile-only devices of an NVIDIA preset's cards, described to XLA's GPU compiler (JAX's CUDA
+    plugin) by their properties: no GPU needs to be attached."""
+    from jax.experimental import topologies
+
+    prepare(hw.name)
+    try:
+        from jax._src.lib import cuda_versions  # the plugin's CUDA and cuDNN, when it is installed
+        dnn, runtime = cuda_versions.cudnn_get_version(), cuda_versions.cuda_runtime_get_version()
+        versions = dict(cudnn=(dnn // 10000, dnn // 100 % 100), cuda=(runtime // 1000, runtime // 10 % 100))
+    except Exception:
+        versions = {}
+    try:
+        return tuple(topologies.get_topology_desc(hw.name, "cuda", target_config=hw.card.target_config(**versions),
+                                                  topology=f"1x1x{hw.devices}").devices)
+    except Exception as e:  # no CUDA plugin, or one that failed to load
+        raise CompileError(
+            f"cannot describe {hw.name}'s devices for XLA's GPU compiler ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:200]}); install JAX's CUDA plugin with pip install -e '.[cuda]' "
+            f"(no GPU is needed to compile). Where it is installed but JAX's log says it failed to load, "
+            f"call spiral_jax.aot.prepare({hw.name!r}) before JAX starts, or set "
+            f"JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1") from e
+
+
 def usable_hbm(device) -> int | None:
     """Bytes a program may use on `device`: the runtime's limit, or for compile-only TPU devices the
     'available HBM' the compiler names when it refuses a program far too large to fit."""
@@ -106,13 +146,15 @@ def usable_hbm(device) -> int | None:
 
 
 def target(hardware: str | None) -> Target:
-    """A TPU slice by accelerator type (v5p-8, ...); anything else (None, a GPU preset) means this
-    machine's devices, whose own compiler is the one to ask."""
-    try:
-        name = parse_accelerator(hardware or "").accelerator
-    except ValueError:
+    """A TPU slice by accelerator type (v5p-8, ...), an NVIDIA preset (1xH200, 8xH100, ...: the planner's
+    usable share of each card), or with None this machine's devices, whose own compiler is the one to ask."""
+    if not hardware:
         devices = tuple(jax.devices())
         return Target(f"local {devices[0].platform} x {len(devices)}", devices, usable_hbm(devices[0]))
+    hw = preset(hardware)
+    if hw.card is not None:
+        return Target(hw.name, gpu_devices(hw), int(hw.memory * hw.usable))
+    name = parse_accelerator(hardware).accelerator
     devices = tpu_devices(name)
     return Target(name, devices, usable_hbm(devices[0]))
 
@@ -146,7 +188,16 @@ def _compile(name: str, lower, resident: int, planned: int, log) -> Compiled:
 
 
 def compile_run(spec, tgt: Target, log=print) -> tuple[list[Compiled], planner.Plan]:
-    """Compile every program of a run (`RunSpec`) for `tgt`'s devices; (results, the planner's plan)."""
+    """Compile every program of a run (`RunSpec`) for `tgt`'s devices; (results, the planner's plan).
+
+    The programs are traced as for the target's platform (`cpu.compiling_for`), not this process's
+    backend: a TPU or GPU program never takes the CPU layouts.
+    """
+    with cpu.compiling_for(tgt.devices[0].platform):
+        return _compile_run(spec, tgt, log)
+
+
+def _compile_run(spec, tgt: Target, log) -> tuple[list[Compiled], planner.Plan]:
     mesh = make_mesh(**spec.mesh, devices=tgt.devices)
     sample_mesh = host_local_mesh(mesh, process=tgt.devices[0].process_index)
     hw = Hardware(tgt.name, len(tgt.devices), tgt.memory, platform=tgt.devices[0].platform)

@@ -78,12 +78,13 @@ flags.DEFINE_float("max_body_mb", 4.0, "serve: the largest request body in MB (b
 flags.DEFINE_float("timeout_s", 60.0, "serve: close a connection that sends nothing for this long.")
 flags.DEFINE_float("shutdown_s", 30.0, "serve: on SIGTERM/SIGINT, how long running answers may finish "
                    "(waiting requests get 503 at once; a second signal exits at once).")
-flags.DEFINE_string("hardware", "", "plan: a hardware preset (v4-8, v5e-8, v5p-8, v6e-8, 8xH100); "
-                    "default: the devices JAX sees here.")
+flags.DEFINE_string("hardware", "", "plan: a hardware preset (v4-8, v5e-8, v5p-8, v6e-8, any Cloud TPU type, "
+                    "8xH100, 1xH200, 1xH100, 1xL40S, 1x4090); default: the devices JAX sees here.")
 flags.DEFINE_integer("devices", 0, "plan: the device count, instead of --hardware.")
-flags.DEFINE_bool("compile", False, "plan: also compile the run's programs ahead of time for --hardware (a TPU "
-                  "slice such as v5p-8, compiled on this machine by libtpu: pip install -e '.[tpu]'; without "
-                  "--hardware, this machine's devices) and print each one's compiled memory per device.")
+flags.DEFINE_bool("compile", False, "plan: also compile the run's programs ahead of time for --hardware and print "
+                  "each one's compiled memory per device. On this machine, no accelerator needed: a TPU slice "
+                  "such as v5p-8 by libtpu (pip install -e '.[tpu]'), an NVIDIA preset such as 1xH200 by XLA's "
+                  "GPU compiler (pip install -e '.[cuda]'); without --hardware, this machine's devices.")
 flags.DEFINE_float("device_memory_gib", 0.0, "plan: memory per device in GiB, with --devices (or to plan "
                    "for the local devices).")
 
@@ -254,7 +255,8 @@ def _plan(spec) -> int:
     from spiral_jax import aot
 
     if FLAGS.devices:
-        raise ValueError("--compile needs --hardware (a TPU slice) or no hardware flag (this machine's devices)")
+        raise ValueError("--compile needs --hardware (a TPU slice or an NVIDIA preset) or no hardware flag "
+                         "(this machine's devices)")
     tgt = aot.target(FLAGS.hardware)
     print(f"\nahead-of-time compilation for {tgt.name} ({len(tgt.devices)} devices"
           + (f", {tgt.memory / 2**30:.2f} GiB usable each" if tgt.memory else "") + ")", flush=True)
@@ -272,6 +274,9 @@ def _run(command: str, c) -> int:
     from spiral_jax.run.setup import run_spec
 
     if command == "plan":
+        if FLAGS.compile and FLAGS.hardware:
+            from spiral_jax import aot
+            aot.prepare(FLAGS.hardware)  # before anything starts JAX's backends
         return _plan(run_spec(c, planning=True))
     if command == "eval":
         c = with_protocol(c, FLAGS.protocol)

@@ -18,6 +18,10 @@ https://cloud.google.com/tpu/docs/runtimes ("PyTorch and JAX" table).
 Memory per chip is what the TPU compiler (libtpu) reports as available HBM when a program does not
 fit, which is a little below the marketed size (v4: 30.75 GiB of 32); `aot.usable_hbm` reads it off
 the compiler and tests/test_aot.py checks this table against it.
+
+NVIDIA cards (`GpuCard`, `GPU_CARDS`): what XLA's GPU compiler needs to compile for a card it does
+not see (compute capability, SMs, shared memory, L2; NVIDIA's data sheets and CUDA's device
+properties), and the data-sheet bandwidth and dense bf16 rate that `bench/rl_step.py` measures against.
 """
 from __future__ import annotations
 
@@ -129,6 +133,76 @@ def parse_accelerator(text: str) -> TpuSlice:
 
 
 @dataclass(frozen=True)
+class GpuCard:
+    """One NVIDIA card model. `kind`: a substring of the name its driver reports (jax's device_kind)."""
+
+    kind: str
+    compute_capability: tuple[int, int]
+    sms: int
+    memory: int  # bytes
+    bandwidth: float  # bytes/s, data sheet
+    bf16_flops: float  # dense FLOP/s, data sheet
+    l2_cache: int  # bytes
+    clock_ghz: float  # boost clock
+    shared_memory_per_sm: int  # bytes
+    threads_per_sm: int
+    fp32_lanes_per_sm: int = 128
+
+    def target_config(self, cudnn: tuple[int, int] = (9, 8), cuda: tuple[int, int] = (12, 8)) -> str:
+        """The card as XLA's `GpuTargetConfigProto` (text format): what its GPU compiler compiles for when
+        no GPU is attached. One KiB of each SM's shared memory is the driver's, so a block may opt in to
+        the rest."""
+        (major, minor), (dnn_major, dnn_minor), (rt_major, rt_minor) = self.compute_capability, cudnn, cuda
+        return f"""gpu_device_info {{
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_core: {self.shared_memory_per_sm}
+  shared_memory_per_block_optin: {self.shared_memory_per_sm - 1024}
+  threads_per_core_limit: {self.threads_per_sm}
+  core_count: {self.sms}
+  fpus_per_core: {self.fp32_lanes_per_sm}
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: {int(self.bandwidth)}
+  l2_cache_size: {self.l2_cache}
+  clock_rate_ghz: {self.clock_ghz}
+  device_memory_size: {self.memory}
+  cuda_compute_capability {{ major: {major} minor: {minor} }}
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+}}
+platform_name: "CUDA"
+dnn_version_info {{ major: {dnn_major} minor: {dnn_minor} }}
+runtime_version {{ major: {rt_major} minor: {rt_minor} }}
+device_description_str: "NVIDIA {self.kind}"
+"""
+
+
+_HOPPER = dict(compute_capability=(9, 0), sms=132, l2_cache=50 * MiB, clock_ghz=1.98, shared_memory_per_sm=228 * 1024,
+               threads_per_sm=2048, bf16_flops=989e12)
+_ADA = dict(compute_capability=(8, 9), shared_memory_per_sm=100 * 1024, threads_per_sm=1536)
+GPU_CARDS = {card.kind: card for card in (
+    GpuCard("H200", memory=141 * GB, bandwidth=4.8e12, **_HOPPER),
+    GpuCard("H100", memory=80 * GB, bandwidth=3.35e12, **_HOPPER),
+    GpuCard("A100", (8, 0), sms=108, memory=80 * GB, bandwidth=2.0e12, bf16_flops=312e12, l2_cache=40 * MiB,
+            clock_ghz=1.41, shared_memory_per_sm=164 * 1024, threads_per_sm=2048, fp32_lanes_per_sm=64),
+    GpuCard("L40S", sms=142, memory=48 * GB, bandwidth=0.864e12, bf16_flops=362e12, l2_cache=96 * MiB,
+            clock_ghz=2.52, **_ADA),
+    GpuCard("A6000", (8, 6), sms=84, memory=48 * GB, bandwidth=0.768e12, bf16_flops=155e12, l2_cache=6 * MiB,
+            clock_ghz=1.80, shared_memory_per_sm=100 * 1024, threads_per_sm=1536),
+    GpuCard("4090", sms=128, memory=24 * GB, bandwidth=1.008e12, bf16_flops=165e12, l2_cache=72 * MiB,
+            clock_ghz=2.52, **_ADA),
+)}
+
+
+def gpu_card(device_kind: str) -> GpuCard | None:
+    """The card whose kind is in a device's name ("NVIDIA H200" -> H200), else None."""
+    return next((c for k, c in GPU_CARDS.items() if k.lower() in device_kind.lower()), None)
+
+
+@dataclass(frozen=True)
 class Hardware:
     """Devices and memory per device. `usable`: the share of it a JAX process gets by default."""
 
@@ -138,6 +212,7 @@ class Hardware:
     usable: float = 1.0
     source: str = ""
     platform: str = "cpu"  # tpu, gpu or cpu: decides the attention kernel model.attention="auto" picks
+    card: GpuCard | None = None  # NVIDIA presets: the card, which `aot` compiles for without one
 
     @property
     def limit(self) -> int | None:
@@ -159,12 +234,13 @@ HARDWARE = {h.name: h for h in (
     *(tpu_hardware(name) for name in ("v4-8", "v5e-8", "v5p-8", "v6e-8")),
     Hardware("8xH100", 8, 80 * GB, usable=0.75,
              source="8x NVIDIA H100 80 GB; planned at 75%, JAX's default GPU preallocation "
-                    "(XLA_PYTHON_CLIENT_MEM_FRACTION raises it)", platform="gpu"),
-    *(Hardware(f"1x{name}", 1, gb * GB, usable=0.75,
-               source=f"one {card} with {gb} GB; planned at 75%, JAX's default GPU preallocation "
-                      f"(XLA_PYTHON_CLIENT_MEM_FRACTION raises it)", platform="gpu")
-      for name, gb, card in (("H200", 141, "NVIDIA H200"), ("H100", 80, "NVIDIA H100 or A100"),
-                             ("L40S", 48, "NVIDIA L40S or RTX A6000"), ("4090", 24, "NVIDIA RTX 4090"))),
+                    "(XLA_PYTHON_CLIENT_MEM_FRACTION raises it)", platform="gpu", card=GPU_CARDS["H100"]),
+    *(Hardware(f"1x{name}", 1, GPU_CARDS[name].memory, usable=0.75,
+               source=f"one {cards} with {GPU_CARDS[name].memory // GB} GB; planned at 75%, JAX's default GPU "
+                      f"preallocation (XLA_PYTHON_CLIENT_MEM_FRACTION raises it)", platform="gpu",
+               card=GPU_CARDS[name])
+      for name, cards in (("H200", "NVIDIA H200"), ("H100", "NVIDIA H100 or A100"),
+                          ("L40S", "NVIDIA L40S or RTX A6000"), ("4090", "NVIDIA RTX 4090"))),
 )}
 ALIASES = {"h100x8": "8xH100", "8xh100": "8xH100", "h100-8": "8xH100", "h200": "1xH200", "h100": "1xH100",
            "a100": "1xH100", "1xa100": "1xH100", "l40s": "1xL40S", "a6000": "1xL40S", "1xa6000": "1xL40S",

@@ -13,7 +13,7 @@ pytest.importorskip("libtpu")  # in the test extra; tests/conftest.py fails CI w
 from spiral_jax import aot, cli  # noqa: E402
 from spiral_jax import plan as P  # noqa: E402
 from spiral_jax.config import config_from_file  # noqa: E402
-from spiral_jax.models import fused_attention, init_params, transformer  # noqa: E402
+from spiral_jax.models import cpu, fused_attention, init_params, transformer  # noqa: E402
 from spiral_jax.run.setup import run_spec  # noqa: E402
 from spiral_jax.sampling import Sampler, SamplingParams  # noqa: E402
 from spiral_jax.hardware import GENERATIONS, parse_accelerator  # noqa: E402
@@ -125,8 +125,14 @@ def test_a_program_the_compiler_refuses_for_memory_is_reported_and_does_not_fit(
     assert fits is False and "refused it for memory" in text and text.endswith("does not fit")
 
 
-def test_a_multi_host_slice_compiles_the_sampler_for_one_hosts_chips():
-    """v5p-16 is two hosts of four chips: the train step spans all eight, each host samples on its own four."""
+def test_a_multi_host_slice_compiles_the_sampler_for_one_hosts_chips(monkeypatch):
+    """v5p-16 is two hosts of four chips: the train step spans all eight, each host samples on its own four.
+    The programs are the TPU's: none of the CPU layouts this process would trace for itself."""
+    def cpu_path(*args, **kwargs):
+        raise AssertionError("a program compiled for a TPU took a CPU layout")
+
+    for name in ("dense", "decode_attention", "kernel_attention"):
+        monkeypatch.setattr(cpu, name, cpu_path)
     c = config_from_file(str(CONFIGS / "tiny_pig.py"))
     c.mesh.update(data=1, fsdp=2, tensor=4)
     c.optim.micro_batch_size = 2

@@ -9,6 +9,9 @@ What each is worth: docs/performance.md (`python bench/sampler.py`).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,10 +22,34 @@ WEIGHT_MAJOR_ROWS = 64  # products with at most this many rows put the weight fi
 MATVEC_GROUPS = 4  # a one-row product splits its weight's out rows into this many groups (see dense)
 
 
+_COMPILING_FOR = contextvars.ContextVar("spiral_jax_compiling_for", default=None)
+
+
+def platform() -> str:
+    """The platform (cpu, gpu, tpu) the program being traced is for: the one `compiling_for` names,
+    else JAX's default backend."""
+    return _COMPILING_FOR.get() or jax.default_backend()
+
+
+@contextlib.contextmanager
+def compiling_for(target: str):
+    """Trace programs for `target`'s platform whatever this process's default backend is.
+
+    Ahead-of-time compilation (`spiral_jax.aot`) builds TPU and GPU programs in a process whose
+    backend is the CPU; without this they would take the CPU layouts and kernels, which the devices
+    they are compiled for never run.
+    """
+    token = _COMPILING_FOR.set(target)
+    try:
+        yield
+    finally:
+        _COMPILING_FOR.reset(token)
+
+
 def layouts() -> bool:
     """Whether the model takes the CPU paths of this module (also read by `sampling.logits` and the
     sampler). Read at trace time and only here, so that tests run the accelerator paths on a CPU too."""
-    return jax.default_backend() == "cpu"
+    return platform() == "cpu"
 
 
 def dense(x: jax.Array, w: jax.Array, n_in: int = 1, weight_major: bool | None = None,

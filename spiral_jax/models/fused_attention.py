@@ -6,7 +6,8 @@ long-row train step.
 - "cudnn": cuDNN flash attention on NVIDIA GPUs (`jax.nn.dot_product_attention`).
 - "xla": the decoder's own `transformer.attention`, which every CPU run uses.
 - "auto" (the default): splash on TPU, cudnn on GPU (bf16/fp16 compute), xla elsewhere, by the
-  platform of the mesh's devices (or JAX's default backend without a mesh).
+  platform of the mesh's devices (without a mesh, `cpu.platform()`: JAX's default backend, or the
+  platform a program is compiled for ahead of time).
 
 The decoder's rule is that a query at slot s sees the keys at slots <= s whose kv_mask is set. For a
 block that starts at slot 0 that is causal attention within segments, with segment id = kv_mask: a
@@ -23,6 +24,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from spiral_jax.models import cpu
 from spiral_jax.sharding import Rules
 
 IMPLEMENTATIONS = ("auto", "xla", "splash", "cudnn")
@@ -120,7 +122,7 @@ def cudnn_attention(q, k, v, kv_mask, implementation: str = "cudnn"):
 def fused_attention(implementation: str, rules: Rules | None, q, k, v, kv_mask):
     """Self-attention of a block from slot 0 by the `resolve`d kernel; None where that is "xla" or
     the kernel cannot take this sharding (the caller then runs the XLA path)."""
-    platform = rules.mesh.devices.flat[0].platform if rules is not None else jax.default_backend()
+    platform = rules.mesh.devices.flat[0].platform if rules is not None else cpu.platform()
     kernel = {"splash": splash_attention, "cudnn": cudnn_attention}.get(resolve(implementation, platform, q.dtype,
                                                                                  q.shape[-1]))
     if kernel is None:

@@ -54,3 +54,12 @@ def test_one_row_product_is_grouped_on_cpu(layouts):
     assert _dot_batch_dims(jnp.ones((1, 1, 32)), w) == ([(0,)] if layouts == "cpu" else [()])
     assert _dot_batch_dims(jnp.ones((2, 32)), w) == [()]
     assert _dot_batch_dims(jnp.ones((1, 32)), jnp.ones((30, 32))) == [()]  # 30 rows: no even groups
+
+
+def test_programs_compiled_for_an_accelerator_take_its_layouts():
+    """Ahead-of-time compilation traces for the target's platform, not this CPU's (`cpu.compiling_for`)."""
+    x, w = jnp.ones((1, 1, 32)), jnp.ones((48, 32))
+    assert cpu.platform() == "cpu" and _dot_batch_dims(x, w) == [(0,)]
+    with cpu.compiling_for("tpu"):
+        assert cpu.platform() == "tpu" and not cpu.layouts() and _dot_batch_dims(x, w) == [()]
+    assert cpu.layouts() and _dot_batch_dims(x, w) == [(0,)]

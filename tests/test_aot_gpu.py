@@ -1,0 +1,47 @@
+"""Ahead-of-time compilation for NVIDIA presets: the cards as XLA's GPU compiler is told them, and what a
+machine without JAX's CUDA plugin (CI) is told. The compiled figures are in docs/memory.md
+(`python scripts/compile_presets.py --platform gpu`, with the plugin installed)."""
+import importlib.util
+import re
+
+import pytest
+
+from spiral_jax import aot, hardware
+
+HAS_CUDA_PLUGIN = any(importlib.util.find_spec(f"jax_plugins.xla_cuda{v}") for v in (12, 13)) \
+    if importlib.util.find_spec("jax_plugins") else False
+
+
+@pytest.mark.parametrize("name", ["1xH200", "1xH100", "1xL40S", "1x4090", "8xH100"])
+def test_every_nvidia_preset_names_a_card_with_its_memory(name):
+    hw = hardware.hardware(name)
+    assert hw.platform == "gpu" and hw.card is not None and hw.card.memory == hw.memory
+    text = hw.card.target_config()
+    fields = dict(re.findall(r"(\w+): ([\d.]+)\n", text))
+    assert int(fields["device_memory_size"]) == hw.memory and int(fields["core_count"]) == hw.card.sms
+    # A block may opt in to all of an SM's shared memory but the 1 KiB the driver keeps.
+    assert int(fields["shared_memory_per_core"]) - int(fields["shared_memory_per_block_optin"]) == 1024
+    major, minor = hw.card.compute_capability
+    assert f"cuda_compute_capability {{ major: {major} minor: {minor} }}" in text
+
+
+def test_a_device_kind_finds_its_card():
+    assert hardware.gpu_card("NVIDIA H200").kind == "H200"
+    assert hardware.gpu_card("NVIDIA H100 80GB HBM3").kind == "H100"
+    assert hardware.gpu_card("NVIDIA GeForce RTX 4090").kind == "4090"
+    assert hardware.gpu_card("TPU v5p") is None
+
+
+def test_an_nvidia_preset_compiles_with_the_plugin_or_says_how_to_get_it():
+    if HAS_CUDA_PLUGIN:
+        tgt = aot.target("1xH200")
+        assert [d.device_kind for d in tgt.devices] == ["NVIDIA H200"]
+        assert tgt.memory == int(141e9 * 0.75)
+        return
+    with pytest.raises(aot.CompileError, match=r"1xH200.*pip install -e '\.\[cuda\]'"):
+        aot.target("1xH200")
+
+
+def test_an_unknown_hardware_name_lists_the_known_ones():
+    with pytest.raises(ValueError, match="unknown hardware 'h300'.*1xH200"):
+        aot.target("h300")
