@@ -86,7 +86,7 @@ def test_estimate_matches_what_jax_measures_on_cpu(dtype):
     state = init_train_state(init_params(cfg, jax.random.key(0), mesh=mesh), cfg, tc, mesh)
     sample_params = make_reshard(cfg, mesh)(state.params)
     rules, slots = Rules.create(mesh, "sample"), PROMPT + NEW
-    cache_sharding = rules.sharding(CACHE_AXES, (cfg.num_layers, GAMES, slots, cfg.num_kv_heads, cfg.head_dim))
+    cache_sharding = rules.sharding(CACHE_AXES, (cfg.num_layers, GAMES, cfg.num_kv_heads, slots, cfg.head_dim))
     cache = jax.jit(lambda: KVCache.zeros(cfg, GAMES, slots), out_shardings=KVCache(cache_sharding, cache_sharding))()
     assert cache.k.dtype == dtype
     live = live_on_device0() - before
@@ -125,7 +125,8 @@ def test_estimate_matches_what_jax_measures_on_cpu(dtype):
         "train-step temp (grads + gathered weights + activations)":
             p["gradients"] + p["weights_in_flight"] + p["activations"],
         "activations of 8 more rows": double["activations"] - p["activations"],
-        "sampler temp (KV cache + prefill)": p["kv rollout"] + p["prefill rollout"],
+        # The sampler's program casts the weights to the compute dtype once, up front (weights_cast).
+        "sampler temp (KV cache + prefill)": p["kv rollout"] + p["prefill rollout"] + p.get("weights_cast", 0),
     }
     resident = measured["parameters"] + measured["optimizer state"] + measured["sampler params"]
     measured[LIVE] = live

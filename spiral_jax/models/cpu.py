@@ -2,8 +2,8 @@
 
 The decoder (`transformer.py`) is written for accelerators. Where XLA:CPU runs another layout of the
 same product much faster, or where `cpu_kernels`' compiled kernels are built, the decoder makes one
-call into this module instead: `dense` for every projection and the unembedding, `decode_attention`
-and `kernel_attention` for a decode step's attention. Each computes what the accelerator path does, to
+call into this module instead: `dense` for every projection and the unembedding, and
+`kernel_attention` for a decode step's attention. Each computes what the accelerator path does, to
 float rounding (tests/models/test_dense.py, tests/models/test_cpu_kernels.py and the sampler tests).
 What each is worth: docs/performance.md (`python bench/sampler.py`).
 """
@@ -102,30 +102,6 @@ def _kernel_rows(n_rows: int) -> bool:
     return n_rows % 16 == 0 and n_rows <= WEIGHT_MAJOR_ROWS and cpu_kernels.available()
 
 
-def decode_attention(q, k, v, allowed, masked: float):
-    """Attention of one query per row, q [B,1,H,hd], over keys and values k, v [B,S,KV,hd] that may be
-    read in place from the cache; allowed [B,S]; masked: the score of a disallowed slot -> [B,1,H,hd].
-    XLA's form, for where `kernel_attention` does not apply.
-
-    The scores are one matmul per row of every cached key (all KV heads) against every query head,
-    [S*KV, hd] x [hd, H], of which each query group's own KV head is kept by a strided slice. That
-    computes KV times the needed products, but needs no transposed copy of the cache and runs as one
-    large matmul, faster on CPU than the batched form. The slice fuses into the softmax (selecting
-    with an identity-matrix product would cost a copy and a dot per layer). On accelerators the
-    batched matmul is fine, and merging the KV axis into the sequence would get in the way of splitting
-    KV heads over a tensor-parallel mesh.
-    """
-    b, _, h, hd = q.shape
-    kv = k.shape[2]
-    every = jnp.einsum("bnd,bhd->bnh", k.reshape(b, -1, hd), q.reshape(b, h, hd),
-                       preferred_element_type=jnp.float32).reshape(b, -1, kv * kv, h // kv)
-    # every[b, s, i * kv + j] pairs KV head i with query group j: keep i == j, a stride of kv + 1.
-    scores = every[:, :, ::kv + 1] * (hd ** -0.5)
-    scores = jnp.where(allowed[:, :, None, None], scores, masked)  # [B,S,KV,G]
-    probs = jax.nn.softmax(scores, axis=1).astype(v.dtype)
-    return jnp.einsum("bskg,bskd->bkgd", probs, v).reshape(b, 1, h, hd)
-
-
 def kernel_attention_fits(q, k_cache, local: bool) -> bool:
     """Whether a decode step's attention can run in `kernel_attention`: one f32 query per row, an f32
     cache, on a single CPU device (the kernel has no sharding rule)."""
@@ -134,8 +110,8 @@ def kernel_attention_fits(q, k_cache, local: bool) -> bool:
 
 
 def kernel_attention(q, k_cache, v_cache, layer, allowed, masked: float):
-    """`decode_attention` in `cpu_kernels`' kernel, over layer `layer` of the whole cache [layers, B,
-    slots, KV, hd] with allowed [B, window]: q [B,1,H,hd] -> [B,1,H,hd]. It reads the layer's keys and
-    values in place, where XLA:CPU first copies them out of the cache, the values twice."""
+    """A decode step's attention in `cpu_kernels`' kernel, over layer `layer` of the whole cache [layers,
+    B, KV, slots, hd] with allowed [B, window]: q [B,1,H,hd] -> [B,1,H,hd]. It reads the layer's keys
+    and values in place, where XLA:CPU first copies the layer's window out of the cache."""
     return cpu_kernels.decode_attention(q[:, 0], k_cache, v_cache, layer, allowed,
                                         scale=q.shape[-1] ** -0.5, masked=masked)[:, None]

@@ -118,7 +118,7 @@ weight_major_matmul.defvjp(_forward, _backward)
 def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer, allowed: jax.Array, *,
                      scale: float, masked: float) -> jax.Array:
     """One query per row over layer `layer` of the cache: q [B, H, hd] (float32); k_cache, v_cache
-    [layers, B, slots, KV, hd]; allowed [B, window] (window <= slots: the slots attended) -> [B, H, hd].
+    [layers, B, KV, slots, hd]; allowed [B, window] (window <= slots: the slots attended) -> [B, H, hd].
 
     Scores are q . k * scale, `masked` where not allowed, then a softmax over the window: the model's
     attention, read from the cache in place (check `available()` first; no gradient).

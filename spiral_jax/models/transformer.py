@@ -21,19 +21,23 @@ from spiral_jax.models.fused_attention import fused_attention
 from spiral_jax.sharding import Rules, constrain
 
 ACT = ("batch", "seq", "act_embed")
-CACHE_AXES = ("layers", "batch", "seq", "kv_heads", "head_dim")
+CACHE_AXES = ("layers", "batch", "kv_heads", "seq", "head_dim")
 MASKED = -0.7 * float(np.finfo(np.float32).max)  # finite, so fully masked (padding) rows stay NaN-free
 
 
 class KVCache(NamedTuple):
-    """Keys and values of every layer: [layers, batch, slots, kv_heads, head_dim]."""
+    """Keys and values of every layer: [layers, batch, kv_heads, slots, head_dim].
+
+    Heads before slots: a decode step's attention is then one product of each head's cached keys and
+    values as they lie. With slots before heads, GPU compilers give the decode loops the cache in
+    another layout than prefill writes, and copy it whole after every prefill."""
 
     k: jax.Array
     v: jax.Array
 
     @classmethod
     def zeros(cls, cfg: ModelConfig, batch: int, slots: int, dtype=None) -> "KVCache":
-        shape = (cfg.num_layers, batch, slots, cfg.num_kv_heads, cfg.head_dim)
+        shape = (cfg.num_layers, batch, cfg.num_kv_heads, slots, cfg.head_dim)
         dtype = dtype or cfg.compute_dtype
         return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
@@ -92,46 +96,49 @@ def _allowed(kv_mask, q_slots):
 
 
 def attention(q, k, v, q_slots, kv_mask):
-    """GQA attention. q [B,T,H,hd]; k, v [B,S,KV,hd]; q_slots [T] or [B,T]; kv_mask [B,S] -> [B,T,H,hd].
+    """GQA attention. q [B,T,H,hd]; k, v [B,KV,S,hd] (heads first, as the cache holds them); q_slots [T]
+    or [B,T]; kv_mask [B,S] -> [B,T,H,hd].
 
-    Heads are moved in front of the sequence axes so both products are plain batched matmuls (on CPU
-    faster than the equivalent einsum with interleaved batch axes). A decode step on CPU reads the
-    cache in its own layout (`cpu.decode_attention`).
+    Both products are plain batched matmuls over (row, KV head). One query per row (a decode step)
+    puts the keys first in the score product: the cache is then its operand as it lies, which GPU
+    compilers would otherwise lay out anew.
     """
     b, t, h, hd = q.shape
-    kv, g = k.shape[2], h // k.shape[2]
-    if t == 1 and cpu.layouts():
-        return cpu.decode_attention(q, k, v, _allowed(kv_mask, q_slots)[:, 0], MASKED)
+    kv, g = k.shape[1], h // k.shape[1]
     qh = q.reshape(b, t, kv, g, hd).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, hd)
-    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, KV, S, hd]
-    scores = jnp.matmul(qh, kh.swapaxes(-1, -2), preferred_element_type=jnp.float32)
+    if t == 1:
+        scores = jnp.einsum("bksd,bkgd->bksg", k, qh, preferred_element_type=jnp.float32) * (hd ** -0.5)
+        scores = jnp.where(_allowed(kv_mask, q_slots)[:, 0, None, :, None], scores, MASKED)
+        probs = jax.nn.softmax(scores, axis=2).astype(v.dtype)
+        return jnp.einsum("bksg,bksd->bkgd", probs, v).reshape(b, 1, h, hd)
+    scores = jnp.matmul(qh, k.swapaxes(-1, -2), preferred_element_type=jnp.float32)
     scores = scores.reshape(b, kv, g, t, -1) * (hd ** -0.5)
     scores = jnp.where(_allowed(kv_mask, q_slots)[:, None, None], scores, MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kv, g * t, -1)
-    out = jnp.matmul(probs, vh).reshape(b, kv, g, t, hd)
+    out = jnp.matmul(probs, v).reshape(b, kv, g, t, hd)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd)
 
 
 def _cache_write(cache: KVCache, layer, k, v, cache_start, row_slots) -> KVCache:
-    """Write a block's keys and values [B, T, KV, hd] into the layer's cache: at `cache_start` for all
-    rows, or at each row's own `row_slots` [B, T] (consecutive per row).
+    """Write a block's keys and values [B, T, KV, hd] into the layer's cache [layers, B, KV, slots, hd]:
+    at `cache_start` for all rows, or at each row's own `row_slots` [B, T] (consecutive per row).
 
     Per-row blocks of one token (decode) are scattered; slots past the cache's end are dropped. Longer
     ones (prefill) are written row by row in place, which XLA:CPU runs far faster than a scatter (one
     update at a time) or a gather and select over the row; their slots must lie inside the cache.
     """
-    k, v = k.astype(cache.k.dtype), v.astype(cache.v.dtype)
+    if k.shape[1] == 1 and row_slots is not None:
+        rows, slots = jnp.arange(k.shape[0]), row_slots[:, 0]
+        return KVCache(cache.k.at[layer, rows, :, slots].set(k[:, 0].astype(cache.k.dtype), mode="drop"),
+                       cache.v.at[layer, rows, :, slots].set(v[:, 0].astype(cache.v.dtype), mode="drop"))
+    k, v = (x.swapaxes(1, 2).astype(c.dtype) for x, c in ((k, cache.k), (v, cache.v)))  # [B, KV, T, hd]
     if row_slots is None:
-        start = (layer, 0, cache_start, 0, 0)
+        start = (layer, 0, 0, cache_start, 0)
         return KVCache(jax.lax.dynamic_update_slice(cache.k, k[None], start),
                        jax.lax.dynamic_update_slice(cache.v, v[None], start))
-    if k.shape[1] == 1:
-        rows = jnp.arange(k.shape[0])[:, None]
-        return KVCache(cache.k.at[layer, rows, row_slots].set(k, mode="drop"),
-                       cache.v.at[layer, rows, row_slots].set(v, mode="drop"))
 
     def write(i, c: KVCache) -> KVCache:
-        start = (layer, i, row_slots[i, 0], 0, 0)
+        start = (layer, i, 0, row_slots[i, 0], 0)
         return KVCache(jax.lax.dynamic_update_slice(c.k, k[i][None, None], start),
                        jax.lax.dynamic_update_slice(c.v, v[i][None, None], start))
 
@@ -172,13 +179,13 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
     from_start = cache is None or (isinstance(cache_start, int) and cache_start == 0 and kv_len is None)
     fused = fused_attention(cfg.attention, rules, q, k, v, kv_mask[:, :x.shape[1]]) if from_start else None
     if cache is None:
-        out = attention(q, k, v, q_slots, kv_mask) if fused is None else fused
+        out = attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), q_slots, kv_mask) if fused is None else fused
     else:
         cache = _cache_write(cache, layer, k, v, cache_start, q_slots if per_row else None)
         # Slots past the block hold no keys yet, so attention reads the filled prefix only where its
         # length is static: the caller's kv_len, or the block's end when its place is known at trace
         # time (prefill). A 2k prompt in a 6k cache then scores 2k keys, not 6k.
-        seen = kv_len or (cache_start + x.shape[1] if isinstance(cache_start, int) else cache.k.shape[2])
+        seen = kv_len or (cache_start + x.shape[1] if isinstance(cache_start, int) else cache.k.shape[3])
         if last_only:
             q, x, q_slots = q[:, -1:], x[:, -1:], q_slots[..., -1:]
             fused = None if fused is None else fused[:, -1:]
@@ -188,7 +195,7 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
             out = cpu.kernel_attention(q, cache.k, cache.v, layer, _allowed(kv_mask[:, :seen], q_slots)[:, 0],
                                        MASKED)
         else:
-            out = attention(q, cache.k[layer, :, :seen].astype(dt), cache.v[layer, :, :seen].astype(dt),
+            out = attention(q, cache.k[layer, :, :, :seen].astype(dt), cache.v[layer, :, :, :seen].astype(dt),
                             q_slots, kv_mask[:, :seen])
     attn = proj("o", out, n_in=2)
     if cfg.o_bias:
@@ -241,6 +248,24 @@ def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache
         for layer, p in enumerate(params["layers"]):
             x, cache = block(x, p, layer, cache, last_only and layer == cfg.num_layers - 1)
     return rms_norm(x, params["final_norm"], cfg.rms_norm_eps), cache
+
+
+def compute_weights(params, cfg: ModelConfig):
+    """The parameters as the decoder's products read them: every weight but the norms in the compute
+    dtype (the norms stay as they are: `rms_norm` scales in fp32).
+
+    The decoder casts each weight where it uses it, so a program that runs it again and again without
+    gradients (the sampler's decode loop) casts them once up front with this instead. Otherwise, where
+    the compiler does not hoist the casts out of the loop itself (XLA:GPU does not), every decode step
+    reads the fp32 weights: twice the bytes of bf16 ones, and decoding is bound by reading weights. The
+    tokens are the same either way.
+    """
+    dt = jnp.dtype(cfg.compute_dtype)
+
+    def cast(path, x):
+        return x if str(getattr(path[-1], "key", "")).endswith("norm") else x.astype(dt)
+
+    return jax.tree_util.tree_map_with_path(cast, params)
 
 
 def unembed_table(params, cfg: ModelConfig) -> jax.Array:

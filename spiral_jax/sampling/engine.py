@@ -48,7 +48,7 @@ from spiral_jax.sampling.stats import DecodeStats
 class EngineState(NamedTuple):
     """Everything the compiled programs carry between calls, one row per slot."""
 
-    cache: KVCache  # [layers, slots, cache_len, kv_heads, head_dim]
+    cache: KVCache  # [layers, slots, kv_heads, cache_len, head_dim]
     length: jax.Array  # [slots] int32: cache slots holding this row's tokens = the next token's slot
     last: jax.Array  # [slots] int32: the last sampled token, fed at the next step
     step: jax.Array  # [slots] int32: tokens generated for the current prompt
@@ -316,7 +316,7 @@ def _programs(cfg, rules, mode: str, stop_ids: tuple[int, ...], slots: int, cach
         k, t = block.shape
         # The rows' caches, with t slots of slack at the end: every row's block then fits (prefill writes
         # must lie inside the cache) wherever it starts.
-        take = lambda x: jnp.pad(jnp.take(x, slot_ids, axis=1), ((0, 0), (0, 0), (0, t), (0, 0), (0, 0)))  # noqa: E731
+        take = lambda x: jnp.pad(jnp.take(x, slot_ids, axis=1), ((0, 0), (0, 0), (0, 0), (0, t), (0, 0)))  # noqa: E731
         cache = KVCache(take(state.cache.k), take(state.cache.v))
         ends = starts + lens
         mask = jnp.arange(cache_len + t)[None, :] < ends[:, None]
@@ -331,7 +331,7 @@ def _programs(cfg, rules, mode: str, stop_ids: tuple[int, ...], slots: int, cach
 
         def write_back(i, full):  # row by row in place: XLA:CPU runs a scatter one element at a time
             return KVCache(*(jax.lax.dynamic_update_slice_in_dim(
-                f, jax.lax.dynamic_slice_in_dim(c[:, :, :cache_len], i, 1, 1), slot_ids[i], 1)
+                f, jax.lax.dynamic_slice_in_dim(c[:, :, :, :cache_len], i, 1, 1), slot_ids[i], 1)
                 for f, c in zip(full, cache)))
 
         return EngineState(

@@ -31,7 +31,8 @@ import numpy as np
 from spiral_jax.models import cpu, transformer
 from spiral_jax.models.config import ModelConfig
 from spiral_jax.models.params import check_params, param_shardings
-from spiral_jax.models.transformer import KVCache, decoder, positions_from_mask, unembed, unembed_table
+from spiral_jax.models.transformer import (KVCache, compute_weights, decoder, positions_from_mask, unembed,
+                                           unembed_table)
 from spiral_jax.sampling.finish import check_finite, finish_reason, row_stops
 from spiral_jax.sampling.logits import sample_token
 from spiral_jax.sampling.stats import DecodeStats
@@ -253,6 +254,7 @@ class Sampler:
                     stop_ids, *, slots, mode):
             batch, plen = prompt.shape
             budget = slots - plen  # output buffer length (the new-token bucket)
+            params = compute_weights(params, cfg)  # once per call, not once per decode step
             pick = functools.partial(sample_token, temperature=temperature, top_k=top_k, top_p=top_p,
                                      mode=mode)
             keys = jax.vmap(jax.random.fold_in, (None, 0))(key, row_ids)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from spiral_jax.models import cpu_kernels
-from spiral_jax.models.cpu import decode_attention
+from spiral_jax.models.transformer import attention
 from spiral_jax.models.transformer import MASKED, dense
 
 
@@ -90,8 +90,8 @@ def test_decode_attention_equals_xla(rows, slots, window, kv, group, hd):
     layer index traced), with masked slots, and a row with none allowed (uniform over its window)."""
     rng = np.random.default_rng(rows * 100 + window)
     layers = 3
-    k = rng.standard_normal((layers, rows, slots, kv, hd)).astype(np.float32)
-    v = rng.standard_normal((layers, rows, slots, kv, hd)).astype(np.float32)
+    k = rng.standard_normal((layers, rows, kv, slots, hd)).astype(np.float32)
+    v = rng.standard_normal((layers, rows, kv, slots, hd)).astype(np.float32)
     q = 2 * rng.standard_normal((rows, kv * group, hd)).astype(np.float32)
     allowed = rng.random((rows, window)) < 0.6
     allowed[:, 0] = True
@@ -100,6 +100,7 @@ def test_decode_attention_equals_xla(rows, slots, window, kv, group, hd):
         q, k, v, layer, allowed, scale=hd ** -0.5, masked=MASKED))
     for layer in range(layers):
         got = np.asarray(kernel(q, k, v, layer, allowed))
-        want = np.asarray(decode_attention(q[:, None], k[layer, :, :window], v[layer, :, :window], allowed,
-                                            MASKED))[:, 0]
+        # The query sits at the window's last slot, so `attention` allows exactly `allowed`.
+        want = np.asarray(attention(q[:, None], k[layer, :, :, :window], v[layer, :, :, :window],
+                                    np.full((rows, 1), window - 1), allowed))[:, 0]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -37,14 +37,11 @@ def test_greedy_matches_transformers_generate(hf_model, layouts):
 
 
 def test_layouts_fixture_switches_code_paths(qwen3, layouts, monkeypatch):
-    """Only the CPU layouts decode with the CPU attention (the kernel, or XLA's form of it where the
-    kernel is not built): the `layouts` fixture reaches the model."""
+    """Only the CPU layouts decode with the CPU attention kernel: the `layouts` fixture reaches the model."""
     cfg, params = qwen3
     calls = []
-    for module, name in ((cpu, "decode_attention"), (cpu_kernels, "decode_attention")):
-        original = getattr(module, name)
-        spy = functools.partial(lambda f, *a, **kw: calls.append(1) or f(*a, **kw), original)
-        monkeypatch.setattr(module, name, spy)
+    spy = functools.partial(lambda f, *a, **kw: calls.append(1) or f(*a, **kw), cpu_kernels.decode_attention)
+    monkeypatch.setattr(cpu_kernels, "decode_attention", spy)
     Sampler(cfg).generate(params, PROMPTS[:1], SamplingParams(max_new_tokens=3, greedy=True))
     assert bool(calls) == (layouts == "cpu")
 
@@ -237,7 +234,7 @@ def test_decode_step_reads_only_its_window(qwen3):
     """NaN values past kv_len never reach the output; without kv_len the whole cache is read."""
     cfg, params = qwen3
     cache = KVCache.zeros(cfg, 1, 64)
-    poisoned = KVCache(cache.k, cache.v.at[:, :, 32:].set(jnp.nan))
+    poisoned = KVCache(cache.k, cache.v.at[:, :, :, 32:].set(jnp.nan))
     mask = jnp.zeros((1, 64), bool).at[:, :5].set(True)
 
     @functools.partial(jax.jit, static_argnums=1)
@@ -288,6 +285,23 @@ def test_staged_decode_equals_one_stage(qwen3):
     logits = _teacher_forced_logits(params, cfg, prompts[0], staged.tokens[0])
     expected = jax.nn.log_softmax(logits, -1)[np.arange(300), staged.tokens[0]]
     np.testing.assert_allclose(staged.raw_logprobs[0], expected, atol=1e-5)
+
+
+def test_decode_loops_carry_weights_in_the_compute_dtype(qwen3):
+    """fp32 parameters, bf16 compute: the weights are cast once per call, so the decode loops carry
+    bf16 weights, not fp32 ones that each step would read and cast again (twice the bytes); the norms
+    stay fp32."""
+    cfg, params = qwen3
+    sampler = Sampler(cfg.replace(compute_dtype="bfloat16"))
+    args, static = sampler._arguments(params, PROMPTS, SamplingParams(max_new_tokens=300), 0, None)
+    (program,) = jax.make_jaxpr(functools.partial(sampler._program, **static))(*args).eqns  # the jitted call
+    loops = [e for e in program.params["jaxpr"].eqns if e.primitive.name == "while"]
+    carried = [v.aval for e in loops for v in e.invars]
+    weights = {x.shape for path, x in jax.tree_util.tree_leaves_with_path(params)
+               if not str(path[-1].key).endswith("norm")}
+    assert len(loops) == 2  # decode stages over 256 and then all 512 new-token slots
+    assert {a.dtype for a in carried if a.shape in weights} == {jnp.dtype(jnp.bfloat16)}
+    assert any(a.dtype == jnp.float32 and a.shape == params["final_norm"].shape for a in carried)
 
 
 def test_stacked_layers_sample_like_a_layer_list(qwen3):

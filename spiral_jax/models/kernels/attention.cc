@@ -1,10 +1,10 @@
 // One decode step's attention, reading the KV cache in place, for XLA:CPU.
 //
-// For one query per row, XLA:CPU spends most of the time copying: the layer's slice of the cache out
-// of the [layers, batch, slots, kv_heads, head_dim] array, then the values again into a heads-first
-// layout for its batched matmul. The flops are few (a tiny Qwen3 at 32 rows: 4 M a layer), so this
-// kernel reads each row's keys and values where they are, once: per (row, KV head), the scores of
-// that head's query group, a softmax, and the weighted sum of the values.
+// For one query per row, XLA:CPU spends most of the time copying the layer's window out of the
+// [layers, batch, kv_heads, slots, head_dim] cache before its batched matmuls. The flops are few (a
+// tiny Qwen3 at 32 rows: 4 M a layer), so this kernel reads each row's keys and values where they are,
+// once: per (row, KV head), the scores of that head's query group, a softmax, and the weighted sum of
+// the values.
 // Built by cpu_kernels.py with the host's compiler for the host's CPU (-march=native).
 
 #include <limits>
@@ -104,10 +104,10 @@ struct Scratch {
 // Row b, KV head h: out[b, h * group + g] for every g of the group.
 void AttendOne(const Shape& d, const float* q, const float* k, const float* v, const bool* allowed,
                float scale, float masked, int64_t b, int64_t h, Scratch& scratch, float* out) {
-  const int64_t hd = d.head_dim, nv = hd / kLanes, stride = d.kv_heads * hd;
+  const int64_t hd = d.head_dim, nv = hd / kLanes, stride = hd;
   const int64_t padded = scratch.padded;
-  const float* kb = k + (b * d.slots * d.kv_heads + h) * hd;  // slot s at kb + s * stride
-  const float* vb = v + (b * d.slots * d.kv_heads + h) * hd;
+  const float* kb = k + (b * d.kv_heads + h) * d.slots * hd;  // slot s at kb + s * stride
+  const float* vb = v + (b * d.kv_heads + h) * d.slots * hd;
   const float* qb = q + (b * d.kv_heads * d.group + h * d.group) * hd;
   const bool* ab = allowed + b * d.window;
   int32_t* keep = scratch.keep.data();
@@ -151,21 +151,21 @@ void AttendOne(const Shape& d, const float* q, const float* k, const float* v, c
   }
 }
 
-// q [B, H, hd]; k, v [layers, B, slots, KV, hd]; layer []; allowed [B, window] -> out [B, H, hd]. The
+// q [B, H, hd]; k, v [layers, B, KV, slots, hd]; layer []; allowed [B, window] -> out [B, H, hd]. The
 // first `window` slots of the layer are attended; masked ones score `masked`, as in the model's attention.
 ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                            ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::PRED> allowed,
                            ffi::ResultBuffer<ffi::F32> out, float scale, float masked) {
   const auto qd = q.dimensions(), kd = k.dimensions(), ad = allowed.dimensions();
   if (qd.size() != 3 || kd.size() != 5 || ad.size() != 2 || !(v.dimensions() == kd) || kd[1] != qd[0] ||
-      kd[4] != qd[2] || qd[2] % kLanes != 0 || qd[1] % kd[3] != 0 || ad[0] != qd[0] || ad[1] < 1 || ad[1] > kd[2] ||
+      kd[4] != qd[2] || qd[2] % kLanes != 0 || qd[1] % kd[2] != 0 || ad[0] != qd[0] || ad[1] < 1 || ad[1] > kd[3] ||
       !(out->dimensions() == qd))
     return ffi::Error::InvalidArgument(
-        "decode_attention: expected q [B, H, hd], k and v [layers, B, slots, KV, hd], allowed [B, window] "
+        "decode_attention: expected q [B, H, hd], k and v [layers, B, KV, slots, hd], allowed [B, window] "
         "with 1 <= window <= slots, H a multiple of KV and hd of 8");
   const int32_t l = *layer.typed_data();
   if (l < 0 || l >= kd[0]) return ffi::Error::InvalidArgument("decode_attention: layer out of range");
-  const Shape d{qd[0], kd[2], ad[1], kd[3], qd[1] / kd[3], qd[2]};
+  const Shape d{qd[0], kd[3], ad[1], kd[2], qd[1] / kd[2], qd[2]};
   const int64_t layer_size = d.rows * d.slots * d.kv_heads * d.head_dim;
   const float* kp = k.typed_data() + l * layer_size;
   const float* vp = v.typed_data() + l * layer_size;
