@@ -230,6 +230,8 @@ class Rollout:
         turns: list[list[ModelTurn]] = [[] for _ in env_ids]
         finished: list[GameRecord] = []
         engines = {policy: self._engine(policy, len(env_ids)) for policy in sorted(params)}
+        # Cast once for the whole call: an engine's decode calls are often a few steps each.
+        params = {policy: engine.setup.decode_weights(params[policy]) for policy, engine in engines.items()}
         home: dict[tuple[int, int, str], int] = {}  # (game, player, policy) -> the slot of its last move
         waiting: dict[str, list] = {policy: [] for policy in engines}  # LLM moves not yet in a slot
         busy: set[int] = set()  # games with a move waiting or in a slot

@@ -42,6 +42,7 @@ _MAX_STOP_IDS = 8
 # Decode stages (see attention_windows): the factor each window grows by over the one before.
 _WINDOW_GROWTH = 4
 _transpose = jax.jit(jnp.transpose)
+_compute_weights = jax.jit(compute_weights, static_argnums=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +182,17 @@ class DecodeSetup:
     def place(self, params):
         """The parameters placed as the decode programs take them (as they are on one device)."""
         return params if self.rules is None else jax.device_put(params, self.params_sharding)
+
+    def decode_weights(self, params):
+        """The parameters placed, and cast as a decode step reads them (`compute_weights`). A caller that
+        makes many decode calls with the same weights (a `DecodeEngine`'s rollout) casts them once with
+        this; a `Sampler` call casts them itself. The copy lives as long as the caller keeps it; where
+        nothing needs a cast (fp32 compute on CPU), the parameters come back as they are, uncopied."""
+        placed = self.place(params)
+        cast = jax.eval_shape(functools.partial(compute_weights, cfg=self.cfg), placed)
+        if all(a.dtype == b.dtype for a, b in zip(jax.tree.leaves(placed), jax.tree.leaves(cast))):
+            return placed
+        return _compute_weights(placed, self.cfg)
 
     def check_prompts(self, prompts: Sequence[Sequence[int]]) -> None:
         """Raise a ValueError naming the first prompt that is empty, too long or outside the vocabulary."""

@@ -304,6 +304,19 @@ def test_decode_loops_carry_weights_in_the_compute_dtype(qwen3):
     assert any(a.dtype == jnp.float32 and a.shape == params["final_norm"].shape for a in carried)
 
 
+def test_decode_weights_are_cast_once_and_sample_the_same(qwen3):
+    """`DecodeSetup.decode_weights` (what a continuous rollout hands its engines): bf16 weights and fp32
+    norms for bf16 compute, with the same tokens as the fp32 parameters; fp32 compute: no copy."""
+    cfg, params = qwen3
+    assert all(a is b for a, b in zip(jax.tree.leaves(params),
+                                       jax.tree.leaves(Sampler(cfg).setup.decode_weights(params))))
+    sampler = Sampler(cfg.replace(compute_dtype="bfloat16"))
+    cast = sampler.setup.decode_weights(params)
+    assert cast["layers"][0]["q"].dtype == jnp.bfloat16 and cast["final_norm"].dtype == jnp.float32
+    sp = SamplingParams(max_new_tokens=12)
+    assert sampler.generate(cast, PROMPTS, sp, seed=3).tokens == sampler.generate(params, PROMPTS, sp, seed=3).tokens
+
+
 def test_stacked_layers_sample_like_a_layer_list(qwen3):
     """Stacked (scanned) layers: the layer index inside the decode step is traced (the CPU attention
     kernel reads it at run time); the same tokens and log-probs as the per-layer list."""
