@@ -250,7 +250,7 @@ def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache
     return rms_norm(x, params["final_norm"], cfg.rms_norm_eps), cache
 
 
-def compute_weights(params, cfg: ModelConfig):
+def compute_weights(params, cfg: ModelConfig, unstack: bool = False):
     """The parameters as the decoder's products read them: every weight but the norms in the compute
     dtype (the norms stay as they are: `rms_norm` scales in fp32).
 
@@ -259,8 +259,14 @@ def compute_weights(params, cfg: ModelConfig):
     the compiler does not hoist the casts out of the loop itself (XLA:GPU does not), every decode step
     reads the fp32 weights: twice the bytes of bf16 ones, and decoding is bound by reading weights. The
     tokens are the same either way.
+
+    unstack: stacked layers (scan_layers) come back as a per-layer list, for a decoder run with
+    scan_layers off. XLA:GPU copies each layer's weights out of a stack before its products, every
+    step of a scanned decode loop; per-layer arrays are read in place.
     """
     dt = jnp.dtype(cfg.compute_dtype)
+    if unstack and cfg.scan_layers:
+        params = dict(params, layers=[jax.tree.map(lambda x: x[i], params["layers"]) for i in range(cfg.num_layers)])
 
     def cast(path, x):
         return x if str(getattr(path[-1], "key", "")).endswith("norm") else x.astype(dt)

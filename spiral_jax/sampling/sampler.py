@@ -189,10 +189,7 @@ class DecodeSetup:
         this; a `Sampler` call casts them itself. The copy lives as long as the caller keeps it; where
         nothing needs a cast (fp32 compute on CPU), the parameters come back as they are, uncopied."""
         placed = self.place(params)
-        cast = jax.eval_shape(functools.partial(compute_weights, cfg=self.cfg), placed)
-        if all(a.dtype == b.dtype for a, b in zip(jax.tree.leaves(placed), jax.tree.leaves(cast))):
-            return placed
-        return _compute_weights(placed, self.cfg)
+        return _compute_weights(placed, self.cfg) if casts_weights(placed, self.cfg) else placed
 
     def check_prompts(self, prompts: Sequence[Sequence[int]]) -> None:
         """Raise a ValueError naming the first prompt that is empty, too long or outside the vocabulary."""
@@ -212,6 +209,12 @@ class DecodeSetup:
                 token = next(t for t in p if not 0 <= t < self.cfg.vocab_size)
                 raise ValueError(f"prompt {i} has token id {token}, outside the model's vocabulary "
                                  f"[0, {self.cfg.vocab_size}); check that the tokenizer belongs to this model")
+
+
+def casts_weights(params, cfg: ModelConfig) -> bool:
+    """Whether `compute_weights` changes any of these parameters' dtypes (fp32 weights, bf16 compute)."""
+    cast = jax.eval_shape(functools.partial(compute_weights, cfg=cfg), params)
+    return any(a.dtype != b.dtype for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(cast)))
 
 
 class Sampler:
@@ -266,21 +269,26 @@ class Sampler:
                     stop_ids, *, slots, mode):
             batch, plen = prompt.shape
             budget = slots - plen  # output buffer length (the new-token bucket)
-            params = compute_weights(params, cfg)  # once per call, not once per decode step
+            # Once per call, not once per decode step. On GPU, layers stacked for scan are also split into
+            # per-layer arrays while they are cast anyway (`compute_weights`): the cast copy costs nothing
+            # more, and a scanned decode loop would copy every layer's weights out of the stack each step.
+            unstack = cfg.scan_layers and cpu.platform() == "gpu" and casts_weights(params, cfg)
+            params = compute_weights(params, cfg, unstack=unstack)
+            model = cfg.replace(scan_layers=False) if unstack else cfg
             pick = functools.partial(sample_token, temperature=temperature, top_k=top_k, top_p=top_p,
                                      mode=mode)
             keys = jax.vmap(jax.random.fold_in, (None, 0))(key, row_ids)
             step_keys = lambda step: jax.vmap(jax.random.fold_in, (0, None))(keys, step)  # noqa: E731
-            logits = lambda hidden: unembed(params, cfg, hidden, table_t, local=rules is None)  # noqa: E731
+            logits = lambda hidden: unembed(params, model, hidden, table_t, local=rules is None)  # noqa: E731
 
             kv_mask = jnp.zeros((batch, slots), bool).at[:, :plen].set(prompt_mask.astype(bool))
             positions = positions_from_mask(prompt_mask)
-            cache = KVCache.zeros(cfg, batch, slots)
+            cache = KVCache.zeros(model, batch, slots)
             if rules is not None:
                 cache = KVCache(*(jax.lax.with_sharding_constraint(
                     c, rules.sharding(transformer.CACHE_AXES, c.shape))
                     for c in cache))
-            hidden, cache = decoder(params, cfg, prompt, positions, kv_mask, cache, 0, rules, last_only=True)
+            hidden, cache = decoder(params, model, prompt, positions, kv_mask, cache, 0, rules, last_only=True)
             token, lp, raw = pick(logits(hidden[:, -1]), step_keys(0))
 
             state = _DecodeState(
@@ -300,7 +308,7 @@ class Sampler:
                     slot = plen + st.step - 1  # where the previous token goes
                     kv_mask = st.kv_mask.at[:, slot].set(True)
                     pos = (next_pos + st.step - 1)[:, None]
-                    hidden, cache = decoder(params, cfg, st.tokens[:, st.step - 1][:, None], pos, kv_mask,
+                    hidden, cache = decoder(params, model, st.tokens[:, st.step - 1][:, None], pos, kv_mask,
                                             st.cache, slot, rules, kv_len=window)
                     token, lp, raw = pick(logits(hidden[:, 0]), step_keys(st.step))
                     live = ~st.done

@@ -317,6 +317,25 @@ def test_decode_weights_are_cast_once_and_sample_the_same(qwen3):
     assert sampler.generate(cast, PROMPTS, sp, seed=3).tokens == sampler.generate(params, PROMPTS, sp, seed=3).tokens
 
 
+def test_gpu_programs_decode_stacked_layers_as_a_list(qwen3):
+    """Traced for a GPU, a scanned model's weights are split per layer as they are cast: the decode loops
+    carry no stacked weights (XLA:GPU would copy each layer out of the stack every step), with the same
+    tokens as the per-layer list."""
+    cfg, params = qwen3
+    stacked = dict(params, layers=jax.tree.map(lambda *layer: jnp.stack(layer), *params["layers"]))
+    cfg = cfg.replace(compute_dtype="bfloat16", attention="xla")
+    sp = SamplingParams(max_new_tokens=12)
+    with cpu.compiling_for("gpu"):
+        want = Sampler(cfg).generate(params, PROMPTS, sp, seed=4).tokens
+        sampler = Sampler(cfg.replace(scan_layers=True))
+        got = sampler.generate(stacked, PROMPTS, sp, seed=4).tokens
+        args, static = sampler._arguments(stacked, PROMPTS, sp, 0, None)
+        (program,) = jax.make_jaxpr(functools.partial(sampler._program, **static))(*args).eqns
+    assert got == want
+    loops = [e for e in program.params["jaxpr"].eqns if e.primitive.name == "while"]
+    assert loops and not any(v.aval.shape == stacked["layers"]["q"].shape for e in loops for v in e.invars)
+
+
 def test_stacked_layers_sample_like_a_layer_list(qwen3):
     """Stacked (scanned) layers: the layer index inside the decode step is traced (the CPU attention
     kernel reads it at run time); the same tokens and log-probs as the per-layer list."""
