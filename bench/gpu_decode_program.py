@@ -1,0 +1,117 @@
+"""The sampler's decode step as XLA's GPU compiler builds it, without a GPU.
+
+Compiles the sampler's program (prefill and the staged decode loops) for an NVIDIA card described to
+XLA's GPU compiler (`spiral_jax.aot`; JAX's CUDA plugin, `pip install -e '.[cuda]'`), then reads the
+compiled HLO: the kernels one decode step launches (the loop body, the layer loop counted once per
+layer), whole-cache transposes, copies of weights out of stacked layers, the dtype of the weights the
+decode loop carries, and the program's temporaries. A decode step is bound by reading its weights,
+so each of these shows up in the time a GPU run measures; this finds them before one.
+
+    python bench/gpu_decode_program.py                          # Qwen3-4B, batch 1 and 32, on 1xH200
+    python bench/gpu_decode_program.py --shape 0.6b --batch 64 --hardware 1xH100
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import math
+import re
+
+from spiral_jax import aot
+
+KERNELS = ("fusion", "custom-call", "copy", "sort", "scatter", "gather", "reduce", "transpose")
+
+
+def computations(hlo: str) -> dict[str, list[str]]:
+    """Each computation's instruction lines, by name."""
+    out, name = {}, None
+    for line in hlo.splitlines():
+        head = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if head:
+            name = head.group(1)
+            out[name] = []
+        elif name and line.startswith("  ") and " = " in line:
+            out[name].append(line.strip())
+    return out
+
+
+def opcode(line: str) -> str:
+    """The instruction's opcode: the word before the first '(' after the result's type."""
+    rhs = line.split(" = ", 1)[1]
+    depth, i = 0, 0
+    if rhs.startswith("("):  # a tuple type
+        for i, ch in enumerate(rhs):
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+            if depth == 0:
+                break
+    found = re.match(r"\S*\s+([a-z][\w\-]*)\(", rhs[i + 1:] if rhs.startswith("(") else rhs)
+    return found.group(1) if found else "?"
+
+
+def step_kernels(comps, body: str) -> collections.Counter:
+    """Kernels one run of `body` launches, nested known-trip-count loops (the layers) multiplied out."""
+    count = collections.Counter()
+    for line in comps[body]:
+        op = opcode(line)
+        if op == "while":
+            trips = re.search(r'known_trip_count":\{"n":"(\d+)"', line)
+            inner = step_kernels(comps, re.search(r"body=%?([\w.\-]+)", line).group(1))
+            for k, v in inner.items():
+                count[k] += v * (int(trips.group(1)) if trips else 1)
+        elif op in KERNELS:
+            kind = "weight copy out of a stack" if "dynamic_slice_fusion" in line else op
+            count[kind] += 1
+    return count
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="4b", help="a Qwen3 shape (spiral_jax/models/shapes.py)")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--hardware", default="1xH200", help="an NVIDIA preset (spiral_jax/hardware.py)")
+    parser.add_argument("--scan_layers", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--prompt", type=int, default=2048)
+    parser.add_argument("--new_tokens", type=int, default=4096)
+    args = parser.parse_args()
+    aot.prepare(args.hardware)
+
+    import jax
+    import jax.numpy as jnp
+    from spiral_jax.models import cpu
+    from spiral_jax.models.config import ModelConfig
+    from spiral_jax.models.params import abstract_params
+    from spiral_jax.models.shapes import QWEN3
+    from spiral_jax.sampling import Sampler, SamplingParams
+
+    tgt = aot.target(args.hardware)
+    device = jax.sharding.SingleDeviceSharding(tgt.devices[0])
+    cfg = ModelConfig(**QWEN3[args.shape], compute_dtype="bfloat16", scan_layers=args.scan_layers)
+    # The train state's fp32 parameters, which the trainer hands the sampler as they are.
+    params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32, sharding=device), abstract_params(cfg))
+    weight_bytes = cfg.num_params * jnp.dtype(cfg.compute_dtype).itemsize
+    print(f"Qwen3-{args.shape} ({cfg.num_layers} layers, scan_layers {args.scan_layers}), fp32 parameters, bf16 "
+          f"compute, prompt {args.prompt} + {args.new_tokens} new tokens, compiled for {tgt.name} "
+          f"({tgt.devices[0].device_kind}); bf16 weights {weight_bytes / 1e9:.2f} GB")
+    for batch in args.batch:
+        with cpu.compiling_for("gpu"):
+            sampler = Sampler(cfg, max_prompt_len=args.prompt, max_cache_len=args.prompt + args.new_tokens)
+            compiled = sampler.lower(params, [[1] * args.prompt] * batch, SamplingParams(args.new_tokens)).compile()
+        hlo = compiled.as_text()
+        comps = computations(hlo)
+        entry = next(name for name in comps if hlo.find(f"ENTRY %{name} ") >= 0)
+        loops = [line for line in comps[entry] if opcode(line) == "while"]
+        decode = re.search(r"body=%?([\w.\-]+)", loops[-1]).group(1)  # the last decode stage
+        kernels = step_kernels(comps, decode)
+        # Arrays of a million elements or more that the loop carries, but the 5-axis KV cache: the weights.
+        carried = [(dtype, dims) for dtype, dims in re.findall(r"(\w+)\[([\d,]+)\]", loops[-1].split(" while(")[0])
+                   if dims.count(",") < 4 and math.prod(map(int, dims.split(","))) >= 2**20]
+        dtypes = collections.Counter(dtype for dtype, _ in carried)
+        transposes = sum(1 for line in comps[entry] if "transpose" in line and opcode(line) == "fusion")
+        print(f"\nbatch {batch}: {sum(kernels.values())} kernels a decode step ({dict(kernels.most_common())})")
+        print(f"  weights the decode loop carries: {dict(dtypes)}; "
+              f"transposes outside the loops: {transposes}; "
+              f"temporaries {compiled.memory_analysis().temp_size_in_bytes / 2**30:.2f} GiB")
+
+
+if __name__ == "__main__":
+    main()
