@@ -211,10 +211,14 @@ class DecodeSetup:
                                  f"[0, {self.cfg.vocab_size}); check that the tokenizer belongs to this model")
 
 
-def casts_weights(params, cfg: ModelConfig) -> bool:
-    """Whether `compute_weights` changes any of these parameters' dtypes (fp32 weights, bf16 compute)."""
-    cast = jax.eval_shape(functools.partial(compute_weights, cfg=cfg), params)
-    return any(a.dtype != b.dtype for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(cast)))
+def casts_weights(params, cfg: ModelConfig, every: bool = False) -> bool:
+    """Whether `compute_weights` changes the dtype of any weight (fp32 weights, bf16 compute); every: of
+    every weight of the layers, so that the cast copies the whole layer stack anyway."""
+    tree = params["layers"] if every else params
+    cast = jax.eval_shape(functools.partial(compute_weights, cfg=cfg), tree)
+    changed = [a.dtype != b.dtype for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(cast))
+               if b.dtype == jnp.dtype(cfg.compute_dtype)]  # the norms keep their own dtype
+    return bool(changed) and (all(changed) if every else any(changed))
 
 
 class Sampler:
@@ -270,9 +274,11 @@ class Sampler:
             batch, plen = prompt.shape
             budget = slots - plen  # output buffer length (the new-token bucket)
             # Once per call, not once per decode step. On GPU, layers stacked for scan are also split into
-            # per-layer arrays while they are cast anyway (`compute_weights`): the cast copy costs nothing
-            # more, and a scanned decode loop would copy every layer's weights out of the stack each step.
-            unstack = cfg.scan_layers and cpu.platform() == "gpu" and casts_weights(params, cfg)
+            # per-layer arrays where every weight is cast anyway (`compute_weights`): the cast copy costs
+            # nothing more, and a scanned decode loop would copy every layer's weights out of the stack
+            # each step. Weights already in the compute dtype (frozen LoRA weights) stay stacked: splitting
+            # them would be a second copy.
+            unstack = cfg.scan_layers and cpu.platform() == "gpu" and casts_weights(params, cfg, every=True)
             params = compute_weights(params, cfg, unstack=unstack)
             model = cfg.replace(scan_layers=False) if unstack else cfg
             pick = functools.partial(sample_token, temperature=temperature, top_k=top_k, top_p=top_p,

@@ -336,6 +336,21 @@ def test_gpu_programs_decode_stacked_layers_as_a_list(qwen3):
     assert loops and not any(v.aval.shape == stacked["layers"]["q"].shape for e in loops for v in e.invars)
 
 
+def test_only_weights_that_are_cast_anyway_are_split_per_layer(qwen3):
+    """fp32 weights with bf16 compute are all cast (copied), so splitting them costs nothing; bf16 weights
+    with fp32 adapters (LoRA beside frozen weights) are not, and a split would copy them."""
+    cfg, params = qwen3
+    cfg = cfg.replace(compute_dtype="bfloat16")
+    assert sampler_module.casts_weights(params, cfg, every=True)
+    frozen = jax.tree_util.tree_map_with_path(
+        lambda path, x: x if str(path[-1].key).endswith("norm") else x.astype(jnp.bfloat16), params)
+    layers = [dict(layer, q_lora_a=jnp.zeros((4, cfg.hidden_size))) for layer in frozen["layers"]]
+    with_adapters = dict(frozen, layers=layers)
+    assert sampler_module.casts_weights(with_adapters, cfg)
+    assert not sampler_module.casts_weights(with_adapters, cfg, every=True)
+    assert not sampler_module.casts_weights(frozen, cfg)
+
+
 def test_stacked_layers_sample_like_a_layer_list(qwen3):
     """Stacked (scanned) layers: the layer index inside the decode step is traced (the CPU attention
     kernel reads it at run time); the same tokens and log-probs as the per-layer list."""
