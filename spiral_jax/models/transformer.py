@@ -274,6 +274,16 @@ def compute_weights(params, cfg: ModelConfig, unstack: bool = False):
     return jax.tree_util.tree_map_with_path(cast, params)
 
 
+def casts_weights(params, cfg: ModelConfig, every: bool = False) -> bool:
+    """Whether `compute_weights` changes the dtype of any weight (fp32 weights, bf16 compute); every: of
+    every weight of the layers, so that the cast copies the whole layer stack anyway."""
+    tree = params["layers"] if every else params
+    cast = jax.eval_shape(functools.partial(compute_weights, cfg=cfg), tree)
+    changed = [a.dtype != b.dtype for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(cast))
+               if b.dtype == jnp.dtype(cfg.compute_dtype)]  # the norms keep their own dtype
+    return bool(changed) and (all(changed) if every else any(changed))
+
+
 def unembed_table(params, cfg: ModelConfig) -> jax.Array:
     """The output embedding, [V, D]: the input embedding when they are tied."""
     return params["embed"] if cfg.tie_word_embeddings else params["lm_head"]

@@ -31,8 +31,8 @@ import numpy as np
 from spiral_jax.models import cpu, transformer
 from spiral_jax.models.config import ModelConfig
 from spiral_jax.models.params import check_params, param_shardings
-from spiral_jax.models.transformer import (KVCache, compute_weights, decoder, positions_from_mask, unembed,
-                                           unembed_table)
+from spiral_jax.models.transformer import (KVCache, casts_weights, compute_weights, decoder, positions_from_mask,
+                                           unembed, unembed_table)
 from spiral_jax.sampling.finish import check_finite, finish_reason, row_stops
 from spiral_jax.sampling.logits import sample_token
 from spiral_jax.sampling.stats import DecodeStats
@@ -184,10 +184,8 @@ class DecodeSetup:
         return params if self.rules is None else jax.device_put(params, self.params_sharding)
 
     def decode_weights(self, params):
-        """The parameters placed, and cast as a decode step reads them (`compute_weights`). A caller that
-        makes many decode calls with the same weights (a `DecodeEngine`'s rollout) casts them once with
-        this; a `Sampler` call casts them itself. The copy lives as long as the caller keeps it; where
-        nothing needs a cast (fp32 compute on CPU), the parameters come back as they are, uncopied."""
+        """The parameters placed and cast as a decode step reads them (`compute_weights`), for many decode
+        calls on the same weights (a `DecodeEngine`'s rollout); uncopied where nothing needs a cast."""
         placed = self.place(params)
         return _compute_weights(placed, self.cfg) if casts_weights(placed, self.cfg) else placed
 
@@ -209,16 +207,6 @@ class DecodeSetup:
                 token = next(t for t in p if not 0 <= t < self.cfg.vocab_size)
                 raise ValueError(f"prompt {i} has token id {token}, outside the model's vocabulary "
                                  f"[0, {self.cfg.vocab_size}); check that the tokenizer belongs to this model")
-
-
-def casts_weights(params, cfg: ModelConfig, every: bool = False) -> bool:
-    """Whether `compute_weights` changes the dtype of any weight (fp32 weights, bf16 compute); every: of
-    every weight of the layers, so that the cast copies the whole layer stack anyway."""
-    tree = params["layers"] if every else params
-    cast = jax.eval_shape(functools.partial(compute_weights, cfg=cfg), tree)
-    changed = [a.dtype != b.dtype for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(cast))
-               if b.dtype == jnp.dtype(cfg.compute_dtype)]  # the norms keep their own dtype
-    return bool(changed) and (all(changed) if every else any(changed))
 
 
 class Sampler:
@@ -250,11 +238,9 @@ class Sampler:
     def _one_row_table(self, params, batch: int) -> jax.Array | None:
         """A [D, V] copy of the unembedding table for one-row calls on a single CPU device, else None.
 
-        The one-row unembedding is a vector-matrix product that streams the whole table every decode
-        step, and XLA:CPU streams a [D, V] table about twice as fast as the stored [V, D] one
-        (docs/performance.md). At more rows the stored layout is as fast or faster. The copy is made
-        once per table and kept, at the table's size in memory, until a one-row call brings another
-        table; it holds no reference to the table it was made from.
+        A one-row unembedding streams the whole table every decode step, and XLA:CPU streams a [D, V]
+        table about twice as fast as the stored [V, D] one (docs/performance.md). The copy is kept until
+        a one-row call brings another table; it holds no reference to the table it was made from.
         """
         if batch != 1 or self.rules is not None or not cpu.layouts():
             return None
@@ -273,11 +259,8 @@ class Sampler:
                     stop_ids, *, slots, mode):
             batch, plen = prompt.shape
             budget = slots - plen  # output buffer length (the new-token bucket)
-            # Once per call, not once per decode step. On GPU, layers stacked for scan are also split into
-            # per-layer arrays where every weight is cast anyway (`compute_weights`): the cast copy costs
-            # nothing more, and a scanned decode loop would copy every layer's weights out of the stack
-            # each step. Weights already in the compute dtype (frozen LoRA weights) stay stacked: splitting
-            # them would be a second copy.
+            # Once per call, not per decode step. On GPU, stacked layers whose every weight is cast (copied)
+            # anyway are split per layer too: a scanned decode loop copies each layer out of the stack.
             unstack = cfg.scan_layers and cpu.platform() == "gpu" and casts_weights(params, cfg, every=True)
             params = compute_weights(params, cfg, unstack=unstack)
             model = cfg.replace(scan_layers=False) if unstack else cfg

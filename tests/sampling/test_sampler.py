@@ -10,6 +10,7 @@ import torch
 from spiral_jax.compilation import compile_count
 from spiral_jax.models import KVCache, cpu, cpu_kernels, decoder, forward, load_pretrained
 from spiral_jax.sampling import Sampler, SamplingParams, sample_token
+from spiral_jax.models import transformer
 from spiral_jax.sampling import sampler as sampler_module
 from spiral_jax.sharding import make_mesh
 
@@ -341,14 +342,14 @@ def test_only_weights_that_are_cast_anyway_are_split_per_layer(qwen3):
     with fp32 adapters (LoRA beside frozen weights) are not, and a split would copy them."""
     cfg, params = qwen3
     cfg = cfg.replace(compute_dtype="bfloat16")
-    assert sampler_module.casts_weights(params, cfg, every=True)
+    assert transformer.casts_weights(params, cfg, every=True)
     frozen = jax.tree_util.tree_map_with_path(
         lambda path, x: x if str(path[-1].key).endswith("norm") else x.astype(jnp.bfloat16), params)
     layers = [dict(layer, q_lora_a=jnp.zeros((4, cfg.hidden_size))) for layer in frozen["layers"]]
     with_adapters = dict(frozen, layers=layers)
-    assert sampler_module.casts_weights(with_adapters, cfg)
-    assert not sampler_module.casts_weights(with_adapters, cfg, every=True)
-    assert not sampler_module.casts_weights(frozen, cfg)
+    assert transformer.casts_weights(with_adapters, cfg)
+    assert not transformer.casts_weights(with_adapters, cfg, every=True)
+    assert not transformer.casts_weights(frozen, cfg)
 
 
 def test_stacked_layers_sample_like_a_layer_list(qwen3):
