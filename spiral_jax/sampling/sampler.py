@@ -261,7 +261,7 @@ class Sampler:
             budget = slots - plen  # output buffer length (the new-token bucket)
             # Once per call, not per decode step. On GPU, stacked layers whose every weight is cast (copied)
             # anyway are split per layer too: a scanned decode loop copies each layer out of the stack.
-            unstack = cfg.scan_layers and cpu.platform() == "gpu" and casts_weights(params, cfg, every=True)
+            unstack = cpu.platform() == "gpu" and casts_weights(params, cfg, every=True)
             params = compute_weights(params, cfg, unstack=unstack)
             model = cfg.replace(scan_layers=False) if unstack else cfg
             pick = functools.partial(sample_token, temperature=temperature, top_k=top_k, top_p=top_p,
