@@ -9,11 +9,14 @@ so each of these shows up in the time a GPU run measures; this finds them before
 
     python bench/gpu_decode_program.py                          # Qwen3-4B, batch 1 and 32, on 1xH200
     python bench/gpu_decode_program.py --shape 0.6b --batch 64 --hardware 1xH100
+    python bench/gpu_decode_program.py --shape 8b --lora 64 --hardware 1xH100   # a merged LoRA policy
+    python bench/gpu_decode_program.py --engine --batch 64                      # the continuous schedule
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import math
 import re
 
@@ -48,6 +51,14 @@ def opcode(line: str) -> str:
     return found.group(1) if found else "?"
 
 
+def _weight_slice(line: str) -> bool:
+    """Whether the instruction slices a million elements or more out of an array (a layer's weight out of
+    a stack, not a row of the cache)."""
+    head = re.match(r"%?([\w.\-]+) = \w+\[([\d,]*)\]", line)
+    return bool(head) and "dynamic_slice_fusion" in head.group(1) and math.prod(
+        int(d) for d in head.group(2).split(",") if d) >= 2**20
+
+
 def step_kernels(comps, body: str) -> collections.Counter:
     """Kernels one run of `body` launches, nested known-trip-count loops (the layers) multiplied out."""
     count = collections.Counter()
@@ -59,9 +70,24 @@ def step_kernels(comps, body: str) -> collections.Counter:
             for k, v in inner.items():
                 count[k] += v * (int(trips.group(1)) if trips else 1)
         elif op in KERNELS:
-            kind = "weight copy out of a stack" if "dynamic_slice_fusion" in line else op
+            kind = "weight copy out of a stack" if _weight_slice(line) else op
             count[kind] += 1
     return count
+
+
+def engine_decode(sampler, params, slots: int, new_tokens: int, device):
+    """The decode engine's compiled decode call on `slots` slots, given the weights a continuous rollout
+    hands it (`DecodeSetup.decode_weights`), attending over the whole cache."""
+    import jax
+    from spiral_jax.sampling import SamplingParams
+    from spiral_jax.sampling.engine import DecodeEngine
+
+    engine = DecodeEngine(sampler, SamplingParams(new_tokens), slots)
+    place = lambda tree: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), tree)  # noqa: E731
+    weights = place(jax.eval_shape(sampler.setup.decode_weights, params))
+    state = place(jax.eval_shape(engine._programs.empty))
+    steps = jax.ShapeDtypeStruct((), jax.numpy.int32, sharding=device)
+    return engine._programs.decode.lower(weights, state, steps, steps, window=engine.cache_len).compile()
 
 
 def main():
@@ -72,6 +98,10 @@ def main():
     parser.add_argument("--scan_layers", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--prompt", type=int, default=2048)
     parser.add_argument("--new_tokens", type=int, default=4096)
+    parser.add_argument("--engine", action="store_true",
+                        help="the decode engine's step (the continuous schedule) instead of the sampler's")
+    parser.add_argument("--lora", type=int, default=0, metavar="RANK",
+                        help="decode what a LoRA run of this rank hands the sampler: the merged policy")
     args = parser.parse_args()
     aot.prepare(args.hardware)
 
@@ -81,21 +111,33 @@ def main():
     from spiral_jax.models.config import ModelConfig
     from spiral_jax.models.params import abstract_params
     from spiral_jax.models.shapes import QWEN3
+    from spiral_jax.rl.reshard import make_policy, sample_config, split_frozen
     from spiral_jax.sampling import Sampler, SamplingParams
 
     tgt = aot.target(args.hardware)
     device = jax.sharding.SingleDeviceSharding(tgt.devices[0])
-    cfg = ModelConfig(**QWEN3[args.shape], compute_dtype="bfloat16", scan_layers=args.scan_layers)
-    # The train state's fp32 parameters, which the trainer hands the sampler as they are.
-    params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32, sharding=device), abstract_params(cfg))
+    cfg = ModelConfig(**QWEN3[args.shape], compute_dtype="bfloat16", scan_layers=args.scan_layers,
+                      lora_rank=args.lora)
+    with cpu.compiling_for("gpu"):
+        params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32), abstract_params(cfg))
+        given = "fp32 parameters (the train state's, handed over as they are)"
+        if args.lora:  # the adapters merged into the frozen bf16 weights, as the trainer hands them over
+            frozen, adapters = jax.eval_shape(functools.partial(split_frozen, cfg, mesh=None), params)
+            params, given = jax.eval_shape(make_policy(cfg, None), adapters, frozen), "merged LoRA parameters"
+            cfg = sample_config(cfg, True)
+    params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), params)
     weight_bytes = cfg.num_params * jnp.dtype(cfg.compute_dtype).itemsize
-    print(f"Qwen3-{args.shape} ({cfg.num_layers} layers, scan_layers {args.scan_layers}), fp32 parameters, bf16 "
+    print(f"Qwen3-{args.shape} ({cfg.num_layers} layers, scan_layers {args.scan_layers}), {given}, bf16 "
           f"compute, prompt {args.prompt} + {args.new_tokens} new tokens, compiled for {tgt.name} "
           f"({tgt.devices[0].device_kind}); bf16 weights {weight_bytes / 1e9:.2f} GB")
     for batch in args.batch:
         with cpu.compiling_for("gpu"):
             sampler = Sampler(cfg, max_prompt_len=args.prompt, max_cache_len=args.prompt + args.new_tokens)
-            compiled = sampler.lower(params, [[1] * args.prompt] * batch, SamplingParams(args.new_tokens)).compile()
+            if args.engine:
+                compiled = engine_decode(sampler, params, batch, args.new_tokens, device)
+            else:
+                prompts = [[1] * args.prompt] * batch
+                compiled = sampler.lower(params, prompts, SamplingParams(args.new_tokens)).compile()
         hlo = compiled.as_text()
         comps = computations(hlo)
         entry = next(name for name in comps if hlo.find(f"ENTRY %{name} ") >= 0)

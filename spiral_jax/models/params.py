@@ -132,7 +132,12 @@ def check_params(cfg: ModelConfig, params) -> None:
 
     Without this check a parameter tree of another model size can run without any error: the decoder
     loops over whatever layers it is given and the KV cache clamps out-of-range layer indices.
+    The layers may be stacked or a per-layer list whatever `cfg.scan_layers` says: the decoder runs
+    both (`transformer.decode_weights` splits a stack for decoding on GPU).
     """
+    layers = params.get("layers") if isinstance(params, dict) else None
+    if isinstance(layers, (list, dict)) and isinstance(layers, list) == cfg.scan_layers:
+        cfg = cfg.replace(scan_layers=not cfg.scan_layers)
     expected = {jax.tree_util.keystr(k): s.shape for k, s in jax.tree_util.tree_leaves_with_path(
         param_specs(cfg), is_leaf=is_spec)}
     got = {jax.tree_util.keystr(k): tuple(np.shape(x)) for k, x in jax.tree_util.tree_leaves_with_path(params)}

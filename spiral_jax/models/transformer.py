@@ -209,7 +209,9 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
 
 def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache | None = None,
             cache_start=0, rules: Rules | None = None, kv_len: int | None = None, last_only: bool = False):
-    """Run the layer stack on `tokens` [B, T]; returns (final-normed hidden [B, T, D], cache).
+    """Run the layer stack on `tokens` [B, T]; returns (final-normed hidden [B, T, D], cache). The
+    layers run as the parameters hold them: stacked (scan_layers) under `lax.scan`, a per-layer list
+    unrolled.
 
     positions [B, T]: RoPE positions. kv_mask [B, S]: which key slots hold real tokens, where S = T
     without a cache and S = cache slots with one (the caller marks the new block's slots too).
@@ -237,7 +239,7 @@ def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache
 
     if cfg.remat:
         block = jax.checkpoint(block, static_argnums=(4,))
-    if cfg.scan_layers:
+    if isinstance(params["layers"], dict):  # stacked (scan_layers), else a per-layer list
         def step(carry, xs):
             x, cache = carry
             p, layer = xs
@@ -260,18 +262,27 @@ def compute_weights(params, cfg: ModelConfig, unstack: bool = False):
     reads the fp32 weights: twice the bytes of bf16 ones, and decoding is bound by reading weights. The
     tokens are the same either way.
 
-    unstack: stacked layers (scan_layers) come back as a per-layer list, for a decoder run with
-    scan_layers off. XLA:GPU copies each layer's weights out of a stack before its products, every
-    step of a scanned decode loop; per-layer arrays are read in place.
+    unstack: stacked layers (scan_layers) come back as a per-layer list, which `decoder` runs
+    unrolled. XLA:GPU copies each layer's weights out of a stack before its products, every step of a
+    scanned decode loop; per-layer arrays are read in place.
     """
     dt = jnp.dtype(cfg.compute_dtype)
-    if unstack and cfg.scan_layers:
+    if unstack and isinstance(params["layers"], dict):
         params = dict(params, layers=[jax.tree.map(lambda x: x[i], params["layers"]) for i in range(cfg.num_layers)])
 
     def cast(path, x):
         return x if str(getattr(path[-1], "key", "")).endswith("norm") else x.astype(dt)
 
     return jax.tree_util.tree_map_with_path(cast, params)
+
+
+def decode_weights(params, cfg: ModelConfig):
+    """`compute_weights` for a decode loop. Traced for a GPU, stacked layers whose every weight is cast
+    (copied) anyway come back per layer as well: the split is that same copy, and it spares the loop a
+    copy of each layer out of the stack every step. Elsewhere, or where the cast copies only part of a
+    stack, the layers stay stacked: splitting them would be a second copy of the weights."""
+    unstack = cpu.platform() == "gpu" and casts_weights(params, cfg, every=True)
+    return compute_weights(params, cfg, unstack=unstack)
 
 
 def casts_weights(params, cfg: ModelConfig, every: bool = False) -> bool:

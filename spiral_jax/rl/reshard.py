@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from spiral_jax.models import ModelConfig, lora, param_shardings
+from spiral_jax.models import ModelConfig, cpu, lora, param_shardings, transformer
 from spiral_jax.sharding import Rules
 
 
@@ -47,8 +47,12 @@ def split_frozen(cfg: ModelConfig, params, mesh):
 
 
 def sample_config(cfg: ModelConfig, merged: bool) -> ModelConfig:
-    """The model the sampler runs: without adapters when they are merged into the weights."""
-    return cfg.base() if merged else cfg
+    """The model the sampler runs: without adapters when they are merged into the weights. Merged for
+    a GPU, the layers are a per-layer list: XLA:GPU copies each layer out of a stack every step of a
+    scanned decode loop, and the merge writes a fresh copy anyway, so it writes it per layer."""
+    if not merged or not cfg.lora_rank:
+        return cfg
+    return cfg.base().replace(scan_layers=cfg.scan_layers and cpu.platform() != "gpu")
 
 
 def make_policy(cfg: ModelConfig, mesh, merged: bool = True):
@@ -59,7 +63,11 @@ def make_policy(cfg: ModelConfig, mesh, merged: bool = True):
         return lambda trained, frozen: trained
     if not merged:
         return lambda trained, frozen: lora.join(frozen, trained)
-    rules = Rules.create(mesh, "train")
-    shardings = None if rules is None else param_shardings(cfg.base(), rules)
+    rules, target = Rules.create(mesh, "train"), sample_config(cfg, merged)
+    shardings = None if rules is None else param_shardings(target, rules)
     dtype = jnp.dtype(cfg.compute_dtype)
-    return jax.jit(lambda trained, frozen: lora.merge(lora.join(frozen, trained), cfg, dtype), out_shardings=shardings)
+
+    def policy(trained, frozen):
+        full = lora.merge(lora.join(frozen, trained), cfg, dtype)
+        return transformer.compute_weights(full, target, unstack=not target.scan_layers)
+    return jax.jit(policy, out_shardings=shardings)

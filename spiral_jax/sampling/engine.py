@@ -41,7 +41,8 @@ from spiral_jax.models.params import check_params
 from spiral_jax.models.transformer import KVCache, decoder, unembed
 from spiral_jax.sampling.finish import check_finite, finish_reason, row_stops
 from spiral_jax.sampling.logits import sample_token
-from spiral_jax.sampling.sampler import DecodeSetup, Sampler, SamplingParams, bucket_length
+from spiral_jax.sampling.sampler import Sampler, SamplingParams, bucket_length
+from spiral_jax.sampling.setup import DecodeSetup
 from spiral_jax.sampling.stats import DecodeStats
 
 

@@ -30,19 +30,18 @@ import numpy as np
 
 from spiral_jax.models import cpu, transformer
 from spiral_jax.models.config import ModelConfig
-from spiral_jax.models.params import check_params, param_shardings
-from spiral_jax.models.transformer import (KVCache, casts_weights, compute_weights, decoder, positions_from_mask,
+from spiral_jax.models.params import check_params
+from spiral_jax.models.transformer import (KVCache, decode_weights, decoder, positions_from_mask,
                                            unembed, unembed_table)
 from spiral_jax.sampling.finish import check_finite, finish_reason, row_stops
 from spiral_jax.sampling.logits import sample_token
+from spiral_jax.sampling.setup import DecodeSetup
 from spiral_jax.sampling.stats import DecodeStats
-from spiral_jax.sharding import Rules, batch_shards
 
 _MAX_STOP_IDS = 8
 # Decode stages (see attention_windows): the factor each window grows by over the one before.
 _WINDOW_GROWTH = 4
 _transpose = jax.jit(jnp.transpose)
-_compute_weights = jax.jit(compute_weights, static_argnums=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,62 +152,6 @@ def batch_bucket(rows: int, shards: int) -> int:
     return -(-batch // shards) * shards
 
 
-@dataclasses.dataclass(frozen=True)
-class DecodeSetup:
-    """What every decode program of one model on one mesh shares: the model (without remat), the
-    sharding rules (None: one device), the prompt and prompt+generation length limits, the smallest
-    prompt and batch buckets, and the parameters' placement. A `Sampler` and every `DecodeEngine` made
-    from it decode with the same one."""
-
-    cfg: ModelConfig
-    rules: Rules | None
-    max_prompt_len: int
-    max_cache_len: int
-    min_prompt_bucket: int
-    min_batch_bucket: int
-    params_sharding: object = dataclasses.field(default=None, compare=False, repr=False)
-
-    @classmethod
-    def create(cls, cfg: ModelConfig, mesh=None, max_prompt_len: int | None = None,
-               max_cache_len: int | None = None, min_prompt_bucket: int = 16,
-               min_batch_bucket: int = 1) -> DecodeSetup:
-        """The limits default to the model's max_position_embeddings; every data-parallel shard of the
-        mesh gets at least one row."""
-        cfg, rules = cfg.replace(remat=False), Rules.create(mesh, "sample")
-        max_cache_len = max_cache_len or cfg.max_position_embeddings
-        return cls(cfg, rules, max_prompt_len or max_cache_len, max_cache_len, min_prompt_bucket,
-                   max(min_batch_bucket, batch_shards(mesh)), param_shardings(cfg, rules) if rules else None)
-
-    def place(self, params):
-        """The parameters placed as the decode programs take them (as they are on one device)."""
-        return params if self.rules is None else jax.device_put(params, self.params_sharding)
-
-    def decode_weights(self, params):
-        """The parameters placed and cast as a decode step reads them (`compute_weights`), for many decode
-        calls on the same weights (a `DecodeEngine`'s rollout); uncopied where nothing needs a cast."""
-        placed = self.place(params)
-        return _compute_weights(placed, self.cfg) if casts_weights(placed, self.cfg) else placed
-
-    def check_prompts(self, prompts: Sequence[Sequence[int]]) -> None:
-        """Raise a ValueError naming the first prompt that is empty, too long or outside the vocabulary."""
-        if len(prompts) == 0:
-            raise ValueError("generate() needs at least one prompt")
-        for i, p in enumerate(prompts):
-            if len(p) == 0:
-                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token "
-                                 f"(e.g. the BOS token or a chat template)")
-            if len(p) > self.max_prompt_len:
-                raise ValueError(f"prompt {i} has {len(p)} tokens, more than max_prompt_len="
-                                 f"{self.max_prompt_len}; shorten it or raise max_prompt_len")
-            # JAX's gather clamps an out-of-range id to the table's edge: the model would silently read
-            # the wrong token, usually because the tokenizer belongs to another model.
-            ids = np.asarray(p)
-            if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
-                token = next(t for t in p if not 0 <= t < self.cfg.vocab_size)
-                raise ValueError(f"prompt {i} has token id {token}, outside the model's vocabulary "
-                                 f"[0, {self.cfg.vocab_size}); check that the tokenizer belongs to this model")
-
-
 class Sampler:
     """Generates continuations for many prompts at once with one compiled program per bucket.
 
@@ -259,25 +202,21 @@ class Sampler:
                     stop_ids, *, slots, mode):
             batch, plen = prompt.shape
             budget = slots - plen  # output buffer length (the new-token bucket)
-            # Once per call, not per decode step. On GPU, stacked layers whose every weight is cast (copied)
-            # anyway are split per layer too: a scanned decode loop copies each layer out of the stack.
-            unstack = cpu.platform() == "gpu" and casts_weights(params, cfg, every=True)
-            params = compute_weights(params, cfg, unstack=unstack)
-            model = cfg.replace(scan_layers=False) if unstack else cfg
+            params = decode_weights(params, cfg)  # once per call, not per decode step
             pick = functools.partial(sample_token, temperature=temperature, top_k=top_k, top_p=top_p,
                                      mode=mode)
             keys = jax.vmap(jax.random.fold_in, (None, 0))(key, row_ids)
             step_keys = lambda step: jax.vmap(jax.random.fold_in, (0, None))(keys, step)  # noqa: E731
-            logits = lambda hidden: unembed(params, model, hidden, table_t, local=rules is None)  # noqa: E731
+            logits = lambda hidden: unembed(params, cfg, hidden, table_t, local=rules is None)  # noqa: E731
 
             kv_mask = jnp.zeros((batch, slots), bool).at[:, :plen].set(prompt_mask.astype(bool))
             positions = positions_from_mask(prompt_mask)
-            cache = KVCache.zeros(model, batch, slots)
+            cache = KVCache.zeros(cfg, batch, slots)
             if rules is not None:
                 cache = KVCache(*(jax.lax.with_sharding_constraint(
                     c, rules.sharding(transformer.CACHE_AXES, c.shape))
                     for c in cache))
-            hidden, cache = decoder(params, model, prompt, positions, kv_mask, cache, 0, rules, last_only=True)
+            hidden, cache = decoder(params, cfg, prompt, positions, kv_mask, cache, 0, rules, last_only=True)
             token, lp, raw = pick(logits(hidden[:, -1]), step_keys(0))
 
             state = _DecodeState(
@@ -297,7 +236,7 @@ class Sampler:
                     slot = plen + st.step - 1  # where the previous token goes
                     kv_mask = st.kv_mask.at[:, slot].set(True)
                     pos = (next_pos + st.step - 1)[:, None]
-                    hidden, cache = decoder(params, model, st.tokens[:, st.step - 1][:, None], pos, kv_mask,
+                    hidden, cache = decoder(params, cfg, st.tokens[:, st.step - 1][:, None], pos, kv_mask,
                                             st.cache, slot, rules, kv_len=window)
                     token, lp, raw = pick(logits(hidden[:, 0]), step_keys(st.step))
                     live = ~st.done

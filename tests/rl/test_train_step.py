@@ -4,8 +4,8 @@ import jax
 import numpy as np
 import pytest
 
-from spiral_jax.models import init_params, param_shardings
-from spiral_jax.rl.reshard import make_reshard
+from spiral_jax.models import cpu, forward, init_params, param_shardings
+from spiral_jax.rl.reshard import make_policy, make_reshard, sample_config, split_frozen
 from spiral_jax.rl.samples import TurnSample, pack, shard_batch
 from spiral_jax.rl.train_step import (TrainConfig, init_train_state, make_compute_logprobs,
                                       make_schedule, make_train_step, make_update)
@@ -140,6 +140,25 @@ def test_reshard_hands_the_same_values_to_the_sample_layout(host_params):
     # Without fsdp the two layouts agree: the sampler reads the trainer's arrays as they are.
     assert make_reshard(TINY, make_mesh(data=4, fsdp=1, tensor=2))(params) is params
     assert make_reshard(TINY, None)(params) is params
+
+
+def test_merged_lora_for_a_gpu_is_a_per_layer_list_with_the_same_logits():
+    """Merged for a GPU, the scanned model's adapters fold into a per-layer list (a scanned decode step on
+    GPU copies each layer out of the stack): placed on the sample layout, the same logits."""
+    cfg = TINY.replace(lora_rank=4, scan_layers=True)
+    full = init_params(cfg, jax.random.key(1))
+    full = jax.tree.map(lambda x: x + 0.05 if x.ndim > 1 else x, full)  # adapters with B != 0
+    frozen, adapters = split_frozen(cfg, full, None)
+    ids = np.arange(24, dtype=np.int32).reshape(2, 12) % TINY.vocab_size
+    want = forward(make_policy(cfg, None)(adapters, frozen), sample_config(cfg, True), ids)
+    assert sample_config(cfg, True).scan_layers
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    with cpu.compiling_for("gpu"):
+        sample_cfg = sample_config(cfg, True)
+        policy = make_reshard(sample_cfg, mesh)(make_policy(cfg, mesh)(adapters, frozen))
+    assert not sample_cfg.scan_layers and not sample_cfg.lora_rank
+    assert isinstance(policy["layers"], list) and len(policy["layers"]) == cfg.num_layers
+    np.testing.assert_allclose(forward(policy, sample_cfg, ids), want, atol=1e-5)
 
 
 def test_schedule_and_config_checks():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from spiral_jax.compilation import compile_count
-from spiral_jax.models import init_params
+from spiral_jax.models import cpu, init_params
 from spiral_jax.sampling import Sampler, SamplingParams
 from spiral_jax.sampling.engine import DecodeEngine, Request
 from spiral_jax.sharding import make_mesh
@@ -159,6 +159,25 @@ def test_sharded_engine_matches_single_device(params):
     ref = Sampler(CFG, max_prompt_len=64, max_cache_len=128).generate(params, prompts, SP, seed=4, row_ids=ids)
     engine = DecodeEngine(Sampler(CFG, mesh, max_prompt_len=64, max_cache_len=128), SP, 8)
     _assert_same(_run(engine, params, [Request(p, 4, i) for p, i in zip(prompts, ids)]), ref, ids)
+
+
+def test_gpu_decode_weights_run_per_layer_on_a_mesh(params):
+    """Traced for a GPU, `decode_weights` splits a scanned model's stacked fp32 weights per layer while
+    it casts them (a scanned decode step on GPU copies each layer out of the stack); the engine places
+    and decodes them, with the same tokens as the stacked weights decoded on CPU."""
+    cfg = CFG.replace(scan_layers=True, compute_dtype="bfloat16", attention="xla")
+    stacked = dict(params, layers=jax.tree.map(lambda *layer: jnp.stack(layer), *params["layers"]))
+    prompts, ids = _prompts(8, seed=5), list(range(8))
+    requests = [Request(p, 5, i) for p, i in zip(prompts, ids)]
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    engine = DecodeEngine(Sampler(cfg, mesh, max_prompt_len=64, max_cache_len=128), SP, 8)
+    want = _run(engine, engine.setup.decode_weights(stacked), requests)
+    with cpu.compiling_for("gpu"):
+        split = engine.setup.decode_weights(stacked)
+        assert isinstance(split["layers"], list) and split["layers"][0]["q"].dtype == jnp.bfloat16
+        engine = DecodeEngine(Sampler(cfg, mesh, max_prompt_len=64, max_cache_len=128), SP, 8)
+        got = _run(engine, split, requests)
+    assert [got[i].tokens for i in ids] == [want[i].tokens for i in ids]
 
 
 def test_clear_errors(params):

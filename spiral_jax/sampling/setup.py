@@ -1,0 +1,82 @@
+"""`DecodeSetup`: what the sampler's and the decode engine's programs share, and the weights as a decode
+step reads them."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from spiral_jax.models import cpu
+from spiral_jax.models.config import ModelConfig
+from spiral_jax.models.params import param_shardings
+from spiral_jax.models.transformer import casts_weights, decode_weights
+from spiral_jax.sharding import Rules, batch_shards
+
+# `platform` keys the trace: `decode_weights` splits stacked layers for a GPU only.
+_decode_weights = jax.jit(lambda params, cfg, platform: decode_weights(params, cfg), static_argnums=(1, 2))
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSetup:
+    """What every decode program of one model on one mesh shares: the model (without remat), the
+    sharding rules (None: one device), the prompt and prompt+generation length limits, the smallest
+    prompt and batch buckets, and the parameters' placement. A `Sampler` and every `DecodeEngine` made
+    from it decode with the same one."""
+
+    cfg: ModelConfig
+    rules: Rules | None
+    max_prompt_len: int
+    max_cache_len: int
+    min_prompt_bucket: int
+    min_batch_bucket: int
+    params_sharding: object = dataclasses.field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def create(cls, cfg: ModelConfig, mesh=None, max_prompt_len: int | None = None,
+               max_cache_len: int | None = None, min_prompt_bucket: int = 16,
+               min_batch_bucket: int = 1) -> DecodeSetup:
+        """The limits default to the model's max_position_embeddings; every data-parallel shard of the
+        mesh gets at least one row."""
+        cfg, rules = cfg.replace(remat=False), Rules.create(mesh, "sample")
+        max_cache_len = max_cache_len or cfg.max_position_embeddings
+        return cls(cfg, rules, max_prompt_len or max_cache_len, max_cache_len, min_prompt_bucket,
+                   max(min_batch_bucket, batch_shards(mesh)), param_shardings(cfg, rules) if rules else None)
+
+    def place(self, params):
+        """The parameters placed as the decode programs take them (as they are on one device). Their
+        layers may be stacked or a per-layer list whatever the model's scan_layers (`decode_weights`
+        splits a stack on GPU): the decoder runs both."""
+        if self.rules is None:
+            return params
+        if isinstance(params["layers"], list) == self.cfg.scan_layers:  # the other layout
+            other = self.cfg.replace(scan_layers=not self.cfg.scan_layers)
+            return jax.device_put(params, param_shardings(other, self.rules))
+        return jax.device_put(params, self.params_sharding)
+
+    def decode_weights(self, params):
+        """The parameters placed and cast as a decode step reads them (`transformer.decode_weights`), for
+        many decode calls on the same weights (a `DecodeEngine`'s rollout); uncopied where nothing needs
+        a cast."""
+        placed = self.place(params)
+        return _decode_weights(placed, self.cfg, cpu.platform()) if casts_weights(placed, self.cfg) else placed
+
+    def check_prompts(self, prompts: Sequence[Sequence[int]]) -> None:
+        """Raise a ValueError naming the first prompt that is empty, too long or outside the vocabulary."""
+        if len(prompts) == 0:
+            raise ValueError("generate() needs at least one prompt")
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token "
+                                 f"(e.g. the BOS token or a chat template)")
+            if len(p) > self.max_prompt_len:
+                raise ValueError(f"prompt {i} has {len(p)} tokens, more than max_prompt_len="
+                                 f"{self.max_prompt_len}; shorten it or raise max_prompt_len")
+            # JAX's gather clamps an out-of-range id to the table's edge: the model would silently read
+            # the wrong token, usually because the tokenizer belongs to another model.
+            ids = np.asarray(p)
+            if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
+                token = next(t for t in p if not 0 <= t < self.cfg.vocab_size)
+                raise ValueError(f"prompt {i} has token id {token}, outside the model's vocabulary "
+                                 f"[0, {self.cfg.vocab_size}); check that the tokenizer belongs to this model")
