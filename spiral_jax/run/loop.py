@@ -5,7 +5,7 @@ step's games and samples (`run.collect`), pack them and run the jitted update (`
 Every step is seeded by (seed, step) alone, so a resumed run repeats the uninterrupted one exactly.
 The loop evaluates at step 0, every `eval_every` steps and at the end (`run.evaluate`), saves the
 `RunState` every `checkpoint_every` steps, and on SIGTERM/SIGINT saves at the next safe point and
-stops (exit status PREEMPTED_EXIT_CODE).
+stops (exit status PREEMPTED_EXIT_CODE). A configured imitation bootstrap runs first (`run.imitation`).
 
 Multi-host: every host runs this same loop. Each samples its share of the games on its own chips
 (`host_local_mesh`), the finished games are exchanged (`Rollout.play`), and from there all hosts
@@ -14,7 +14,6 @@ Only process 0 prints, writes TensorBoard events and transcripts.
 """
 from __future__ import annotations
 
-import functools
 import signal
 import time
 from pathlib import Path
@@ -32,19 +31,18 @@ from spiral_jax.metrics import MetricsWriter
 from spiral_jax.models import CheckpointError, load_policy_weights, lora
 from spiral_jax.paths import run_path
 from spiral_jax.policies import PolicySpec, kind
-from spiral_jax.rl.bootstrap import imitation_samples
 from spiral_jax.rl.reshard import make_policy, make_reshard, sample_config, split_frozen
 from spiral_jax.rl.samples import pack, padded_rows, row_multiple, shard_batch
 from spiral_jax.rl.train_step import init_train_state, make_update
 from spiral_jax.rollout import Rollout
 from spiral_jax.run.collect import Collected, collect
 from spiral_jax.run.evaluate import evaluate_math, evaluate_policy
+from spiral_jax.run.imitation import imitate
 from spiral_jax.run.metrics import StepTimes, step_scalars, trained_tokens
 from spiral_jax.run.build import base_fingerprint, build_model, build_tokenizer, eval_context
-from spiral_jax.run.setup import TEACHERS, RunSpec, run_spec
+from spiral_jax.run.setup import RunSpec, run_spec
 from spiral_jax.run.state import RunState
 from spiral_jax.run.summary import RunSummary
-from spiral_jax.sampling.scoring import sequence_logprobs
 from spiral_jax.sharding import batch_shards, make_mesh
 
 # The exit status of a run stopped by SIGTERM/SIGINT after saving (EX_TEMPFAIL): requeue it with --resume.
@@ -186,41 +184,6 @@ class Trainer:
         self.log(f"\nreceived signal {signum}: saving a checkpoint at the next safe point (after this "
                  f"step, bootstrap step or evaluation), then exiting")
 
-    # ------------------------------------------------------------------------------ the bootstrap
-
-    def _bootstrap(self) -> None:
-        """Imitation of the configured teacher (rl/bootstrap.py), then a fresh optimiser for RL.
-
-        A stop request saves the bootstrap's state part-way (phase "bootstrap"), and the end of the
-        bootstrap is checkpointed as step 0, so a resumed run never redoes it."""
-        b, spec, s = self.spec.bootstrap, self.spec, self.state
-        update = make_update(self.cfg, b.train, self.mesh)
-        rows = row_multiple(b.train.micro_batch_size, batch_shards(self.mesh))
-        if s.bootstrap_step == 0:  # the optimiser's tree is the RL one's, so both share a checkpoint slot
-            s.train = init_train_state(s.train.params, self.cfg, b.train, self.mesh)
-        self.log(f"[bootstrap] {b.steps} imitation steps of {TEACHERS[b.teacher]}; real checkpoints skip this stage")
-        bar = tqdm(range(s.bootstrap_step, b.steps), desc="bootstrap", unit="step", dynamic_ncols=True,
-                   disable=not is_leader(), initial=s.bootstrap_step, total=b.steps)
-        for i in bar:
-            if self.stop_requested():
-                s.bootstrap_step = i
-                self.save()
-                return
-            score = functools.partial(sequence_logprobs, self.full_params(s.train.params, self.weights), self.sample_cfg)
-            samples = imitation_samples(spec.games.env_ids, spec.games.weights, self.tokenizer, b.batch_size,
-                                        seed=spec.seed * 1_000_003 + i, explore=b.explore, teacher=b.teacher,
-                                        score=score, hash_seed=spec.seed, hash_uniform=b.hash_uniform,
-                                        targets=b.targets)
-            batch = shard_batch(pack(samples, rows=padded_rows(len(samples), rows), row_multiple=rows), self.mesh)
-            s.train, metrics = update(s.train, batch, frozen=self.weights)
-            if i % 10 == 0 or i == b.steps - 1:
-                loss = float(metrics[-1]["loss"])
-                bar.set_postfix(loss=f"{loss:.3f}")
-                self.writer.scalars(i, {"bootstrap/loss": loss})
-        bar.close()
-        s.train, s.phase, s.bootstrap_step = init_train_state(s.train.params, self.cfg, spec.train, self.mesh), "rl", 0
-        self.save()
-
     # ------------------------------------------------------------------------------------- steps
 
     def collect(self, params=None) -> Collected:
@@ -310,7 +273,7 @@ class Trainer:
         self._start_banner()
         try:
             if s.phase == "bootstrap":
-                self._bootstrap()
+                imitate(self)
                 if self._stop:
                     return self._stopped()
             if s.step == 0 and "step0" not in self.summary.read()["eval"]:

@@ -139,8 +139,8 @@ def test_a_stop_in_the_bootstrap_saves_it_and_the_resumed_run_is_exact(tmp_path)
     full.run()
     stopped = Trainer.from_config(_bootstrap_config(tmp_path / "b"), log=lambda *_: None)
     update_calls = []
-    from spiral_jax.run import loop as trainer_module
-    imitation = trainer_module.imitation_samples
+    from spiral_jax.run import imitation as stage
+    imitation = stage.imitation_samples
 
     def samples_then_signal(*args, **kwargs):
         update_calls.append(1)
@@ -148,11 +148,11 @@ def test_a_stop_in_the_bootstrap_saves_it_and_the_resumed_run_is_exact(tmp_path)
             os.kill(os.getpid(), signal.SIGTERM)
         return imitation(*args, **kwargs)
 
-    trainer_module.imitation_samples = samples_then_signal
+    stage.imitation_samples = samples_then_signal
     try:
         assert stopped.run() == {} and stopped.stopped
     finally:
-        trainer_module.imitation_samples = imitation
+        stage.imitation_samples = imitation
     assert stopped.state.bootstrap_step == 3 and stopped.ckpt.latest_step() == 0
     resumed = Trainer.from_config(_bootstrap_config(tmp_path / "b"), resume=True, log=lambda *_: None)
     assert resumed.state.bootstrap_step == 3
