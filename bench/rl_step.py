@@ -27,7 +27,9 @@ memory bandwidth) at batch 1 and at the rollout's batch, the train step's MFU (m
 (non-embedding parameters x tokens + unembedding x response tokens) plus causal attention, per
 epoch, over the device's peak), and the peak memory against `spiral-jax plan`'s estimate. Every phase
 is timed less the XLA compiling done in it: the first step compiles, and a later one may still meet
-a new bucket. The figures are the last step's (`--steps`, default 2). Bandwidth and peak FLOP/s
+a new bucket. The figures are the last step's (`--steps`, default 2). On a GPU the batch-1 decode
+is also traced (jax.profiler): the kernels a step, the time they keep the GPU busy against the
+step's time (the rest is launch gaps and host work), and the kernels that take the most. Bandwidth and peak FLOP/s
 come from a table of data sheets by device kind, else from flags, else (CPU) measured here.
 
     python bench/rl_step.py --shape tiny                                    # CPU, seconds
@@ -447,6 +449,51 @@ def print_rollout(trainer, c, metrics, probes, sampling):
           f"{lengths.sum() / sampling:,.0f} tokens/s; slot utilization {metrics['rollout/slot_utilization']:.0%}")
 
 
+def gpu_kernels(fn) -> tuple[list[tuple[str, float, float]], str]:
+    """The GPU kernels `fn()` ran, as (name, start ns, duration ns) from a device trace (jax.profiler),
+    and, where there are none (a CPU, or a trace without the GPU's streams), a note saying why."""
+    try:
+        from jax.profiler import ProfileData
+        with tempfile.TemporaryDirectory() as trace:
+            with jax.profiler.trace(trace):
+                fn()
+            data = ProfileData.from_file(str(next(Path(trace).rglob("*.xplane.pb"))))
+    except Exception as e:  # noqa: BLE001 - the trace only adds detail; the bench's figures stand without it
+        return [], f"no device trace ({type(e).__name__}: {e})"
+    lines = [line for plane in data.planes if plane.name.startswith("/device:GPU") for line in plane.lines]
+    kernels = [(e.name, e.start_ns, e.duration_ns) for line in lines if line.name.startswith("Stream")
+               for e in line.events]
+    return kernels, "" if kernels else f"no GPU kernels in the trace (its GPU lines: {[x.name for x in lines]})"
+
+
+def busy_ns(kernels) -> float:
+    """Nanoseconds in which at least one of the kernels ran: the union of their intervals."""
+    total, end = 0.0, -math.inf
+    for _, start, duration in sorted(kernels, key=lambda k: k[1]):
+        if start + duration > end:
+            total += start + duration - max(start, end)
+            end = start + duration
+    return total
+
+
+def print_kernels(run, steps: int, step_s: float) -> None:
+    """Where a decode step's time goes on a GPU: kernels a step, the time they keep the GPU busy
+    against the step's time (the rest is launch gaps and host work), and the kernels taking the most.
+    run(n): the program decoding n tokens; the difference of n = steps and n = 1 is steps - 1 steps."""
+    (one, note), (many, _) = gpu_kernels(lambda: run(1)), gpu_kernels(lambda: run(steps))
+    if not many:
+        print(f"  kernels of a decode step: {note}")
+        return
+    count = (len(many) - len(one)) / (steps - 1)
+    busy = (busy_ns(many) - busy_ns(one)) / (steps - 1) / 1e9
+    by_name = {}
+    for name, _, duration in many:
+        by_name[name] = by_name.get(name, 0.0) + duration / (steps - 1) / 1e3
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:6]
+    print(f"  on the GPU: {count:.0f} kernels a step, busy {busy * 1e3:.2f} ms of the {step_s * 1e3:.2f} ms step "
+          f"({busy / step_s:.0%}); the most time a step: " + ", ".join(f"{n[:48]} {us:.0f} us" for n, us in top))
+
+
 def print_decode(trainer, c, probes, params, bandwidth, reads) -> float:
     """The decode step against the HBM floor at batch 1 (one of the step's prompts, no stop ids,
     BATCH1_STEPS steps less one) and over the "rounds" calls; returns the batch-1 ratio."""
@@ -470,6 +517,8 @@ def print_decode(trainer, c, probes, params, bandwidth, reads) -> float:
           f"({weights / 1e9:.3g} GB of {cfg.compute_dtype} weights and the cache at "
           f"{bandwidth * devices / 1e12:.3g} TB/s): {step / least:.2f}x; "
           f"{step / least * reads / bandwidth:.2f}x at the rate a plain reduction reads")
+    if jax.default_backend() == "gpu":
+        print_kernels(lambda n: run_program(trainer.sampler, params, [prompt], one, n), BATCH1_STEPS, step)
     calls = probes.calls.calls
     if r.schedule == "rounds":
         steps = sum(k["steps"] for k in calls)

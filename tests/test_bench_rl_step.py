@@ -64,3 +64,27 @@ def test_the_stop_token_is_drawn_with_the_stated_probability():
     sampler = Sampler(TINY, max_prompt_len=16, max_cache_len=16 + 64)
     plain = np.array([len(t) for t in sampler.generate(params, prompts, sp, seed=0).tokens])
     assert plain.mean() > 3 * expected
+
+
+def test_busy_time_is_the_union_of_the_kernels_intervals():
+    """The GPU-busy time of a decode step's trace counts overlapping kernels (several streams) once."""
+    busy_ns = _bench_module().busy_ns
+    assert busy_ns([]) == 0
+    assert busy_ns([("a", 0, 10), ("b", 20, 5)]) == 15
+    assert busy_ns([("a", 0, 10), ("b", 5, 10), ("c", 30, 1), ("d", 2, 3)]) == 16
+
+
+def test_the_kernel_line_says_where_a_decode_step_goes(monkeypatch, capsys):
+    """From traces of n = 1 and n = 5 decoded tokens: the kernels and busy time a step (the difference,
+    over 4 steps) against the step's time, and the kernels that take the most time a step."""
+    bench = _bench_module()
+    us = 1000  # ns
+    prefill = [("prefill", 0, 400 * us)]
+    steps = [(name, 1000 * us * (i + 1) + offset * us, 300 * us) for i in range(4)
+             for name, offset in (("gemv", 0), ("softmax", 500))]
+    traces = {1: prefill, 5: prefill + steps}
+    monkeypatch.setattr(bench, "gpu_kernels", lambda fn: (fn(), ""))
+    bench.print_kernels(lambda n: traces[n], 5, step_s=1e-3)
+    line = capsys.readouterr().out.strip()
+    assert line == ("on the GPU: 2 kernels a step, busy 0.60 ms of the 1.00 ms step (60%); the most time a "
+                    "step: gemv 300 us, softmax 300 us, prefill 100 us"), line

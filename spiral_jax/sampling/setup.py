@@ -3,6 +3,7 @@ step reads them."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Sequence
 
 import jax
@@ -16,6 +17,10 @@ from spiral_jax.sharding import Rules, batch_shards
 
 # `platform` keys the trace: `decode_weights` splits stacked layers for a GPU only.
 _decode_weights = jax.jit(lambda params, cfg, platform: decode_weights(params, cfg), static_argnums=(1, 2))
+
+
+# Kept: an engine places its parameters at every call.
+_shardings = functools.lru_cache(maxsize=None)(param_shardings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +56,8 @@ class DecodeSetup:
         if self.rules is None:
             return params
         if isinstance(params["layers"], list) == self.cfg.scan_layers:  # the other layout
-            other = self.cfg.replace(scan_layers=not self.cfg.scan_layers)
-            return jax.device_put(params, param_shardings(other, self.rules))
+            return jax.device_put(params, _shardings(self.cfg.replace(scan_layers=not self.cfg.scan_layers),
+                                                     self.rules))
         return jax.device_put(params, self.params_sharding)
 
     def decode_weights(self, params):
