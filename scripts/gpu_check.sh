@@ -9,20 +9,14 @@
 # (pip install -e '.[cuda,test]', or PYTHONPATH=. where the packages are already there). Wheels in
 # .whl/ (for a machine that cannot reach PyPI; see scripts/gpu_rl_step.sh) are installed first.
 set -u
-if ls .whl/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
+source scripts/gpu_env.sh
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
 export XLA_PYTHON_CLIENT_MEM_FRACTION=0.5  # leave room for transformers on the same GPU
 
 nvidia-smi -L
 python3 -c "import jax, torch, transformers; print('jax', jax.__version__, jax.devices(), '| torch', \
 torch.__version__, torch.cuda.is_available(), '| transformers', transformers.__version__)"
-
-section() { echo; echo "=== $1 ($(date +%T))"; }
 
 section "tests on the GPU"
 timeout "${TESTS_S:-420}" python3 -m pytest -q -p no:cacheprovider --durations=5 \

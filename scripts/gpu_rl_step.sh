@@ -29,21 +29,15 @@
 # in .whl/ (an image with JAX, flax and transformers lacks ml-collections: pip download --no-deps
 # --only-binary=:all: -d .whl ml-collections==1.1.0); they are installed to /tmp/site first.
 set -u
-if ls .whl/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
+source scripts/gpu_env.sh
 OUT=${OUT:-/tmp/gpu_rl_step}
 NEW_TOKENS=${NEW_TOKENS:-1024}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
 # Programs compiled once load from here in a rerun on the same machine.
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/spiral_jax_xla_cache}
 
 nvidia-smi -L
 python3 -c "import jax, ml_collections; print('jax', jax.__version__, jax.devices())" || exit 1
-
-section() { echo; echo "=== $1 ($(date +%T))"; }
 
 # run NAME LIMIT_S ARGS...: one bench run, its log in $OUT/NAME.log, its last line in summary.txt.
 run() {
