@@ -13,7 +13,7 @@ from spiral_jax import cli
 from spiral_jax import hardware as H
 from spiral_jax import plan as P
 from spiral_jax.config import base_config, config_from_file
-from spiral_jax.models import KVCache, init_params
+from spiral_jax.models import KVCache, cpu, init_params
 from spiral_jax.models.transformer import CACHE_AXES
 from spiral_jax.rl.reshard import make_reshard
 from spiral_jax.rl.samples import TurnSample, pack, shard_batch
@@ -296,6 +296,17 @@ def test_the_kl_reference_is_counted():
     after = P.plan(planned(c), hw)
     assert after.parts["kl_reference"] == after.parts["params"]
     assert after.phases["train step"] == before.phases["train step"] + after.parts["params"]
+
+
+def test_merged_lora_planned_for_a_gpu_counts_its_per_layer_copy():
+    """Planned for a GPU (as `spiral-jax plan --compile` does), the merged copy is a per-layer list
+    (`sample_config`); it is the same bytes as the stacked one planned elsewhere."""
+    c = config_from_file(str(CONFIGS / "kuhn_qwen3_8b_lora_1xh100.py"))
+    c.model.attention = "xla"  # cuDNN's attention lowers only where cuDNN is installed
+    spec = planned(c)
+    with cpu.compiling_for("gpu"):  # first: the planner caches its byte counts
+        gpu = P.plan(spec, H.hardware("1xH100"))
+    assert gpu.parts["sampler_params"] == P.plan(spec, H.hardware("1xH100")).parts["sampler_params"] > 0
 
 
 def test_lora_counts_frozen_weights_in_the_compute_dtype_and_optimizer_state_for_the_adapters_only():

@@ -17,7 +17,7 @@ import functools
 import jax
 import optax
 
-from spiral_jax.models import ModelConfig, abstract_params, lora, param_specs
+from spiral_jax.models import ModelConfig, abstract_params, cpu, lora, param_specs
 from spiral_jax.models.params import is_spec
 from spiral_jax.models.transformer import CACHE_AXES, KVCache
 from spiral_jax.plan.sizes import MeshShape, shard_elements
@@ -43,12 +43,17 @@ def _per_row(tree, rows: int) -> int:
     return sum(_bytes(x) for x in leaves) // rows
 
 
-@functools.lru_cache(maxsize=32)
 def _trees(cfg: ModelConfig) -> tuple:
     """(trained, frozen, merged) abstract trees, as the trainer holds them: the fp32 parameters of
     `abstract_params` (the dtype the run's initialisation and loading give), split by `split_frozen`
     (with LoRA: the adapters trained, the weights frozen in the compute dtype; without: nothing
-    frozen), and the merged copy `make_policy` folds for the sampler (None without LoRA)."""
+    frozen), and the merged copy `make_policy` folds for the sampler (None without LoRA), laid out as
+    `sample_config` says for the platform traced for."""
+    return _platform_trees(cfg, cpu.platform())
+
+
+@functools.lru_cache(maxsize=32)
+def _platform_trees(cfg: ModelConfig, platform: str) -> tuple:
     frozen, trained = jax.eval_shape(lambda p: split_frozen(cfg, p, None), abstract_params(cfg))
     merged = jax.eval_shape(make_policy(cfg, None), trained, frozen) if cfg.lora_rank else None
     return trained, frozen, merged
@@ -82,7 +87,9 @@ def frozen_bytes(cfg: ModelConfig, mesh: MeshShape) -> int:
 @functools.lru_cache(maxsize=256)
 def merged_bytes(cfg: ModelConfig, mesh: MeshShape) -> int:
     """LoRA's merged weights, the copy the sampler reads, per device on the sample layout (0 without LoRA)."""
-    return _tree_bytes(_specs(cfg)[1], _trees(cfg)[2], mesh.rules("sample")) if cfg.lora_rank else 0
+    if not cfg.lora_rank:
+        return 0
+    return _tree_bytes(param_specs(sample_config(cfg, True)), _trees(cfg)[2], mesh.rules("sample"))
 
 
 @functools.lru_cache(maxsize=256)
