@@ -51,11 +51,11 @@ def opcode(line: str) -> str:
     return found.group(1) if found else "?"
 
 
-def _weight_slice(line: str) -> bool:
-    """Whether the instruction slices a million elements or more out of an array (a layer's weight out of
-    a stack, not a row of the cache)."""
+def _large(line: str, kind: str) -> bool:
+    """Whether the instruction's name has `kind` in it and its result a million elements or more: a
+    weight or the KV cache, not a row of the cache or a prefill's activations."""
     head = re.match(r"%?([\w.\-]+) = \w+\[([\d,]*)\]", line)
-    return bool(head) and "dynamic_slice_fusion" in head.group(1) and math.prod(
+    return bool(head) and kind in head.group(1) and math.prod(
         int(d) for d in head.group(2).split(",") if d) >= 2**20
 
 
@@ -70,7 +70,7 @@ def step_kernels(comps, body: str) -> collections.Counter:
             for k, v in inner.items():
                 count[k] += v * (int(trips.group(1)) if trips else 1)
         elif op in KERNELS:
-            kind = "weight copy out of a stack" if _weight_slice(line) else op
+            kind = "weight copy out of a stack" if _large(line, "dynamic_slice_fusion") else op
             count[kind] += 1
     return count
 
@@ -148,10 +148,10 @@ def main():
         carried = [(dtype, dims) for dtype, dims in re.findall(r"(\w+)\[([\d,]+)\]", loops[-1].split(" while(")[0])
                    if dims.count(",") < 4 and math.prod(map(int, dims.split(","))) >= 2**20]
         dtypes = collections.Counter(dtype for dtype, _ in carried)
-        transposes = sum(1 for line in comps[entry] if "transpose" in line and opcode(line) == "fusion")
+        transposes = sum(1 for line in comps[entry] if _large(line, "transpose"))
         print(f"\nbatch {batch}: {sum(kernels.values())} kernels a decode step ({dict(kernels.most_common())})")
         print(f"  weights the decode loop carries: {dict(dtypes)}; "
-              f"transposes outside the loops: {transposes}; "
+              f"large transposes outside the loops: {transposes}; "
               f"temporaries {compiled.memory_analysis().temp_size_in_bytes / 2**30:.2f} GiB")
 
 

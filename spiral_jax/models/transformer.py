@@ -99,14 +99,15 @@ def attention(q, k, v, q_slots, kv_mask):
     """GQA attention. q [B,T,H,hd]; k, v [B,KV,S,hd] (heads first, as the cache holds them); q_slots [T]
     or [B,T]; kv_mask [B,S] -> [B,T,H,hd].
 
-    Both products are plain batched matmuls over (row, KV head). One query per row (a decode step)
-    puts the keys first in the score product: the cache is then its operand as it lies, which GPU
-    compilers would otherwise lay out anew.
+    Both products are plain batched matmuls over (row, KV head), the softmax over the keys, the minor
+    axis. For one query per row (a decode step) on CPU the keys lead the score product instead, which
+    XLA:CPU runs faster (docs/performance.md); GPU and TPU compilers fuse the minor-axis softmax into
+    one kernel.
     """
     b, t, h, hd = q.shape
     kv, g = k.shape[1], h // k.shape[1]
     qh = q.reshape(b, t, kv, g, hd).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, hd)
-    if t == 1:
+    if t == 1 and cpu.layouts():
         scores = jnp.einsum("bksd,bkgd->bksg", k, qh, preferred_element_type=jnp.float32) * (hd ** -0.5)
         scores = jnp.where(_allowed(kv_mask, q_slots)[:, 0, None, :, None], scores, MASKED)
         probs = jax.nn.softmax(scores, axis=2).astype(v.dtype)

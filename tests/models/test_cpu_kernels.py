@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spiral_jax.models import cpu_kernels
+from spiral_jax.models import cpu, cpu_kernels
 from spiral_jax.models.transformer import attention
 from spiral_jax.models.transformer import MASKED, dense
 
@@ -101,6 +101,8 @@ def test_decode_attention_equals_xla(rows, slots, window, kv, group, hd):
     for layer in range(layers):
         got = np.asarray(kernel(q, k, v, layer, allowed))
         # The query sits at the window's last slot, so `attention` allows exactly `allowed`.
-        want = np.asarray(attention(q[:, None], k[layer, :, :, :window], v[layer, :, :, :window],
-                                    np.full((rows, 1), window - 1), allowed))[:, 0]
+        args = (q[:, None], k[layer, :, :, :window], v[layer, :, :, :window], np.full((rows, 1), window - 1), allowed)
+        want = np.asarray(attention(*args))[:, 0]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        with cpu.compiling_for("gpu"):  # the accelerators' form: the queries lead the score product
+            np.testing.assert_allclose(np.asarray(attention(*args))[:, 0], want, rtol=1e-5, atol=1e-5)
