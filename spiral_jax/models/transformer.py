@@ -101,8 +101,7 @@ def attention(q, k, v, q_slots, kv_mask):
 
     Both products are plain batched matmuls over (row, KV head), the softmax over the keys, the minor
     axis. For one query per row (a decode step) on CPU the keys lead the score product instead, which
-    XLA:CPU runs faster (docs/performance.md); GPU and TPU compilers fuse the minor-axis softmax into
-    one kernel.
+    XLA:CPU runs faster (docs/performance.md); XLA:GPU fuses the minor-axis softmax into one kernel.
     """
     b, t, h, hd = q.shape
     kv, g = k.shape[1], h // k.shape[1]
