@@ -127,17 +127,23 @@ def abstract_params(cfg: ModelConfig, dtype=jnp.float32, rules: Rules | None = N
         s.shape, dtype, sharding=None if rules is None else rules.sharding(s.axes, s.shape)), cfg)
 
 
+def layout_config(cfg: ModelConfig, params) -> ModelConfig:
+    """`cfg` with scan_layers as `params` hold their layers: stacked (a dict) or a per-layer list. The
+    decoder runs both, and `transformer.decode_weights` splits a stack for decoding on GPU."""
+    layers = params.get("layers") if isinstance(params, dict) else None
+    if isinstance(layers, (list, dict)) and isinstance(layers, list) == cfg.scan_layers:
+        return cfg.replace(scan_layers=not cfg.scan_layers)
+    return cfg
+
+
 def check_params(cfg: ModelConfig, params) -> None:
     """Raise a ValueError naming the first parameter whose presence or shape does not fit `cfg`.
 
     Without this check a parameter tree of another model size can run without any error: the decoder
     loops over whatever layers it is given and the KV cache clamps out-of-range layer indices.
-    The layers may be stacked or a per-layer list whatever `cfg.scan_layers` says: the decoder runs
-    both (`transformer.decode_weights` splits a stack for decoding on GPU).
+    The layers may be stacked or a per-layer list whatever `cfg.scan_layers` says (`layout_config`).
     """
-    layers = params.get("layers") if isinstance(params, dict) else None
-    if isinstance(layers, (list, dict)) and isinstance(layers, list) == cfg.scan_layers:
-        cfg = cfg.replace(scan_layers=not cfg.scan_layers)
+    cfg = layout_config(cfg, params)
     expected = {jax.tree_util.keystr(k): s.shape for k, s in jax.tree_util.tree_leaves_with_path(
         param_specs(cfg), is_leaf=is_spec)}
     got = {jax.tree_util.keystr(k): tuple(np.shape(x)) for k, x in jax.tree_util.tree_leaves_with_path(params)}

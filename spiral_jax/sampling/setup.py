@@ -11,7 +11,7 @@ import numpy as np
 
 from spiral_jax.models import cpu
 from spiral_jax.models.config import ModelConfig
-from spiral_jax.models.params import param_shardings
+from spiral_jax.models.params import layout_config, param_shardings
 from spiral_jax.models.transformer import casts_weights, decode_weights
 from spiral_jax.sharding import Rules, batch_shards
 
@@ -19,7 +19,7 @@ from spiral_jax.sharding import Rules, batch_shards
 _decode_weights = jax.jit(lambda params, cfg, platform: decode_weights(params, cfg), static_argnums=(1, 2))
 
 
-# Kept: an engine places its parameters at every call.
+# Kept: an engine places its parameters at every call, and the sampler at every generate call.
 _shardings = functools.lru_cache(maxsize=None)(param_shardings)
 
 
@@ -47,7 +47,7 @@ class DecodeSetup:
         cfg, rules = cfg.replace(remat=False), Rules.create(mesh, "sample")
         max_cache_len = max_cache_len or cfg.max_position_embeddings
         return cls(cfg, rules, max_prompt_len or max_cache_len, max_cache_len, min_prompt_bucket,
-                   max(min_batch_bucket, batch_shards(mesh)), param_shardings(cfg, rules) if rules else None)
+                   max(min_batch_bucket, batch_shards(mesh)), _shardings(cfg, rules) if rules else None)
 
     def place(self, params):
         """The parameters placed as the decode programs take them (as they are on one device). Their
@@ -55,10 +55,7 @@ class DecodeSetup:
         splits a stack on GPU): the decoder runs both."""
         if self.rules is None:
             return params
-        if isinstance(params["layers"], list) == self.cfg.scan_layers:  # the other layout
-            return jax.device_put(params, _shardings(self.cfg.replace(scan_layers=not self.cfg.scan_layers),
-                                                     self.rules))
-        return jax.device_put(params, self.params_sharding)
+        return jax.device_put(params, _shardings(layout_config(self.cfg, params), self.rules))
 
     def decode_weights(self, params):
         """The parameters placed and cast as a decode step reads them (`transformer.decode_weights`), for
