@@ -3,13 +3,14 @@
 Compiles the sampler's program (prefill and the staged decode loops) for an NVIDIA card described to
 XLA's GPU compiler (`spiral_jax.aot`; JAX's CUDA plugin, `pip install -e '.[cuda]'`), then reads the
 compiled HLO: the kernels one decode step launches (the loop body, the layer loop counted once per
-layer), whole-cache transposes, copies of weights out of stacked layers, the dtype of the weights the
+layer), whole-cache transposes, copies of weights out of stacked layers and of the KV cache, the dtype of the weights the
 decode loop carries, and the program's temporaries. A decode step is bound by reading its weights,
 so each of these shows up in the time a GPU run measures; this finds them before one.
 
     python bench/gpu_decode_program.py                          # Qwen3-4B, batch 1 and 32, on 1xH200
     python bench/gpu_decode_program.py --shape 0.6b --batch 64 --hardware 1xH100
     python bench/gpu_decode_program.py --shape 8b --lora 64 --hardware 1xH100   # a merged LoRA policy
+    python bench/gpu_decode_program.py --lora 32 --sample adapters --hardware 1x4090 --no-scan_layers
     python bench/gpu_decode_program.py --engine --batch 64                      # the continuous schedule
 """
 from __future__ import annotations
@@ -51,12 +52,25 @@ def opcode(line: str) -> str:
     return found.group(1) if found else "?"
 
 
-def _large(line: str, kind: str) -> bool:
-    """Whether the instruction's name has `kind` in it and its result a million elements or more: a
-    weight or the KV cache, not a row of the cache or a prefill's activations."""
-    head = re.match(r"%?([\w.\-]+) = \w+\[([\d,]*)\]", line)
-    return bool(head) and kind in head.group(1) and math.prod(
-        int(d) for d in head.group(2).split(",") if d) >= 2**20
+def _result_shapes(line: str) -> list[tuple[int, ...]]:
+    """The dims of the instruction's result, of each element when it is a tuple."""
+    rhs = line.split(" = ", 1)[1]
+    depth, end = 0, rhs.find(" ")
+    if rhs.startswith("("):
+        for end, ch in enumerate(rhs):
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+            if depth == 0:
+                break
+    return [tuple(int(d) for d in dims.split(",") if d) for dims in re.findall(r"\w+\[([\d,]*)\]", rhs[:end + 1])]
+
+
+def _large(line: str, kind: str, rank: int | None = None) -> bool:
+    """Whether the instruction's name has `kind` in it and its result (an element of it) has a million
+    elements or more: a weight or the KV cache, not a row of the cache or a prefill's activations.
+    rank: of that result, if given (5: the KV cache's [layers, rows, KV heads, slots, head_dim])."""
+    name = line.split(" = ", 1)[0].lstrip("%")
+    return kind in name and any(math.prod(dims) >= 2**20 and rank in (None, len(dims))
+                                for dims in _result_shapes(line))
 
 
 def step_kernels(comps, body: str) -> collections.Counter:
@@ -70,7 +84,8 @@ def step_kernels(comps, body: str) -> collections.Counter:
             for k, v in inner.items():
                 count[k] += v * (int(trips.group(1)) if trips else 1)
         elif op in KERNELS:
-            kind = "weight copy out of a stack" if _large(line, "dynamic_slice_fusion") else op
+            kind = ("cache copy" if _large(line, "slice", rank=5) and not _large(line, "update_slice") else
+                    "weight copy out of a stack" if _large(line, "dynamic_slice_fusion") else op)
             count[kind] += 1
     return count
 
@@ -101,7 +116,9 @@ def main():
     parser.add_argument("--engine", action="store_true",
                         help="the decode engine's step (the continuous schedule) instead of the sampler's")
     parser.add_argument("--lora", type=int, default=0, metavar="RANK",
-                        help="decode what a LoRA run of this rank hands the sampler: the merged policy")
+                        help="decode what a LoRA run of this rank hands the sampler (see --sample)")
+    parser.add_argument("--sample", choices=["merged", "adapters"], default="merged",
+                        help="with --lora: the merged policy, or the frozen weights and adapters side by side")
     args = parser.parse_args()
     aot.prepare(args.hardware)
 
@@ -121,10 +138,12 @@ def main():
     with cpu.compiling_for("gpu"):
         params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32), abstract_params(cfg))
         given = "fp32 parameters (the train state's, handed over as they are)"
-        if args.lora:  # the adapters merged into the frozen bf16 weights, as the trainer hands them over
+        if args.lora:  # what the trainer hands over: the frozen bf16 weights and the fp32 adapters
+            merged = args.sample == "merged"
             frozen, adapters = jax.eval_shape(functools.partial(split_frozen, cfg, mesh=None), params)
-            params, given = jax.eval_shape(make_policy(cfg, None), adapters, frozen), "merged LoRA parameters"
-            cfg = sample_config(cfg, True)
+            params = jax.eval_shape(make_policy(cfg, None, merged), adapters, frozen)
+            given = "merged LoRA parameters" if merged else "frozen bf16 weights beside fp32 LoRA adapters"
+            cfg = sample_config(cfg, merged)
     params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), params)
     weight_bytes = cfg.num_params * jnp.dtype(cfg.compute_dtype).itemsize
     print(f"Qwen3-{args.shape} ({cfg.num_layers} layers, scan_layers {args.scan_layers}), {given}, bf16 "
@@ -142,8 +161,8 @@ def main():
         comps = computations(hlo)
         entry = next(name for name in comps if hlo.find(f"ENTRY %{name} ") >= 0)
         loops = [line for line in comps[entry] if opcode(line) == "while"]
-        decode = re.search(r"body=%?([\w.\-]+)", loops[-1]).group(1)  # the last decode stage
-        kernels = step_kernels(comps, decode)
+        stages = [step_kernels(comps, re.search(r"body=%?([\w.\-]+)", loop).group(1)) for loop in loops]
+        kernels = stages[-1]  # the last decode stage: the whole cache in its window
         # Arrays of a million elements or more that the loop carries, but the 5-axis KV cache: the weights.
         carried = [(dtype, dims) for dtype, dims in re.findall(r"(\w+)\[([\d,]+)\]", loops[-1].split(" while(")[0])
                    if dims.count(",") < 4 and math.prod(map(int, dims.split(","))) >= 2**20]
@@ -152,6 +171,7 @@ def main():
         print(f"\nbatch {batch}: {sum(kernels.values())} kernels a decode step ({dict(kernels.most_common())})")
         print(f"  weights the decode loop carries: {dict(dtypes)}; "
               f"large transposes outside the loops: {transposes}; "
+              f"cache copies a step in each decode stage: {[stage['cache copy'] for stage in stages]}; "
               f"temporaries {compiled.memory_analysis().temp_size_in_bytes / 2**30:.2f} GiB")
 
 

@@ -102,6 +102,9 @@ def attention(q, k, v, q_slots, kv_mask):
     Both products are plain batched matmuls over (row, KV head), the softmax over the keys, the minor
     axis. For one query per row (a decode step) on CPU the keys lead the score product instead, which
     XLA:CPU runs faster (docs/performance.md); XLA:GPU fuses the minor-axis softmax into one kernel.
+    For one query per row on a GPU the value product is a product and a sum over the slots: XLA:GPU's
+    gemm kernels take a layer's window of the stacked cache only as a copy, made every step, where a
+    reduction reads the values in place.
     """
     b, t, h, hd = q.shape
     kv, g = k.shape[1], h // k.shape[1]
@@ -115,7 +118,11 @@ def attention(q, k, v, q_slots, kv_mask):
     scores = scores.reshape(b, kv, g, t, -1) * (hd ** -0.5)
     scores = jnp.where(_allowed(kv_mask, q_slots)[:, None, None], scores, MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kv, g * t, -1)
-    out = jnp.matmul(probs, v).reshape(b, kv, g, t, hd)
+    if t == 1 and cpu.platform() == "gpu":
+        out = jnp.sum(probs[..., None].astype(jnp.float32) * v[:, :, None].astype(jnp.float32), axis=3)
+        out = out.astype(v.dtype).reshape(b, kv, g, t, hd)
+    else:
+        out = jnp.matmul(probs, v).reshape(b, kv, g, t, hd)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd)
 
 
