@@ -10,7 +10,7 @@
 #      old-log-prob pass; the bench leaves it out of every phase. A GPU's decode programs unroll the
 #      layers (docs/performance.md), which compiles about 3x longer than a scanned stack: an engine
 #      decode program of the 0.6B shape takes 8 s against 2.5 s on a 2-core CPU without a GPU
-#      (bench/gpu_decode_program.py). The step itself is 10-30 s at this cap;
+#      (bench/decode_program.py). The step itself is 10-30 s at this cap;
 #   3. Qwen3-4B as the H200 preset (configs/kuhn_qwen3_4b_1xh200.py: micro-batch 4, 32 games per call;
 #      the recipe's micro-batch 8 and 64 games do not fit by the planner), two real steps at the same
 #      cap: 5-7 min (cut at 450 s), most of it compiling. The second step runs warm: the

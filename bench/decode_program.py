@@ -1,17 +1,19 @@
-"""The sampler's decode step as XLA's GPU compiler builds it, without a GPU.
+"""The sampler's decode step as XLA's GPU or TPU compiler builds it, without the accelerator.
 
-Compiles the sampler's program (prefill and the staged decode loops) for an NVIDIA card described to
-XLA's GPU compiler (`spiral_jax.aot`; JAX's CUDA plugin, `pip install -e '.[cuda]'`), then reads the
-compiled HLO: the kernels one decode step launches (the loop body, the layer loop counted once per
-layer), whole-cache transposes, copies of weights out of stacked layers and of the KV cache, the dtype of the weights the
-decode loop carries, and the program's temporaries. A decode step is bound by reading its weights,
-so each of these shows up in the time a GPU run measures; this finds them before one.
+Compiles the sampler's program (prefill and the staged decode loops) for one chip of an NVIDIA card
+or a TPU slice (`spiral_jax.aot`: JAX's CUDA plugin, `pip install -e '.[cuda]'`, or libtpu), then
+reads the compiled HLO: the kernels one decode step launches (the loop body, the layer loop counted
+once per layer where the compiler states its trip count), whole-cache transposes, copies of weights
+out of stacked layers and of the KV cache, the dtype of the weights the decode loop carries, and the
+program's temporaries. A decode step is bound by reading its weights and cache, so each of these
+shows up in the time a run measures; this finds them before one.
 
-    python bench/gpu_decode_program.py                          # Qwen3-4B, batch 1 and 32, on 1xH200
-    python bench/gpu_decode_program.py --shape 0.6b --batch 64 --hardware 1xH100
-    python bench/gpu_decode_program.py --shape 8b --lora 64 --hardware 1xH100   # a merged LoRA policy
-    python bench/gpu_decode_program.py --lora 32 --sample adapters --hardware 1x4090 --no-scan_layers
-    python bench/gpu_decode_program.py --engine --batch 64                      # the continuous schedule
+    python bench/decode_program.py                          # Qwen3-4B, batch 1 and 32, on 1xH200
+    python bench/decode_program.py --shape 0.6b --batch 64 --hardware 1xH100
+    python bench/decode_program.py --shape 8b --lora 64 --hardware 1xH100   # a merged LoRA policy
+    python bench/decode_program.py --lora 32 --sample adapters --hardware 1x4090 --no-scan_layers
+    python bench/decode_program.py --engine --batch 64                      # the continuous schedule
+    python bench/decode_program.py --shape 0.6b --batch 32 --hardware v5p-8  # one TPU v5p chip
 """
 from __future__ import annotations
 
@@ -73,6 +75,14 @@ def _large(line: str, kind: str, rank: int | None = None) -> bool:
                                 for dims in _result_shapes(line))
 
 
+def _condition_bound(comps, line: str) -> int:
+    """A loop's trip count read from its condition, `i < N` with one constant N, where the compiler
+    does not state it (TPU); 1 when the condition is anything else."""
+    cond = comps.get(re.search(r"condition=%?([\w.\-]+)", line).group(1), [])
+    bounds = [int(m.group(1)) for text in cond for m in [re.search(r"s32\[\]\S* constant\((\d+)\)", text)] if m]
+    return bounds[0] if len(bounds) == 1 and any("direction=LT" in text for text in cond) else 1
+
+
 def step_kernels(comps, body: str) -> collections.Counter:
     """Kernels one run of `body` launches, nested known-trip-count loops (the layers) multiplied out."""
     count = collections.Counter()
@@ -82,9 +92,10 @@ def step_kernels(comps, body: str) -> collections.Counter:
             trips = re.search(r'known_trip_count":\{"n":"(\d+)"', line)
             inner = step_kernels(comps, re.search(r"body=%?([\w.\-]+)", line).group(1))
             for k, v in inner.items():
-                count[k] += v * (int(trips.group(1)) if trips else 1)
+                count[k] += v * (int(trips.group(1)) if trips else _condition_bound(comps, line))
         elif op in KERNELS:
-            kind = ("cache copy" if _large(line, "slice", rank=5) and not _large(line, "update_slice") else
+            updates = _large(line, "update_slice") or _large(line, "update-slice")  # in place
+            kind = ("cache copy" if _large(line, "slice", rank=5) and not updates else
                     "weight copy out of a stack" if _large(line, "dynamic_slice_fusion") else op)
             count[kind] += 1
     return count
@@ -109,7 +120,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="4b", help="a Qwen3 shape (spiral_jax/models/shapes.py)")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 32])
-    parser.add_argument("--hardware", default="1xH200", help="an NVIDIA preset (spiral_jax/hardware.py)")
+    parser.add_argument("--hardware", default="1xH200", help="an NVIDIA card or a TPU slice, one chip of which "
+                        "runs the program (spiral_jax/hardware.py)")
     parser.add_argument("--scan_layers", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--prompt", type=int, default=2048)
     parser.add_argument("--new_tokens", type=int, default=4096)
@@ -135,7 +147,8 @@ def main():
     device = jax.sharding.SingleDeviceSharding(tgt.devices[0])
     cfg = ModelConfig(**QWEN3[args.shape], compute_dtype="bfloat16", scan_layers=args.scan_layers,
                       lora_rank=args.lora)
-    with cpu.compiling_for("gpu"):
+    platform = tgt.devices[0].platform
+    with cpu.compiling_for(platform):
         params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32), abstract_params(cfg))
         given = "fp32 parameters (the train state's, handed over as they are)"
         if args.lora:  # what the trainer hands over: the frozen bf16 weights and the fp32 adapters
@@ -150,7 +163,7 @@ def main():
           f"compute, prompt {args.prompt} + {args.new_tokens} new tokens, compiled for {tgt.name} "
           f"({tgt.devices[0].device_kind}); bf16 weights {weight_bytes / 1e9:.2f} GB")
     for batch in args.batch:
-        with cpu.compiling_for("gpu"):
+        with cpu.compiling_for(platform):
             sampler = Sampler(cfg, max_prompt_len=args.prompt, max_cache_len=args.prompt + args.new_tokens)
             if args.engine:
                 compiled = engine_decode(sampler, params, batch, args.new_tokens, device)
@@ -171,7 +184,8 @@ def main():
         print(f"\nbatch {batch}: {sum(kernels.values())} kernels a decode step ({dict(kernels.most_common())})")
         print(f"  weights the decode loop carries: {dict(dtypes)}; "
               f"large transposes outside the loops: {transposes}; "
-              f"cache copies a step in each decode stage: {[stage['cache copy'] for stage in stages]}; "
+              f"cache copies a step in each loop (a scanned prefill, the decode stages): "
+              f"{[stage['cache copy'] for stage in stages]}; "
               f"temporaries {compiled.memory_analysis().temp_size_in_bytes / 2**30:.2f} GiB")
 
 
