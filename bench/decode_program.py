@@ -75,6 +75,13 @@ def _large(line: str, kind: str, rank: int | None = None) -> bool:
                                 for dims in _result_shapes(line))
 
 
+def _out_of_stack(line: str) -> bool:
+    """Whether the instruction is a slice kernel whose result is one layer of a stacked weight, its
+    leading (layer) axis kept at size 1, a million elements or more: a static slice (an unrolled
+    loop's `wrapped_slice`) or a dynamic one (a scanned loop's `dynamic_slice_fusion`)."""
+    return _large(line, "slice") and any(len(dims) in (3, 4) and dims[0] == 1 for dims in _result_shapes(line))
+
+
 def _condition_bound(comps, line: str) -> int:
     """A loop's trip count read from its condition, `i < N` with one constant N, where the compiler
     does not state it (TPU); 1 when the condition is anything else."""
@@ -96,7 +103,7 @@ def step_kernels(comps, body: str) -> collections.Counter:
         elif op in KERNELS:
             updates = _large(line, "update_slice") or _large(line, "update-slice")  # in place
             kind = ("cache copy" if _large(line, "slice", rank=5) and not updates else
-                    "weight copy out of a stack" if _large(line, "dynamic_slice_fusion") else op)
+                    "weight copy out of a stack" if _out_of_stack(line) and not updates else op)
             count[kind] += 1
     return count
 

@@ -21,6 +21,7 @@ GPU = f"""
   %gemm_fusion_dot.4 = bf16[256,2,128]{{2,1,0}} fusion(%p, %wrapped_slice.3), kind=kCustom
   %loop_dynamic_slice_fusion.5 = bf16[1,2560,9728]{{2,1,0}} fusion(%w, %i), kind=kCustom
   %loop_dynamic_slice_fusion.6 = bf16[1,2560]{{1,0}} fusion(%norm, %i), kind=kCustom
+  %wrapped_slice.9 = bf16[1,32,128,2560]{{3,2,1,0}} fusion(%o), kind=kLoop
   %loop_dynamic_slice_fusion.7 = (bf16[1,2,8,6144,128]{{4,3,2,1,0}}, bf16[1,2,8,6144,128]{{4,3,2,1,0}}) fusion(%c, %i), kind=kCustom
 }}
 
@@ -52,12 +53,13 @@ def test_gpu_step_counts_the_layer_loop_and_names_its_copies():
     comps = bench.computations(GPU)
     count = bench.step_kernels(comps, "step_body")
     # Per layer: the cache write (in place, a plain fusion), the value window copy, the gemm, a weight
-    # copied out of its stack, a norm slice (too small to be a copy), and the key and value windows
-    # sliced together (a tuple); after the layers, the logits.
+    # copied out of its stack by a dynamic slice (a scanned loop) and one by a static slice (an unrolled
+    # one), a norm slice (too small to be a copy), and the key and value windows sliced together (a
+    # tuple); after the layers, the logits.
     assert count["cache copy"] == 2 * 28
-    assert count["weight copy out of a stack"] == 28
+    assert count["weight copy out of a stack"] == 2 * 28
     assert count["fusion"] == 3 * 28 + 1
-    assert sum(count.values()) == 6 * 28 + 1
+    assert sum(count.values()) == 7 * 28 + 1
 
 
 def test_tpu_loops_take_their_trip_count_from_the_condition():

@@ -218,7 +218,11 @@ def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache
             cache_start=0, rules: Rules | None = None, kv_len: int | None = None, last_only: bool = False):
     """Run the layer stack on `tokens` [B, T]; returns (final-normed hidden [B, T, D], cache). The
     layers run as the parameters hold them: stacked (scan_layers) under `lax.scan`, a per-layer list
-    unrolled.
+    unrolled. A decode step (one token a row, with a cache) on a GPU runs a stack unrolled too, each
+    layer a static slice of it: in a scanned loop XLA:GPU copies every layer's weights and its key and
+    value windows out of their stacks before the products, every step, where its products read static
+    slices in place (from two rows up; a one-row product still takes its weights as a copy). A prefill
+    stays scanned: its copies come once a call, and unrolling it would only lengthen the compile.
 
     positions [B, T]: RoPE positions. kv_mask [B, S]: which key slots hold real tokens, where S = T
     without a cache and S = cache slots with one (the caller marks the new block's slots too).
@@ -246,15 +250,18 @@ def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache
 
     if cfg.remat:
         block = jax.checkpoint(block, static_argnums=(4,))
-    if isinstance(params["layers"], dict):  # stacked (scan_layers), else a per-layer list
+    layers = params["layers"]
+    if isinstance(layers, dict) and cache is not None and tokens.shape[1] == 1 and cpu.platform() == "gpu":
+        layers = [jax.tree.map(lambda a: a[i], layers) for i in range(cfg.num_layers)]
+    if isinstance(layers, dict):  # stacked (scan_layers), else a per-layer list
         def step(carry, xs):
             x, cache = carry
             p, layer = xs
             return block(x, p, layer, cache, False), None
 
-        (x, cache), _ = jax.lax.scan(step, (x, cache), (params["layers"], jnp.arange(cfg.num_layers)))
+        (x, cache), _ = jax.lax.scan(step, (x, cache), (layers, jnp.arange(cfg.num_layers)))
     else:
-        for layer, p in enumerate(params["layers"]):
+        for layer, p in enumerate(layers):
             x, cache = block(x, p, layer, cache, last_only and layer == cfg.num_layers - 1)
     return rms_norm(x, params["final_norm"], cfg.rms_norm_eps), cache
 
@@ -270,8 +277,7 @@ def compute_weights(params, cfg: ModelConfig, unstack: bool = False):
     tokens are the same either way.
 
     unstack: stacked layers (scan_layers) come back as a per-layer list, which `decoder` runs
-    unrolled. XLA:GPU copies each layer's weights out of a stack before its products, every step of a
-    scanned decode loop; per-layer arrays are read in place.
+    unrolled and XLA:GPU's products read in place at any row count, one row included.
     """
     dt = jnp.dtype(cfg.compute_dtype)
     if unstack and isinstance(params["layers"], dict):
@@ -285,9 +291,10 @@ def compute_weights(params, cfg: ModelConfig, unstack: bool = False):
 
 def decode_weights(params, cfg: ModelConfig):
     """`compute_weights` for a decode loop. Traced for a GPU, stacked layers whose every weight is cast
-    (copied) anyway come back per layer as well: the split is that same copy, and it spares the loop a
-    copy of each layer out of the stack every step. Elsewhere, or where the cast copies only part of a
-    stack, the layers stay stacked: splitting them would be a second copy of the weights."""
+    (copied) anyway come back per layer as well: the split is that same copy, and per-layer arrays
+    spare a one-row decode step its copies out of the stack (`decoder`) and compile to fewer kernels.
+    Elsewhere, or where the cast copies only part of a stack (frozen bf16 weights beside LoRA
+    adapters), the layers stay stacked: splitting them would be a second copy of the weights."""
     unstack = cpu.platform() == "gpu" and casts_weights(params, cfg, every=True)
     return compute_weights(params, cfg, unstack=unstack)
 

@@ -2,6 +2,7 @@
 import functools
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -335,6 +336,36 @@ def test_gpu_programs_decode_stacked_layers_as_a_list(qwen3):
     assert got == want
     loops = [e for e in program.params["jaxpr"].eqns if e.primitive.name == "while"]
     assert loops and not any(v.aval.shape == stacked["layers"]["q"].shape for e in loops for v in e.invars)
+
+
+def test_gpu_programs_decode_an_uncast_stack_unrolled(qwen3):
+    """Traced for a GPU, stacked weights that need no cast (here fp32 weights and compute; a LoRA run's
+    frozen bf16 stack) stay stacked, and the decode loops run the layers unrolled over static slices
+    of it (a scanned loop on GPU copies each layer's weights and cache windows every step); the same
+    tokens as the per-layer list. Traced for CPU the loops scan the stack."""
+    cfg, params = qwen3
+    cfg = cfg.replace(attention="xla")
+    stacked = dict(params, layers=jax.tree.map(lambda *layer: jnp.stack(layer), *params["layers"]))
+    sp = SamplingParams(max_new_tokens=12)
+
+    def decode_loops(sampler):
+        args, static = sampler._arguments(stacked, PROMPTS, sp, 0, None)
+        (program,) = jax.make_jaxpr(functools.partial(sampler._program, **static))(*args).eqns
+        return [e for e in program.params["jaxpr"].eqns if e.primitive.name == "while"]
+
+    def scans(jaxpr):
+        inner = (sub for e in jaxpr.eqns for sub in jax.extend.core.jaxprs_in_params(e.params))
+        return sum(e.primitive.name == "scan" for e in jaxpr.eqns) + sum(scans(j) for j in inner)
+
+    with cpu.compiling_for("gpu"):
+        want = Sampler(cfg).generate(params, PROMPTS, sp, seed=4).tokens
+        sampler = Sampler(cfg.replace(scan_layers=True))
+        got = sampler.generate(stacked, PROMPTS, sp, seed=4).tokens
+        gpu_loops = decode_loops(sampler)
+    assert got == want
+    assert gpu_loops and any(v.aval.shape == stacked["layers"]["q"].shape for e in gpu_loops for v in e.invars)
+    assert not any(scans(e.params["body_jaxpr"].jaxpr) for e in gpu_loops)
+    assert all(scans(e.params["body_jaxpr"].jaxpr) for e in decode_loops(Sampler(cfg.replace(scan_layers=True))))
 
 
 def test_only_weights_that_are_cast_anyway_are_split_per_layer(qwen3):
