@@ -214,6 +214,11 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
     return x, cache
 
 
+def _per_layer(stack, num_layers: int) -> list:
+    """A stacked layer tree as a per-layer list of trees, each a slice of the stack."""
+    return [jax.tree.map(lambda a: a[i], stack) for i in range(num_layers)]
+
+
 def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache | None = None,
             cache_start=0, rules: Rules | None = None, kv_len: int | None = None, last_only: bool = False):
     """Run the layer stack on `tokens` [B, T]; returns (final-normed hidden [B, T, D], cache). The
@@ -252,7 +257,7 @@ def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache
         block = jax.checkpoint(block, static_argnums=(4,))
     layers = params["layers"]
     if isinstance(layers, dict) and cache is not None and tokens.shape[1] == 1 and cpu.platform() == "gpu":
-        layers = [jax.tree.map(lambda a: a[i], layers) for i in range(cfg.num_layers)]
+        layers = _per_layer(layers, cfg.num_layers)
     if isinstance(layers, dict):  # stacked (scan_layers), else a per-layer list
         def step(carry, xs):
             x, cache = carry
@@ -281,7 +286,7 @@ def compute_weights(params, cfg: ModelConfig, unstack: bool = False):
     """
     dt = jnp.dtype(cfg.compute_dtype)
     if unstack and isinstance(params["layers"], dict):
-        params = dict(params, layers=[jax.tree.map(lambda x: x[i], params["layers"]) for i in range(cfg.num_layers)])
+        params = dict(params, layers=_per_layer(params["layers"], cfg.num_layers))
 
     def cast(path, x):
         return x if str(getattr(path[-1], "key", "")).endswith("norm") else x.astype(dt)
