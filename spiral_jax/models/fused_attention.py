@@ -48,6 +48,11 @@ def resolve(implementation: str, platform: str, dtype, head_dim: int) -> str:
     return "xla"
 
 
+def platform(rules: Rules | None) -> str:
+    """The platform a program runs on: its mesh's devices', else `cpu.platform()`."""
+    return rules.mesh.devices.flat[0].platform if rules is not None else cpu.platform()
+
+
 def _per_device(fn, rules: Rules | None, q, k, v, kv_mask):
     """Run fn(q, k, v, kv_mask) on each device's shard (rows over data x fsdp, heads over tensor):
     Pallas and cuDNN kernels have no partitioning rule of their own. None when the heads do not split
@@ -69,7 +74,10 @@ def _block_size(length: int) -> int:
 
 @functools.lru_cache(maxsize=64)
 def _splash_kernel(group: int, length: int, interpret: bool):
-    """A splash kernel for `group` query heads sharing one key/value head over `length` slots."""
+    """A splash kernel for `group` query heads sharing one key/value head over `length` slots.
+
+    Built with its mask tables as concrete arrays, even when first asked for inside a trace (a scanned
+    layer's): the cached kernel outlives that trace, and later programs reuse it."""
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
     block = _block_size(length)
@@ -77,7 +85,8 @@ def _splash_kernel(group: int, length: int, interpret: bool):
                               block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block,
                               block_kv_dq=block)
     mask = splash.MultiHeadMask([splash.CausalMask((length, length))] * group)
-    return splash.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
+    with jax.ensure_compile_time_eval():
+        return splash.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
 
 
 def splash_attention(q, k, v, kv_mask, interpret: bool = False):
@@ -122,9 +131,8 @@ def cudnn_attention(q, k, v, kv_mask, implementation: str = "cudnn"):
 def fused_attention(implementation: str, rules: Rules | None, q, k, v, kv_mask):
     """Self-attention of a block from slot 0 by the `resolve`d kernel; None where that is "xla" or
     the kernel cannot take this sharding (the caller then runs the XLA path)."""
-    platform = rules.mesh.devices.flat[0].platform if rules is not None else cpu.platform()
-    kernel = {"splash": splash_attention, "cudnn": cudnn_attention}.get(resolve(implementation, platform, q.dtype,
-                                                                                 q.shape[-1]))
+    kernel = {"splash": splash_attention, "cudnn": cudnn_attention}.get(resolve(implementation, platform(rules),
+                                                                                 q.dtype, q.shape[-1]))
     if kernel is None:
         return None
     return _per_device(kernel, rules, q, k, v, kv_mask)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spiral_jax.models import cpu
+from spiral_jax.models import cpu, decode_attention
 from spiral_jax.models.config import ModelConfig
 from spiral_jax.models.fused_attention import fused_attention
 from spiral_jax.sharding import Rules, constrain
@@ -202,8 +202,11 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
             out = cpu.kernel_attention(q, cache.k, cache.v, layer, _allowed(kv_mask[:, :seen], q_slots)[:, 0],
                                        MASKED)
         else:
-            out = attention(q, cache.k[layer, :, :, :seen].astype(dt), cache.v[layer, :, :, :seen].astype(dt),
-                            q_slots, kv_mask[:, :seen])
+            out = decode_attention.on_tpu(cfg.attention, rules, CACHE_AXES, q, cache.k, cache.v, layer,
+                                          _allowed(kv_mask[:, :seen], q_slots), q_slots, MASKED)
+            if out is None:
+                out = attention(q, cache.k[layer, :, :, :seen].astype(dt), cache.v[layer, :, :, :seen].astype(dt),
+                                q_slots, kv_mask[:, :seen])
     attn = proj("o", out, n_in=2)
     if cfg.o_bias:
         attn = attn + w("o_bias")
