@@ -24,6 +24,7 @@ def base_config() -> ConfigDict:
     # model.path: a Hugging Face checkpoint folder. Empty: a random model with the `random` shape.
     # model.attention: the self-attention kernel of training, scoring and prefill: auto (splash on TPU,
     # cuDNN flash attention on GPU, XLA on CPU), xla, splash or cudnn (spiral_jax/models/fused_attention.py).
+    # Where it is Pallas on TPU (auto, splash), decode steps attend in spiral_jax/models/decode_attention.py.
     # model.lora: rank 0 = full fine-tuning; rank > 0 trains LoRA adapters (scaled alpha / rank) on the
     # `targets` projections and freezes the weights, held in compute_dtype (spiral_jax/models/lora.py).
     # sample: "merged" (the sampler reads the adapters folded into a copy of the weights, once per step)
