@@ -102,7 +102,8 @@ def step_kernels(comps, body: str) -> collections.Counter:
                 count[k] += v * (int(trips.group(1)) if trips else _condition_bound(comps, line))
         elif op in KERNELS:
             updates = _large(line, "update_slice") or _large(line, "update-slice")  # in place
-            kind = ("cache copy" if _large(line, "slice", rank=5) and not updates else
+            cache = _large(line, "slice", rank=5) or (op == "copy" and _large(line, "copy", rank=5))
+            kind = ("cache copy" if cache and not updates else
                     "weight copy out of a stack" if _out_of_stack(line) and not updates else op)
             count[kind] += 1
     return count

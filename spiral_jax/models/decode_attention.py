@@ -1,15 +1,20 @@
-"""A decode step's attention on TPU: a Pallas kernel that reads one layer's keys and values in place.
+"""A decode step's cache write and attention on TPU: Pallas kernels that leave the cache where it lies.
 
 In a scanned layer loop, XLA's TPU compiler gives a decode step's attention each layer's key and value
 window as a copy out of the stacked cache [layers, B, KV, slots, hd] (docs/performance.md): for
-Qwen3-4B at 32 rows, as many bytes again as the cache itself, written and read every step. This kernel
-takes the whole stacked cache and the layer index as a scalar-prefetch operand, so each block of slots
-comes by DMA straight from where the cache holds it. It also skips the blocks past each row's own slot:
-no query sees them, so their keys and values are never read.
+Qwen3-4B at 32 rows, as many bytes again as the cache itself, written and read every step. And where
+each row writes its token at a slot of its own (the decode engine), XLA scatters into a cache laid
+out with heads and slots swapped, converted at every call's start and end.
 
-The softmax runs online over blocks of slots (one grid step a row and block, all of a device's KV
-heads at once), in fp32 like the XLA path; the value product takes the unnormalised probabilities in
-the cache's dtype and divides once at the end.
+`decode_attention` takes the whole stacked cache and the layer index as a scalar-prefetch operand, so
+each block of slots comes by DMA straight from where the cache holds it. It also skips the blocks
+past each row's own slot: no query sees them, so their keys and values are never read. The softmax
+runs online over blocks of slots (one grid step a row and block, all of a device's KV heads at
+once), in fp32 like the XLA path; the value product takes the unnormalised probabilities in the
+cache's dtype and divides once at the end.
+
+`write_rows` writes each row's new key and value at the row's own slot with one DMA each, into the
+cache it updates in place (the output aliases it). Both keep the cache in its default layout.
 """
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from spiral_jax.models import fused_attention
 from spiral_jax.sharding import Rules
+
+P = jax.sharding.PartitionSpec
 
 _BLOCK_BYTES = 2 << 20  # a block of keys (or values) of all a device's KV heads: about 2 MiB in VMEM
 _MIN_BLOCK = 128  # slots: the lanes of the mask's blocks, whose minor axis is the slots
@@ -114,33 +121,118 @@ def decode_attention(q, k_cache, v_cache, layer, allowed, q_slots, masked: float
     )(jnp.reshape(layer, (1,)).astype(jnp.int32), last_block, q, k_cache, v_cache, mask)
 
 
-def on_tpu(implementation: str, rules: Rules | None, cache_axes, q, k_cache, v_cache, layer, allowed, q_slots,
-           masked: float):
-    """`decode_attention` where it applies, else None (the caller then runs the XLA path): a decode
-    step (one query a row) in a program for TPUs whose attention `implementation` resolves to Pallas
-    ("auto" or "splash"), heads of a multiple of 128 lanes (every Qwen and Llama checkpoint), a window
-    cut into whole blocks, and shards that line up.
+_WRITE_ROWS = 32  # rows a grid step of `write_rows` updates: their tiles are staged in VMEM
 
-    On a mesh the kernel runs on each device's shard (rows over data x fsdp, heads over tensor; the
-    cache's logical axes are `cache_axes`): a Pallas kernel has no partitioning rule of its own.
-    allowed [B, T=1, W] and q_slots [T] or [B, T] are as `transformer._allowed` takes and makes them.
-    """
-    window = allowed.shape[-1]
+
+def _write_kernel(layer_ref, slots_ref, k_new, v_new, k_in, v_in, k_out, v_out, k_tiles, v_tiles, sems):
+    del k_in, v_in  # the same buffers as k_out, v_out
+    layer, n_slots, tile = layer_ref[0], k_out.shape[3], k_tiles.shape[2]
+    first = pl.program_id(0) * k_new.shape[0]  # this grid step's rows
+
+    def dma(row, to_cache: bool):
+        start = pl.multiple_of(jax.lax.div(slots_ref[first + row], tile) * tile, tile)  # slots are >= 0
+        pairs = ((k_out, k_tiles, sems.at[0]), (v_out, v_tiles, sems.at[1]))
+        for cache, tiles, sem in pairs:
+            src, dst = cache.at[layer, first + row, :, pl.ds(start, tile)], tiles.at[row]
+            yield pltpu.make_async_copy(*((dst, src) if to_cache else (src, dst)), sem)
+
+    def update(row):
+        here = jax.lax.broadcasted_iota(jnp.int32, k_tiles.shape[1:], 1) == jax.lax.rem(slots_ref[first + row], tile)
+        k_tiles[row] = jnp.where(here, k_new[row], k_tiles[row])
+        v_tiles[row] = jnp.where(here, v_new[row], v_tiles[row])
+
+    def each_row(fn):
+        def body(row, _):
+            @pl.when(slots_ref[first + row] < n_slots)  # slots past the cache's end are dropped
+            def _():
+                fn(row)
+
+        jax.lax.fori_loop(0, k_new.shape[0], body, None)
+
+    # Every row's reads in flight at once, then its writes: a cache tile (of `tile` slots) is what a
+    # DMA moves, so each row's tile comes into VMEM, takes the new slot there, and goes back.
+    each_row(lambda row: [copy.start() for copy in dma(row, False)])
+    each_row(lambda row: [copy.wait() for copy in dma(row, False)])
+    each_row(update)
+    each_row(lambda row: [copy.start() for copy in dma(row, True)])
+    each_row(lambda row: [copy.wait() for copy in dma(row, True)])
+
+
+def _cache_tile(itemsize: int) -> int:
+    """Slots in one tile of the cache as the TPU lays it out in memory: 8 rows of 32-bit words."""
+    return 8 * max(4 // itemsize, 1)
+
+
+def write_rows(k_cache, v_cache, layer, k, v, slots, interpret: bool = False):
+    """The caches [layers, B, KV, S, hd] with each row's k, v [B, KV, hd] written at layer `layer` and
+    the row's own slot in slots [B] (those >= S are dropped), on one device's shard, in place (the
+    outputs alias the caches). S must be a multiple of `_cache_tile`."""
+    b, kv, hd = k.shape
+    tile = _cache_tile(k_cache.dtype.itemsize)
+    rows = next(n for n in range(min(b, _WRITE_ROWS), 0, -1) if b % n == 0)
+    hbm = pl.BlockSpec(memory_space=pl.ANY)
+    new = pl.BlockSpec((rows, kv, 1, hd), lambda step, *_: (step, 0, 0, 0))
+    grid = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2, grid=(b // rows,), in_specs=[new, new, hbm, hbm], out_specs=[hbm, hbm],
+        scratch_shapes=[pltpu.VMEM((rows, kv, tile, hd), k_cache.dtype), pltpu.VMEM((rows, kv, tile, hd), v_cache.dtype),
+                        pltpu.SemaphoreType.DMA((2,))])
+    return tuple(pl.pallas_call(
+        _write_kernel, grid_spec=grid, out_shape=[jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype)] * 2,
+        input_output_aliases={4: 0, 5: 1}, interpret=interpret,
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)),
+    )(jnp.reshape(layer, (1,)).astype(jnp.int32), slots.astype(jnp.int32), k.astype(k_cache.dtype)[:, :, None],
+      v.astype(v_cache.dtype)[:, :, None], k_cache, v_cache))
+
+
+def _applies(implementation: str, rules: Rules | None, dtype, head_dim: int) -> bool:
+    """Whether a program's decode steps take these kernels: a program for TPUs whose attention
+    `implementation` resolves to Pallas ("auto" or "splash"), with heads of a multiple of 128 lanes
+    (every Qwen and Llama checkpoint)."""
     platform = fused_attention.platform(rules)
-    if (fused_attention.resolve(implementation, platform, q.dtype, q.shape[-1]) != "splash" or platform != "tpu"
-            or q.shape[1] != 1 or q.shape[-1] % 128
-            or block_slots(window, k_cache.shape[2], q.shape[-1], k_cache.dtype.itemsize) is None):
+    return (platform == "tpu" and head_dim % 128 == 0
+            and fused_attention.resolve(implementation, platform, dtype, head_dim) == "splash")
+
+
+def _cache_spec(rules: Rules, cache_axes, k_cache):
+    """How the cache splits over the mesh (rows over data x fsdp, KV heads over tensor; its logical axes
+    are `cache_axes`), or None where its layers, slots or head_dim split, which the kernels do not take.
+    On a mesh the kernels run on each device's shard: a Pallas kernel has no partitioning rule."""
+    spec = rules.spec(cache_axes, k_cache.shape)
+    return None if any(spec[i] for i in (0, 3, 4)) else spec
+
+
+def attend(implementation: str, rules: Rules | None, cache_axes, q, k_cache, v_cache, layer, allowed, q_slots,
+           masked: float):
+    """`decode_attention` where it applies (`_applies`, one query a row, a window of whole blocks, query
+    and KV heads split alike), else None: the caller then runs the XLA path. allowed [B, 1, W] and
+    q_slots [1] or [B, 1] are as `transformer._allowed` takes and makes them."""
+    if (not _applies(implementation, rules, q.dtype, q.shape[-1]) or q.shape[1] != 1
+            or block_slots(allowed.shape[-1], k_cache.shape[2], q.shape[-1], k_cache.dtype.itemsize) is None):
         return None
     allowed, q_slots = allowed[:, 0], jnp.broadcast_to(q_slots[..., -1], (q.shape[0],))
     fn = functools.partial(decode_attention, masked=masked)
     if rules is None:
         return fn(q, k_cache, v_cache, layer, allowed, q_slots)
+    cache = _cache_spec(rules, cache_axes, k_cache)
     q_spec = rules.spec(("batch", "seq", "heads", "head_dim"), q.shape)
-    cache_spec = rules.spec(cache_axes, k_cache.shape)
-    if (q_spec[0], q_spec[2]) != (cache_spec[1], cache_spec[2]) or any(cache_spec[i] for i in (0, 3, 4)):
+    if cache is None or (q_spec[0], q_spec[2]) != (cache[1], cache[2]):
         return None
-    rows = jax.sharding.PartitionSpec(q_spec[0])
     return jax.shard_map(fn, mesh=rules.mesh, out_specs=q_spec, check_vma=False,
-                         in_specs=(q_spec, cache_spec, cache_spec, jax.sharding.PartitionSpec(),
-                                   jax.sharding.PartitionSpec(q_spec[0], None), rows),
+                         in_specs=(q_spec, cache, cache, P(), P(cache[1], None), P(cache[1])),
                          )(q, k_cache, v_cache, layer, allowed, q_slots)
+
+
+def write(implementation: str, rules: Rules | None, cache_axes, k_cache, v_cache, layer, k, v, slots):
+    """`write_rows` where it applies (`_applies`, slots of whole tiles), else None: the caller then
+    scatters."""
+    if not _applies(implementation, rules, k.dtype, k.shape[-1]) or k_cache.shape[3] % _cache_tile(
+            k_cache.dtype.itemsize):
+        return None
+    if rules is None:
+        return write_rows(k_cache, v_cache, layer, k, v, slots)
+    cache = _cache_spec(rules, cache_axes, k_cache)
+    if cache is None:
+        return None
+    new = P(cache[1], cache[2], None)
+    return jax.shard_map(write_rows, mesh=rules.mesh, out_specs=(cache, cache), check_vma=False,
+                         in_specs=(cache, cache, P(), new, new, P(cache[1])))(k_cache, v_cache, layer, k, v, slots)

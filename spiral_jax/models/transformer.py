@@ -126,15 +126,21 @@ def attention(q, k, v, q_slots, kv_mask):
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd)
 
 
-def _cache_write(cache: KVCache, layer, k, v, cache_start, row_slots) -> KVCache:
+def _cache_write(cfg: ModelConfig, rules: Rules | None, cache: KVCache, layer, k, v, cache_start,
+                 row_slots) -> KVCache:
     """Write a block's keys and values [B, T, KV, hd] into the layer's cache [layers, B, KV, slots, hd]:
     at `cache_start` for all rows, or at each row's own `row_slots` [B, T] (consecutive per row).
 
-    Per-row blocks of one token (decode) are scattered; slots past the cache's end are dropped. Longer
+    Per-row blocks of one token (decode) are scattered, or on TPU written by `decode_attention.write`
+    (XLA's TPU scatter takes the cache in another layout); slots past the cache's end are dropped. Longer
     ones (prefill) are written row by row in place, which XLA:CPU runs far faster than a scatter (one
     update at a time) or a gather and select over the row; their slots must lie inside the cache.
     """
     if k.shape[1] == 1 and row_slots is not None:
+        written = decode_attention.write(cfg.attention, rules, CACHE_AXES, cache.k, cache.v, layer, k[:, 0], v[:, 0],
+                                         row_slots[:, 0])
+        if written is not None:
+            return KVCache(*written)
         rows, slots = jnp.arange(k.shape[0]), row_slots[:, 0]
         return KVCache(cache.k.at[layer, rows, :, slots].set(k[:, 0].astype(cache.k.dtype), mode="drop"),
                        cache.v.at[layer, rows, :, slots].set(v[:, 0].astype(cache.v.dtype), mode="drop"))
@@ -188,7 +194,7 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
     if cache is None:
         out = attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), q_slots, kv_mask) if fused is None else fused
     else:
-        cache = _cache_write(cache, layer, k, v, cache_start, q_slots if per_row else None)
+        cache = _cache_write(cfg, rules, cache, layer, k, v, cache_start, q_slots if per_row else None)
         # Slots past the block hold no keys yet, so attention reads the filled prefix only where its
         # length is static: the caller's kv_len, or the block's end when its place is known at trace
         # time (prefill). A 2k prompt in a 6k cache then scores 2k keys, not 6k.
@@ -202,7 +208,7 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
             out = cpu.kernel_attention(q, cache.k, cache.v, layer, _allowed(kv_mask[:, :seen], q_slots)[:, 0],
                                        MASKED)
         else:
-            out = decode_attention.on_tpu(cfg.attention, rules, CACHE_AXES, q, cache.k, cache.v, layer,
+            out = decode_attention.attend(cfg.attention, rules, CACHE_AXES, q, cache.k, cache.v, layer,
                                           _allowed(kv_mask[:, :seen], q_slots), q_slots, MASKED)
             if out is None:
                 out = attention(q, cache.k[layer, :, :, :seen].astype(dt), cache.v[layer, :, :, :seen].astype(dt),

@@ -1,6 +1,7 @@
-"""The TPU decode-attention kernel (`models.decode_attention`): run in Pallas' interpreter on CPU, it
-computes what the XLA path does, never reads blocks past a row's slot, and the sampler takes it where
-a TPU program would; compiled for a TPU slice with libtpu, its decode loops copy no cache window."""
+"""The TPU decode kernels (`models.decode_attention`): run in Pallas' interpreter on CPU, the attention
+computes what the XLA path does and never reads blocks past a row's slot, the cache write writes what
+the scatter does, and the sampler and the decode engine take them where a TPU program would; compiled
+for a TPU slice with libtpu, they run on each device's shard and the cache is never copied."""
 import functools
 
 import jax
@@ -12,6 +13,7 @@ from spiral_jax.models import cpu, decode_attention, fused_attention, transforme
 from spiral_jax.models.config import ModelConfig
 from spiral_jax.models.params import init_params
 from spiral_jax.sampling import Sampler, SamplingParams
+from spiral_jax.sampling.engine import DecodeEngine, Request
 
 LAYERS, ROWS, KV, HEADS, HEAD_DIM, SLOTS = 3, 4, 2, 8, 128, 512
 # A Qwen3 with 128-wide heads (the kernel's lanes), small enough to sample with the interpreted kernels.
@@ -73,18 +75,43 @@ def test_blocks_past_a_rows_slot_are_never_read():
     np.testing.assert_array_equal(np.asarray(poisoned), np.asarray(clean))
 
 
-def test_where_the_kernel_applies():
-    """TPU programs with Pallas attention ("auto", "splash"), 128-wide heads, one query a row and a window
-    of whole blocks take the kernel; anything else keeps the XLA path."""
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_write_rows_writes_what_the_scatter_writes(dtype, monkeypatch):
+    """Each row's key and value land at its own slot of the given layer (slot 383 at a tile's end, 400
+    past the cache's end: dropped), in grid steps of 2 rows, and nothing else changes."""
+    monkeypatch.setattr(decode_attention, "_WRITE_ROWS", 2)
+    rng = np.random.default_rng(1)
+    k_cache, v_cache = (jnp.asarray(rng.normal(size=(LAYERS, ROWS, KV, 384, HEAD_DIM)), dtype) for _ in range(2))
+    k, v = (jnp.asarray(rng.normal(size=(ROWS, KV, HEAD_DIM)), jnp.float32) for _ in range(2))
+    slots, rows = jnp.array([0, 17, 383, 400]), jnp.arange(ROWS)
+    got = jax.jit(functools.partial(decode_attention.write_rows, interpret=True))(k_cache, v_cache, jnp.int32(1), k,
+                                                                                  v, slots)
+    for cache, new, out in zip((k_cache, v_cache), (k, v), got):
+        want = cache.at[1, rows, :, slots].set(new.astype(dtype), mode="drop")
+        np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(want, np.float32))
+
+
+def test_where_the_kernels_apply():
+    """TPU programs with Pallas attention ("auto", "splash") and 128-wide heads take the kernels: the
+    attention for one query a row over a window of whole blocks, the write for a cache of whole tiles
+    (16 bf16 slots). Anything else keeps the XLA path."""
     q, k, v, kv_mask = _inputs(jnp.bfloat16, 384, jnp.array([1, 2, 3, 4]))
     allowed, q_slots = transformer._allowed(kv_mask, jnp.array([383])), jnp.array([383])
 
     def applies(implementation="auto", platform="tpu", q=q, allowed=allowed):
         with cpu.compiling_for(platform):
-            out = jax.eval_shape(lambda: decode_attention.on_tpu(implementation, None, transformer.CACHE_AXES, q, k,
+            out = jax.eval_shape(lambda: decode_attention.attend(implementation, None, transformer.CACHE_AXES, q, k,
                                                                  v, 0, allowed, q_slots, transformer.MASKED))
         return out is not None
 
+    def writes(implementation="auto", platform="tpu", slots=SLOTS):
+        with cpu.compiling_for(platform):
+            out = jax.eval_shape(lambda: decode_attention.write(implementation, None, transformer.CACHE_AXES,
+                                                                k[:, :, :, :slots], v[:, :, :, :slots], 0,
+                                                                q[:, 0, :KV], q[:, 0, :KV], q_slots))
+        return out is not None
+
+    assert writes() and not writes("xla") and not writes(platform="gpu") and not writes(slots=SLOTS - 8)
     assert applies() and applies("splash")
     assert not applies("xla") and not applies(platform="gpu") and not applies(platform="cpu")
     assert not applies(q=jnp.concatenate([q, q], axis=1))  # two queries a row: a prefill
@@ -96,15 +123,16 @@ def wide_heads():
     return WIDE_HEADS, init_params(WIDE_HEADS, jax.random.key(0), std=0.2)
 
 
-@pytest.mark.parametrize("scan_layers", [False, True])
-def test_a_tpu_program_samples_with_the_kernel_as_with_xla(wide_heads, scan_layers, monkeypatch):
-    """The sampler traced for a TPU, its Pallas kernels run in the interpreter: the decode steps run the
-    kernel (a pallas_call in the decode loops), and the tokens and log-probs equal those of the XLA
-    path ("xla")."""
+def _stacked(params):
+    return dict(params, layers=jax.tree.map(lambda *layer: jnp.stack(layer), *params["layers"]))
+
+
+def test_a_tpu_program_samples_with_the_kernel_as_with_xla(wide_heads, monkeypatch):
+    """The sampler of a scanned model (the layer index traced) traced for a TPU, its Pallas kernels run
+    in the interpreter: the decode steps run the kernel (a pallas_call in the decode loops), and the
+    tokens and log-probs equal those of the XLA path ("xla")."""
     cfg, params = wide_heads
-    if scan_layers:
-        params = dict(params, layers=jax.tree.map(lambda *layer: jnp.stack(layer), *params["layers"]))
-    cfg = cfg.replace(scan_layers=scan_layers)
+    cfg, params = cfg.replace(scan_layers=True), _stacked(params)
     monkeypatch.setattr(decode_attention, "decode_attention",
                         functools.partial(decode_attention.decode_attention, interpret=True))
     monkeypatch.setattr(fused_attention, "splash_attention",
@@ -150,3 +178,74 @@ def test_a_sampler_compiled_for_a_tpu_slice_runs_the_kernel_on_each_shard():
                 and line.split(" = ", 1)[1].startswith("bf16[2,1,2,128]")]
 
     assert decode_hlo("auto") and not decode_hlo("xla")
+
+
+def test_a_tpu_decode_engine_samples_with_the_kernels_as_with_xla(wide_heads, monkeypatch):
+    """The decode engine of a scanned model traced for a TPU, the kernels run in the interpreter: its rows
+    each write at their own slot (`write_rows`) and attend over windows of 128 and 256 slots (the
+    kernel) or 192 (the XLA path), with the tokens and log-probs of the XLA path."""
+    cfg, params = wide_heads
+    cfg, params = cfg.replace(scan_layers=True), _stacked(params)
+    traced = {"attend": 0, "write": 0}
+
+    def counted(name, kernel):
+        def run(*args, **kwargs):
+            traced[name] += 1
+            return kernel(*args, **kwargs, interpret=True)
+        return run
+
+    monkeypatch.setattr(decode_attention, "decode_attention", counted("attend", decode_attention.decode_attention))
+    monkeypatch.setattr(decode_attention, "write_rows", counted("write", decode_attention.write_rows))
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(2, 64, n).tolist() for n in (5, 90, 30, 12, 60, 7)]
+    sp = SamplingParams(max_new_tokens=128, temperature=0.9)
+
+    def sample(attention):
+        engine = DecodeEngine(Sampler(cfg.replace(attention=attention), max_prompt_len=128), sp, 4)
+        queue, out = [Request(p, 5, i) for i, p in enumerate(prompts)], {}
+        while queue or engine.live:
+            free = len(engine.free_slots())
+            engine.insert(params, queue[:free])
+            queue = queue[free:]
+            out.update((f.request.row_id, f) for f in engine.decode(params))
+        return engine, out
+
+    with cpu.compiling_for("tpu"):
+        engine, got = sample("auto")
+        assert traced["attend"] and traced["write"]
+        _, want = sample("xla")
+    assert {128, 192, 256} <= set(engine.windows)
+    for row in range(len(prompts)):
+        assert got[row].tokens == want[row].tokens
+        np.testing.assert_allclose(got[row].logprobs, want[row].logprobs, atol=1e-4)
+
+
+def test_a_decode_engine_compiled_for_a_tpu_never_copies_its_cache():
+    """The decode engine's decode call compiled with libtpu for one v5p chip: with the kernels, the cache
+    stays in its layout from start to end: no copy of it, where XLA's scatter takes it in another
+    layout, converted at the call's start and end (a whole cache or more of temporaries)."""
+    pytest.importorskip("libtpu")
+    from spiral_jax import aot
+    from spiral_jax.models.params import abstract_params
+
+    cfg = WIDE_HEADS.replace(scan_layers=True, compute_dtype="bfloat16")
+    device = jax.sharding.SingleDeviceSharding(aot.tpu_devices("v5p-8")[0])
+    place = lambda tree: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), tree)  # noqa: E731
+
+    def compiled(attention):
+        with cpu.compiling_for("tpu"), jax.default_matmul_precision("default"):
+            sampler = Sampler(cfg.replace(attention=attention), max_prompt_len=128)
+            engine = DecodeEngine(sampler, SamplingParams(max_new_tokens=128), 8)
+            weights = place(jax.eval_shape(sampler.setup.decode_weights, abstract_params(cfg)))
+            state = place(jax.eval_shape(engine._programs.empty))
+            steps = jax.ShapeDtypeStruct((), jnp.int32, sharding=device)
+            program = engine._programs.decode.lower(weights, state, steps, steps, window=engine.cache_len).compile()
+        cache = "bf16[%s]" % ",".join(map(str, state.cache.k.shape))
+        copies = [line for line in program.as_text().splitlines() if " copy(" in line
+                  and line.split(" = ", 1)[1].startswith(cache)]
+        return copies, program.memory_analysis().temp_size_in_bytes, state.cache.k.size * 2
+
+    copies, temporaries, cache_bytes = compiled("auto")
+    xla_copies, xla_temporaries, _ = compiled("xla")
+    assert not copies and xla_copies
+    assert xla_temporaries - temporaries >= cache_bytes  # at least a whole key cache
