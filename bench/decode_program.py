@@ -14,6 +14,7 @@ shows up in the time a run measures; this finds them before one.
     python bench/decode_program.py --lora 32 --sample adapters --hardware 1x4090 --no-scan_layers
     python bench/decode_program.py --engine --batch 64                      # the continuous schedule
     python bench/decode_program.py --shape 0.6b --batch 32 --hardware v5p-8  # one TPU v5p chip
+    python bench/decode_program.py --hardware v5p-8 --attention xla          # without the Pallas kernels
 """
 from __future__ import annotations
 
@@ -131,6 +132,8 @@ def main():
     parser.add_argument("--hardware", default="1xH200", help="an NVIDIA card or a TPU slice, one chip of which "
                         "runs the program (spiral_jax/hardware.py)")
     parser.add_argument("--scan_layers", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--attention", default="auto", help="model.attention: auto, or xla for XLA's decode "
+                        "attention on a TPU instead of the Pallas kernels")
     parser.add_argument("--prompt", type=int, default=2048)
     parser.add_argument("--new_tokens", type=int, default=4096)
     parser.add_argument("--engine", action="store_true",
@@ -154,7 +157,7 @@ def main():
     tgt = aot.target(args.hardware)
     device = jax.sharding.SingleDeviceSharding(tgt.devices[0])
     cfg = ModelConfig(**QWEN3[args.shape], compute_dtype="bfloat16", scan_layers=args.scan_layers,
-                      lora_rank=args.lora)
+                      lora_rank=args.lora, attention=args.attention)
     platform = tgt.devices[0].platform
     with cpu.compiling_for(platform):
         params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32), abstract_params(cfg))
