@@ -91,14 +91,22 @@ def _condition_bound(comps, line: str) -> int:
     return bounds[0] if len(bounds) == 1 and any("direction=LT" in text for text in cond) else 1
 
 
-def step_kernels(comps, body: str) -> collections.Counter:
-    """Kernels one run of `body` launches, nested known-trip-count loops (the layers) multiplied out."""
+def _estimated_cycles(line: str) -> int:
+    """The TPU compiler's cost-model estimate of the kernel's cycles, stated in its backend config; 0
+    where there is none (custom calls: the Pallas kernels; XLA:GPU states none)."""
+    found = re.search(r'"estimated_cycles":"(\d+)"', line)
+    return int(found.group(1)) if found else 0
+
+
+def step_kernels(comps, body: str, cycles: bool = False) -> collections.Counter:
+    """Kernels one run of `body` launches by kind, nested known-trip-count loops (the layers) multiplied
+    out; cycles: the compiler's estimate of their cycles instead (`_estimated_cycles`)."""
     count = collections.Counter()
     for line in comps[body]:
         op = opcode(line)
         if op == "while":
             trips = re.search(r'known_trip_count":\{"n":"(\d+)"', line)
-            inner = step_kernels(comps, re.search(r"body=%?([\w.\-]+)", line).group(1))
+            inner = step_kernels(comps, re.search(r"body=%?([\w.\-]+)", line).group(1), cycles)
             for k, v in inner.items():
                 count[k] += v * (int(trips.group(1)) if trips else _condition_bound(comps, line))
         elif op in KERNELS:
@@ -106,7 +114,7 @@ def step_kernels(comps, body: str) -> collections.Counter:
             cache = _large(line, "slice", rank=5) or (op == "copy" and _large(line, "copy", rank=5))
             kind = ("cache copy" if cache and not updates else
                     "weight copy out of a stack" if _out_of_stack(line) and not updates else op)
-            count[kind] += 1
+            count[kind] += _estimated_cycles(line) if cycles else 1
     return count
 
 
@@ -198,6 +206,11 @@ def main():
               f"cache copies a step in each loop (a scanned prefill, the decode stages): "
               f"{[stage['cache copy'] for stage in stages]}; "
               f"temporaries {compiled.memory_analysis().temp_size_in_bytes / 2**30:.2f} GiB")
+        cycles = step_kernels(comps, re.search(r"body=%?([\w.\-]+)", loops[-1]).group(1), cycles=True)
+        if sum(cycles.values()):
+            print(f"  the compiler's cost model: {sum(cycles.values()) / 1e6:.2f} M cycles a decode step, "
+                  f"{cycles['cache copy'] / sum(cycles.values()):.0%} of them cache copies (its estimate covers "
+                  f"XLA's kernels, not custom calls: {kernels['custom-call']} a step)")
 
 
 if __name__ == "__main__":

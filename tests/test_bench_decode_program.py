@@ -39,8 +39,9 @@ TPU = f"""
 
 %wide.body (arg: (s32[], {CACHE})) -> (s32[], {CACHE}) {{
   %bitcast_dynamic-update-slice_fusion.4 = {CACHE} fusion(%c, %s), kind=kOutput
-  %constant_dynamic-slice_fusion.38 = bf16[1,32,8,1280,128]{{4,1,2,3,0:T(8,128)(2,1)}} fusion(%c, %s), kind=kLoop
-  %multiply_select_fusion.4 = f32[32,8,2,1280]{{3,2,1,0:T(2,128)}} fusion(%q, %constant_dynamic-slice_fusion.38), kind=kOutput
+  %constant_dynamic-slice_fusion.38 = bf16[1,32,8,1280,128]{{4,1,2,3,0:T(8,128)(2,1)}} fusion(%c, %s), kind=kLoop, backend_config={{"window_config":{{"estimated_cycles":"300"}}}}
+  %multiply_select_fusion.4 = f32[32,8,2,1280]{{3,2,1,0:T(2,128)}} fusion(%q, %constant_dynamic-slice_fusion.38), kind=kOutput, backend_config={{"window_config":{{"estimated_cycles":"100","iteration_bounds":["1"]}}}}
+  %closed_call.25 = bf16[32,1,16,128]{{3,2,1,0:T(8,128)(2,1)}} custom-call(%q, %c), custom_call_target="tpu_custom_call"
   %copy.102 = bf16[28,32,8,1280,128]{{4,3,2,1,0:T(8,128)(2,1)}} copy(%scatter_fusion), metadata={{op_name="scatter"}}
   %copy.7 = bf16[32,1,16,64]{{3,2,0,1:T(8,128)(2,1)}} copy(%q)
 }}
@@ -72,6 +73,10 @@ def test_tpu_loops_take_their_trip_count_from_the_condition():
     # Per layer: a window sliced out of the cache, and the whole cache copied into another layout (the
     # TPU scatter's); a small copy is only a copy.
     assert count["cache copy"] == 2 * 28 and count["fusion"] == 2 * 28 and count["copy"] == 28
+    assert count["custom-call"] == 28
+    # The compiler's estimates, where it states them: none for the copies here or the custom call.
+    cycles = bench.step_kernels(comps, "decode_body", cycles=True)
+    assert cycles["cache copy"] == 300 * 28 and sum(cycles.values()) == 400 * 28
 
 
 def test_result_shapes_read_tuples_and_layouts():

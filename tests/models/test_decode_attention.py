@@ -15,6 +15,8 @@ from spiral_jax.models.params import init_params
 from spiral_jax.sampling import Sampler, SamplingParams
 from spiral_jax.sampling.engine import DecodeEngine, Request
 
+P = jax.sharding.PartitionSpec
+
 LAYERS, ROWS, KV, HEADS, HEAD_DIM, SLOTS = 3, 4, 2, 8, 128, 512
 # A Qwen3 with 128-wide heads (the kernel's lanes), small enough to sample with the interpreted kernels.
 WIDE_HEADS = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=64, intermediate_size=64, num_layers=2,
@@ -154,10 +156,11 @@ def test_a_tpu_program_samples_with_the_kernel_as_with_xla(wide_heads, monkeypat
         np.testing.assert_allclose(a, b, atol=1e-4)
 
 
-def test_a_sampler_compiled_for_a_tpu_slice_runs_the_kernel_on_each_shard():
-    """The sampler of a scanned model compiled with libtpu for a v5p-8 slice (rows over data, heads over
-    tensor): the kernel compiles, the decode loop runs it on each device's shard, and no trace leaks (the
-    splash kernels, cached across programs, are built outside the trace that first asks for them)."""
+def test_programs_compiled_for_a_tpu_slice_run_the_kernels_on_each_shard():
+    """The sampler and the decode engine of a scanned model compiled with libtpu for a v5p-8 slice (rows
+    over data, heads over tensor): the kernels compile and run on each device's shard, and no trace
+    leaks (the splash kernels, cached across programs, are built outside the trace that first asks
+    for them)."""
     pytest.importorskip("libtpu")
     from spiral_jax import aot
     from spiral_jax.models.params import abstract_params
@@ -165,19 +168,30 @@ def test_a_sampler_compiled_for_a_tpu_slice_runs_the_kernel_on_each_shard():
 
     cfg = WIDE_HEADS.replace(scan_layers=True, compute_dtype="bfloat16")
     mesh = make_mesh(data=2, fsdp=1, tensor=2, devices=aot.tpu_devices("v5p-8"))
+    placed = lambda shapes, shardings: jax.tree.map(  # noqa: E731
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
 
-    def decode_hlo(attention):
-        # Mosaic takes 16-bit products at the default precision only (the tests' default is "highest").
-        with cpu.compiling_for("tpu"), jax.default_matmul_precision("default"), jax.checking_leaks():
-            sampler = Sampler(cfg.replace(attention=attention), mesh)
-            params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                                  abstract_params(cfg), sampler.params_sharding)
-            hlo = sampler.lower(params, [[1] * 100] * 4, SamplingParams(max_new_tokens=128)).compile().as_text()
-        # The kernel's result on one device: 2 of the 4 rows, 2 of the 4 query heads.
-        return [line for line in hlo.splitlines() if 'custom_call_target="tpu_custom_call"' in line
-                and line.split(" = ", 1)[1].startswith("bf16[2,1,2,128]")]
+    def kernels(program, result_shapes):
+        """The program's Pallas kernels whose results start with one of these (per-device) shapes."""
+        return [line for line in program.as_text().splitlines() if 'custom_call_target="tpu_custom_call"' in line
+                and line.split(" = ", 1)[1].lstrip("(").startswith(result_shapes)]
 
-    assert decode_hlo("auto") and not decode_hlo("xla")
+    # Mosaic takes 16-bit products at the default precision only (the tests' default is "highest").
+    with cpu.compiling_for("tpu"), jax.default_matmul_precision("default"), jax.checking_leaks():
+        samplers = {name: Sampler(cfg.replace(attention=name), mesh, max_prompt_len=128) for name in ("auto", "xla")}
+        params = placed(abstract_params(cfg), samplers["auto"].params_sharding)
+        programs = {name: sampler.lower(params, [[1] * 100] * 4, SamplingParams(max_new_tokens=128)).compile()
+                    for name, sampler in samplers.items()}
+        engine = DecodeEngine(samplers["auto"], SamplingParams(max_new_tokens=128), 8)
+        weights = placed(jax.eval_shape(engine.setup.decode_weights, params),
+                         jax.jit(engine.setup.decode_weights).lower(params).compile().output_shardings)
+        state = placed(jax.eval_shape(engine._programs.empty), engine._programs.empty.lower().compile().output_shardings)
+        steps = jax.ShapeDtypeStruct((), jnp.int32, sharding=jax.sharding.NamedSharding(mesh, P()))
+        decode = engine._programs.decode.lower(weights, state, steps, steps, window=engine.cache_len).compile()
+    # Per device: the attention's result (2 of 4 rows, 2 of 4 query heads; the engine's 4 of 8 rows), the
+    # engine's written cache (4 of 8 rows, 1 of 2 KV heads).
+    assert kernels(programs["auto"], "bf16[2,1,2,128]") and not kernels(programs["xla"], "bf16[")
+    assert kernels(decode, "bf16[4,1,2,128]") and kernels(decode, "bf16[2,4,1,256,128]")
 
 
 def test_a_tpu_decode_engine_samples_with_the_kernels_as_with_xla(wide_heads, monkeypatch):
