@@ -17,6 +17,7 @@ so each figure is the device's whole footprint in that phase.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import time
@@ -30,7 +31,8 @@ from spiral_jax.models import abstract_params, cpu, lora, param_shardings
 from spiral_jax.rl.reshard import sample_config
 from spiral_jax.rl.samples import Batch, batch_shardings
 from spiral_jax.rl.train_step import make_compute_logprobs, make_optimizer, make_train_step, state_shardings
-from spiral_jax.sampling import cache_slots
+from spiral_jax.sampling import batch_bucket, cache_slots
+from spiral_jax.sampling.engine import DecodeEngine
 from spiral_jax.sharding import Rules, make_mesh
 from spiral_jax.hardware import GiB, Hardware, hardware as preset, parse_accelerator
 
@@ -250,6 +252,14 @@ def _compile_run(spec, tgt: Target, log) -> tuple[list[Compiled], planner.Plan]:
             continue
         seen.add(key)
         phase = next(k for k in phases if name in k.split(" (")[0].split(", "))
+        if spec.rollout.schedule == "continuous":  # a decode engine per policy, a slot per game in flight
+            engine = DecodeEngine(sampler, sp, batch_bucket(games, sampler.min_batch_bucket))
+            lowered = functools.cache(functools.partial(engine.lower, sample_params))  # both programs at once
+            for program in ("insert", "decode"):
+                results.append(_compile(
+                    f"{name} engine {program} ({engine.slots} slots x {engine.cache_len}-slot cache, {sp.mode})",
+                    lambda program=program, lowered=lowered: lowered()[program], resident, phases[phase], log))
+            continue
         results.append(_compile(f"{name} sampler ({games} games x {sp.max_new_tokens} new tokens, {sp.mode})",
                                 lambda prompts=prompts, sp=sp: sampler.lower(sample_params, prompts, sp),
                                 resident, phases[phase], log))

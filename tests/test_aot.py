@@ -219,3 +219,20 @@ def test_the_decoder_with_a_fused_kernel_scores_and_samples_as_the_xla_path(kern
 def test_an_unknown_attention_kernel_is_a_clear_error():
     with pytest.raises(ValueError, match="attention='flash'.*auto"):
         TINY.replace(attention="flash")
+
+
+def test_a_continuous_schedule_compiles_its_decode_engines(v5p):
+    """rollout.schedule=continuous: the rollout's and the evaluation's decode engines are what run, so
+    their programs (an insert into every slot at the longest prompt, a decode call over the whole
+    cache) are compiled in place of the samplers, and planned within bounds."""
+    c = _mid_config()
+    c.rollout.schedule = "continuous"
+    results, _ = _compile_mid(v5p, c)
+    names = [r.name.split(" (")[0] for r in results]
+    assert names == ["train step", "old log-probs", "rollout engine insert", "rollout engine decode",
+                     "eval engine insert", "eval engine decode"]
+    assert all(r.peak > 0 for r in results)
+    # A phase is planned at its largest program, an engine's insert (a prefill over the whole cache).
+    inserts, decodes = results[2::2], results[3::2]
+    assert all(d.total < i.total for i, d in zip(inserts, decodes))
+    _planner_agrees(results[:2] + inserts)

@@ -17,6 +17,7 @@ from spiral_jax.plan.arrays import kv_cache_bytes, logprob_row_bytes, sampler_ro
 from spiral_jax.plan.sizes import MeshShape, Workload, shard_elements
 from spiral_jax.rl.train_step import TrainConfig
 from spiral_jax.sampling import batch_bucket, cache_slots
+from spiral_jax.sampling.engine import largest_insert
 from spiral_jax.sharding import Rules
 
 
@@ -102,7 +103,11 @@ def weights_in_flight(cfg: ModelConfig, mesh: MeshShape) -> int:
 
 def sampling(cfg: ModelConfig, w: Workload, mesh: MeshShape, games: int, new_tokens: int,
              fused_attention: bool = False) -> tuple[int, int]:
-    """(KV cache, prefill transients) per device for one generate call over `games` prompts."""
+    """(KV cache, prefill transients) per device for one generate call over `games` prompts, or with
+    the continuous schedule (`Workload.continuous`) for a decode engine of `games` slots: its largest
+    transients are an insert's (`largest_insert`), every slot's prompt prefilled into a copy of those
+    rows' caches (with a block's slack), attending by XLA's attention (the rows start at slots of
+    their own, which the fused kernels do not take)."""
     cb = jnp.dtype(cfg.compute_dtype).itemsize
     dp = mesh.batch_shards
     batch = batch_bucket(games, dp)
@@ -110,10 +115,14 @@ def sampling(cfg: ModelConfig, w: Workload, mesh: MeshShape, games: int, new_tok
     cache = kv_cache_bytes(cfg, mesh, batch, slots)
     b, plen, t = batch // dp, w.prompt_len, mesh.tensor
     heads, kv = _split(cfg.num_heads, t), _split(cfg.num_kv_heads, t)
-    scores = 0 if fused_attention else b * heads * plen * plen * 4  # the prefill attends over the prompt only
+    if w.continuous:
+        tokens, window = largest_insert(plen, 16, slots)  # prompts bucketed from 16 tokens, as `plen`
+        scores, rows_copy = b * heads * tokens * window * 4, cache * (slots + tokens) // slots
+    else:  # the prefill attends over the prompt only
+        scores, rows_copy = 0 if fused_attention else b * heads * plen * plen * 4, 0
     attention = 2 * scores + 2 * b * plen * (heads + 2 * kv) * cfg.head_dim * cb
     mlp = 3 * b * plen * _split(cfg.intermediate_size, t) * cb
     # One layer's share of the cache, the last position's fp32 logits, and what the call returns.
     rest = (2 * b * plen * cfg.hidden_size * cb + cache // cfg.num_layers + 2 * b * _split(cfg.vocab_size, t) * 4
-            + batch * sampler_row_bytes(cfg, w.lora_merged, plen, slots))
+            + batch * sampler_row_bytes(cfg, w.lora_merged, plen, slots) + rows_copy)
     return int(cache), int(max(attention, mlp) + rest)

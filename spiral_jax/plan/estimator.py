@@ -134,8 +134,12 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
         name = ", ".join(names)
         cache, prefill = sampling(cfg, work, mesh, games, new, kernel)
         parts[f"kv {name}"], parts[f"prefill {name}"] = cache, prefill
-        labels[f"kv {name}"] = f"KV cache, {name}: {games} games x {work.prompt_len + new} slots"
-        labels[f"prefill {name}"] = f"prefill transients, {name}"
+        if work.continuous:
+            labels[f"kv {name}"] = f"KV cache, {name}: a decode engine of {games} slots x {work.prompt_len + new}"
+            labels[f"prefill {name}"] = f"an insert's transients (every slot's prompt over the cache), {name}"
+        else:
+            labels[f"kv {name}"] = f"KV cache, {name}: {games} games x {work.prompt_len + new} slots"
+            labels[f"prefill {name}"] = f"prefill transients, {name}"
         phases[f"{name} ({games} games at once)"] = resident + parts["weights_cast"] + cache + prefill
     if not work.snapshots:
         del parts["snapshots"]

@@ -68,6 +68,7 @@ class Workload:
     eval_new: int
     snapshots: int  # other policies' weights kept on the devices: pool snapshots, a frozen opponent
     lora_merged: bool = True  # with LoRA: the sampler reads a merged copy of the weights (model.lora.sample)
+    continuous: bool = False  # rollout.schedule=continuous: decode engines play the games, not sampler calls
 
     @property
     def train_len(self) -> int:
@@ -111,4 +112,4 @@ def workload(spec) -> Workload:
         rollout_new=r.sampling.max_new_tokens, eval_games=e.games, final_games=e.final_games,
         eval_new=e.sampling.max_new_tokens,
         snapshots=r.pool_size if r.mode == "pool" else int(r.mode == "fixed_opponent" and r.opponent not in SCRIPTED),
-        lora_merged=spec.lora_merged)
+        lora_merged=spec.lora_merged, continuous=r.schedule == "continuous")

@@ -88,6 +88,26 @@ class Finished:
     finish_reason: str  # "stop", "length", or "cancelled" (by `cancel`)
 
 
+def engine_windows(cache_len: int) -> list[int]:
+    """The attention windows of an engine's programs over a cache of `cache_len` slots: 64 and up, two
+    sizes per doubling, and the whole cache. A call takes the smallest that holds its rows' tokens."""
+    return sorted({min(bucket_length(n, 64, per_octave=2), cache_len) for n in range(64, cache_len + 1, 16)}
+                  | {cache_len})
+
+
+def largest_insert(max_prompt_len: int, min_prompt_bucket: int, cache_len: int) -> tuple[int, int]:
+    """(block tokens, attention window) of the insert whose prefill is largest (the most attention
+    scores, block times window): prompts of max_prompt_len tokens, each after the cached prefix that
+    makes it so. A reused prefix shortens the block but moves it up the cache, into a larger window."""
+    windows = engine_windows(cache_len)
+
+    def shape(reused: int) -> tuple[int, int]:
+        tokens = bucket_length(max_prompt_len - reused, min_prompt_bucket)
+        return tokens, next(w for w in windows if w >= min(reused + tokens, cache_len))
+
+    return max((shape(reused) for reused in range(max_prompt_len)), key=lambda s: (s[0] * s[1], s[1]))
+
+
 class DecodeEngine:
     """N decode slots for one set of parameters and one `SamplingParams`.
 
@@ -118,8 +138,7 @@ class DecodeEngine:
         # ladder that holds every row's tokens (rows are left-aligned; decode leaves room for some
         # steps): reading the unfilled rest of the cache would cost time only. Each size compiles
         # its own programs.
-        self.windows = sorted({min(bucket_length(n, 64, per_octave=2), self.cache_len)
-                               for n in range(64, self.cache_len + 1, 16)} | {self.cache_len})
+        self.windows = engine_windows(self.cache_len)
         if self.cache_len > setup.max_cache_len:
             raise ValueError(
                 f"max_prompt_len={setup.max_prompt_len} plus the {self.budget}-token budget is "
@@ -176,6 +195,35 @@ class DecodeEngine:
             return {}
         tokens, step = jax.device_get((self.state.tokens, self.state.step))
         return {s: tokens[s, :int(step[s])].tolist() for s in live}
+
+    def lower(self, params) -> dict[str, jax.stages.Lowered]:
+        """The engine's largest programs, lowered (not run), for their compiled memory (`spiral_jax.aot`):
+        "insert", a prefill of every slot at its largest (`largest_insert`), and "decode", a call
+        attending over the whole cache. `params` may be a tree of `jax.ShapeDtypeStruct`s placed by their `sharding`, as
+        for `Sampler.lower`: the programs are then lowered for devices this process need not run on."""
+        # What the programs take, as abstract arrays where they will be: the cast weights and the state
+        # where their programs put them, the host's small arrays on every device.
+        placed = lambda shapes, shardings: jax.tree.map(  # noqa: E731
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
+        weights_program = jax.jit(self.setup.decode_weights).lower(params).compile()
+        weights = placed(weights_program.out_info, weights_program.output_shardings)
+        if self.setup.rules is None:  # one device: the parameters'
+            everywhere = jax.tree.leaves(weights_program.output_shardings)[0]
+            state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=everywhere),
+                                 jax.eval_shape(self._programs.empty))
+        else:
+            everywhere = self.setup.rules.replicated()
+            state_program = self._programs.empty.lower().compile()
+            state = placed(state_program.out_info, state_program.output_shardings)
+        host = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=everywhere)  # noqa: E731
+        rows = bucket_length(self.slots, 1)
+        tokens, window = largest_insert(self.setup.max_prompt_len, self.setup.min_prompt_bucket, self.cache_len)
+        ints, floats = host((rows,), jnp.int32), host((rows,), jnp.float32)
+        insert = self._programs.insert.lower(weights, state, ints, host((rows, tokens), jnp.int32), ints, ints, ints,
+                                             host((rows,), jnp.uint32), (floats, ints, floats, ints), window=window)
+        steps = host((), jnp.int32)
+        decode = self._programs.decode.lower(weights, state, steps, steps, window=self.cache_len)
+        return {"insert": insert, "decode": decode}
 
     def free_slots(self) -> list[int]:
         return [i for i, r in enumerate(self.busy) if r is None]

@@ -15,8 +15,6 @@ from spiral_jax.models.params import init_params
 from spiral_jax.sampling import Sampler, SamplingParams
 from spiral_jax.sampling.engine import DecodeEngine, Request
 
-P = jax.sharding.PartitionSpec
-
 LAYERS, ROWS, KV, HEADS, HEAD_DIM, SLOTS = 3, 4, 2, 8, 128, 512
 # A Qwen3 with 128-wide heads (the kernel's lanes), small enough to sample with the interpreted kernels.
 WIDE_HEADS = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=64, intermediate_size=64, num_layers=2,
@@ -183,11 +181,7 @@ def test_programs_compiled_for_a_tpu_slice_run_the_kernels_on_each_shard():
         programs = {name: sampler.lower(params, [[1] * 100] * 4, SamplingParams(max_new_tokens=128)).compile()
                     for name, sampler in samplers.items()}
         engine = DecodeEngine(samplers["auto"], SamplingParams(max_new_tokens=128), 8)
-        weights = placed(jax.eval_shape(engine.setup.decode_weights, params),
-                         jax.jit(engine.setup.decode_weights).lower(params).compile().output_shardings)
-        state = placed(jax.eval_shape(engine._programs.empty), engine._programs.empty.lower().compile().output_shardings)
-        steps = jax.ShapeDtypeStruct((), jnp.int32, sharding=jax.sharding.NamedSharding(mesh, P()))
-        decode = engine._programs.decode.lower(weights, state, steps, steps, window=engine.cache_len).compile()
+        decode = engine.lower(params)["decode"].compile()
     # Per device: the attention's result (2 of 4 rows, 2 of 4 query heads; the engine's 4 of 8 rows), the
     # engine's written cache (4 of 8 rows, 1 of 2 KV heads).
     assert kernels(programs["auto"], "bf16[2,1,2,128]") and not kernels(programs["xla"], "bf16[")
@@ -250,14 +244,11 @@ def test_a_decode_engine_compiled_for_a_tpu_never_copies_its_cache():
         with cpu.compiling_for("tpu"), jax.default_matmul_precision("default"):
             sampler = Sampler(cfg.replace(attention=attention), max_prompt_len=128)
             engine = DecodeEngine(sampler, SamplingParams(max_new_tokens=128), 8)
-            weights = place(jax.eval_shape(sampler.setup.decode_weights, abstract_params(cfg)))
-            state = place(jax.eval_shape(engine._programs.empty))
-            steps = jax.ShapeDtypeStruct((), jnp.int32, sharding=device)
-            program = engine._programs.decode.lower(weights, state, steps, steps, window=engine.cache_len).compile()
-        cache = "bf16[%s]" % ",".join(map(str, state.cache.k.shape))
+            program = engine.lower(place(abstract_params(cfg)))["decode"].compile()
+        cache = (cfg.num_layers, 8, cfg.num_kv_heads, engine.cache_len, cfg.head_dim)
         copies = [line for line in program.as_text().splitlines() if " copy(" in line
-                  and line.split(" = ", 1)[1].startswith(cache)]
-        return copies, program.memory_analysis().temp_size_in_bytes, state.cache.k.size * 2
+                  and line.split(" = ", 1)[1].startswith("bf16[%s]" % ",".join(map(str, cache)))]
+        return copies, program.memory_analysis().temp_size_in_bytes, np.prod(cache) * 2
 
     copies, temporaries, cache_bytes = compiled("auto")
     xla_copies, xla_temporaries, _ = compiled("xla")
