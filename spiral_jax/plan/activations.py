@@ -17,7 +17,7 @@ from spiral_jax.plan.arrays import kv_cache_bytes, logprob_row_bytes, sampler_ro
 from spiral_jax.plan.sizes import MeshShape, Workload, shard_elements
 from spiral_jax.rl.train_step import TrainConfig
 from spiral_jax.sampling import batch_bucket, cache_slots
-from spiral_jax.sampling.engine import largest_insert
+from spiral_jax.sampling.buckets import largest_insert
 from spiral_jax.sharding import Rules
 
 

@@ -16,9 +16,8 @@ of them (a game's next turn: the chat template's head and the game's rules), onl
 prefilled; the reused keys and values are those a full prefill would compute, at the same positions.
 
 Each slot keeps its own temperature, top-k, top-p and new-token limit (a request's `sampling`, by
-default the engine's), so prompts with different settings decode side by side; the engine's sampling
-mode (greedy, plain, tempered, truncated) and stop ids are shared by all of them. The host can
-`cancel` a live row, and `peek` at the tokens every live row has so far.
+default the engine's); the sampling mode and stop ids are the engine's. The host can `cancel` a live
+row, and `peek` at the tokens every live row has so far.
 
 Every shape is static (the batch of inserted prompts and their length are bucketed), so after warm-up
 nothing recompiles. A turn's randomness is `fold_in(fold_in(key(seed), row_id), step)`, the sampler's
@@ -41,7 +40,8 @@ from spiral_jax.models.params import check_params
 from spiral_jax.models.transformer import KVCache, decoder, unembed
 from spiral_jax.sampling.finish import check_finite, finish_reason, row_stops
 from spiral_jax.sampling.logits import sample_token
-from spiral_jax.sampling.sampler import Sampler, SamplingParams, bucket_length
+from spiral_jax.sampling.buckets import bucket_length, engine_windows, largest_insert
+from spiral_jax.sampling.sampler import Sampler, SamplingParams
 from spiral_jax.sampling.setup import DecodeSetup
 from spiral_jax.sampling.stats import DecodeStats
 
@@ -86,26 +86,6 @@ class Finished:
     logprobs: np.ndarray
     raw_logprobs: np.ndarray
     finish_reason: str  # "stop", "length", or "cancelled" (by `cancel`)
-
-
-def engine_windows(cache_len: int) -> list[int]:
-    """The attention windows of an engine's programs over a cache of `cache_len` slots: 64 and up, two
-    sizes per doubling, and the whole cache. A call takes the smallest that holds its rows' tokens."""
-    return sorted({min(bucket_length(n, 64, per_octave=2), cache_len) for n in range(64, cache_len + 1, 16)}
-                  | {cache_len})
-
-
-def largest_insert(max_prompt_len: int, min_prompt_bucket: int, cache_len: int) -> tuple[int, int]:
-    """(block tokens, attention window) of the insert whose prefill is largest (the most attention
-    scores, block times window): prompts of max_prompt_len tokens, each after the cached prefix that
-    makes it so. A reused prefix shortens the block but moves it up the cache, into a larger window."""
-    windows = engine_windows(cache_len)
-
-    def shape(reused: int) -> tuple[int, int]:
-        tokens = bucket_length(max_prompt_len - reused, min_prompt_bucket)
-        return tokens, next(w for w in windows if w >= min(reused + tokens, cache_len))
-
-    return max((shape(reused) for reused in range(max_prompt_len)), key=lambda s: (s[0] * s[1], s[1]))
 
 
 class DecodeEngine:
@@ -197,32 +177,27 @@ class DecodeEngine:
         return {s: tokens[s, :int(step[s])].tolist() for s in live}
 
     def lower(self, params) -> dict[str, jax.stages.Lowered]:
-        """The engine's largest programs, lowered (not run), for their compiled memory (`spiral_jax.aot`):
-        "insert", a prefill of every slot at its largest (`largest_insert`), and "decode", a call
-        attending over the whole cache. `params` may be a tree of `jax.ShapeDtypeStruct`s placed by their `sharding`, as
-        for `Sampler.lower`: the programs are then lowered for devices this process need not run on."""
-        # What the programs take, as abstract arrays where they will be: the cast weights and the state
-        # where their programs put them, the host's small arrays on every device.
+        """The engine's largest programs lowered, for their compiled memory (`spiral_jax.aot`): "insert"
+        (`largest_insert` into every slot), "decode" (over the whole cache). `params` may be abstract, as
+        for `Sampler.lower`; weights and state go where their programs put them, host arrays everywhere."""
         placed = lambda shapes, shardings: jax.tree.map(  # noqa: E731
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
-        weights_program = jax.jit(self.setup.decode_weights).lower(params).compile()
-        weights = placed(weights_program.out_info, weights_program.output_shardings)
+        cast = jax.jit(self.setup.decode_weights).lower(params).compile()
+        weights = placed(cast.out_info, cast.output_shardings)
         if self.setup.rules is None:  # one device: the parameters'
-            everywhere = jax.tree.leaves(weights_program.output_shardings)[0]
+            everywhere = jax.tree.leaves(cast.output_shardings)[0]
             state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=everywhere),
                                  jax.eval_shape(self._programs.empty))
         else:
-            everywhere = self.setup.rules.replicated()
-            state_program = self._programs.empty.lower().compile()
-            state = placed(state_program.out_info, state_program.output_shardings)
-        host = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=everywhere)  # noqa: E731
-        rows = bucket_length(self.slots, 1)
-        tokens, window = largest_insert(self.setup.max_prompt_len, self.setup.min_prompt_bucket, self.cache_len)
-        ints, floats = host((rows,), jnp.int32), host((rows,), jnp.float32)
-        insert = self._programs.insert.lower(weights, state, ints, host((rows, tokens), jnp.int32), ints, ints, ints,
+            everywhere, empty = self.setup.rules.replicated(), self._programs.empty.lower().compile()
+            state = placed(empty.out_info, empty.output_shardings)
+        host = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=everywhere)  # noqa: E731
+        rows, (tokens, window) = bucket_length(self.slots, 1), largest_insert(
+            self.setup.max_prompt_len, self.setup.min_prompt_bucket, self.cache_len)
+        ints, floats = host((rows,)), host((rows,), jnp.float32)
+        insert = self._programs.insert.lower(weights, state, ints, host((rows, tokens)), ints, ints, ints,
                                              host((rows,), jnp.uint32), (floats, ints, floats, ints), window=window)
-        steps = host((), jnp.int32)
-        decode = self._programs.decode.lower(weights, state, steps, steps, window=self.cache_len)
+        decode = self._programs.decode.lower(weights, state, host(()), host(()), window=self.cache_len)
         return {"insert": insert, "decode": decode}
 
     def free_slots(self) -> list[int]:

@@ -33,14 +33,13 @@ from spiral_jax.models.config import ModelConfig
 from spiral_jax.models.params import check_params
 from spiral_jax.models.transformer import (KVCache, decode_weights, decoder, positions_from_mask,
                                            unembed, unembed_table)
+from spiral_jax.sampling.buckets import attention_windows, batch_bucket, bucket_length, cache_slots
 from spiral_jax.sampling.finish import check_finite, finish_reason, row_stops
 from spiral_jax.sampling.logits import sample_token
 from spiral_jax.sampling.setup import DecodeSetup
 from spiral_jax.sampling.stats import DecodeStats
 
 _MAX_STOP_IDS = 8
-# Decode stages (see attention_windows): the factor each window grows by over the one before.
-_WINDOW_GROWTH = 4
 _transpose = jax.jit(jnp.transpose)
 
 
@@ -110,46 +109,6 @@ class SampleOutput:
     finish_reasons: list[str]  # "stop" or "length"
     batch_rows: int = 0  # rows the call decoded, padding included: its decode slot-steps are rows x steps
     stats: DecodeStats = dataclasses.field(default_factory=DecodeStats)  # the call's seconds and tokens
-
-
-def bucket_length(n: int, min_length: int = 16, per_octave: int = 1) -> int:
-    """The static size that n rounds up to: the shapes everything compiles for.
-
-    per_octave=1: the smallest power of two >= max(n, min_length). per_octave=k: the octave above the
-    previous power of two is split into k equal steps (k=4: ..., 64, 80, 96, 112, 128, 160, ...), so at
-    most k shapes per doubling and at most 1/k of padding instead of up to 1/2.
-    """
-    n = max(n, min_length)
-    top = 1 << (n - 1).bit_length()
-    step = max(top // (2 * per_octave), 1)
-    return -(-n // step) * step
-
-
-def cache_slots(prompt_bucket: int, max_new_tokens: int) -> int:
-    """KV-cache slots of one generate call: the prompt bucket plus the power-of-two new-token bucket."""
-    return prompt_bucket + bucket_length(max_new_tokens, 1)
-
-
-def attention_windows(prompt_bucket: int, slots: int, first: int = 256) -> list[int]:
-    """Cache slots each decode stage attends over, in order; the last is the whole cache.
-
-    Decode step s attends over slots [0, prompt_bucket + s); a stage of window w runs the steps with
-    prompt_bucket + s <= w. Reading the unfilled rest of the cache would cost memory traffic only: for
-    Qwen3-0.6B at 64 rows the keys and values of a 6k-slot cache are 45 GB a step against 1.2 GB of
-    bf16 weights. Budgets up to `first` new tokens run as a single stage; each further stage compiles
-    one more copy of the decode step.
-    """
-    windows, new = [], first
-    while prompt_bucket + new < slots:
-        windows.append(prompt_bucket + new)
-        new *= _WINDOW_GROWTH
-    return windows + [slots]
-
-
-def batch_bucket(rows: int, shards: int) -> int:
-    """Rows of one generate call: a power of two of at least `shards`, rounded up to a multiple of it."""
-    batch = bucket_length(rows, shards)
-    return -(-batch // shards) * shards
 
 
 class Sampler:

@@ -203,7 +203,7 @@ def test_the_largest_insert_reuses_a_prefix_into_a_larger_window():
     """A 128-token prompt whose first 63 tokens are cached: its block still buckets to 128 tokens but
     reaches slot 191, so it attends over the 192-slot window (more scores than a fresh prompt's 128 x
     128, or a 64-token block's)."""
-    from spiral_jax.sampling.engine import engine_windows, largest_insert
+    from spiral_jax.sampling.buckets import engine_windows, largest_insert
 
     assert engine_windows(256) == [64, 96, 128, 192, 256]
     assert largest_insert(128, 16, 256) == (128, 192)
