@@ -71,14 +71,10 @@ def _compile_mid(tgt, c):
 
 @pytest.fixture(scope="module")
 def mid_run(v5p):
-    """attention kernel -> (config, results, plan) of the mid config's run compiled for v5p-8, each compiled
-    once for the tests that read it."""
-    @functools.cache
-    def compiled(attention):
-        c = _mid_config()
-        c.model.attention = attention
-        return c, *_compile_mid(v5p, c)
-    return compiled
+    """(config, results, plan) of the mid config's run compiled for v5p-8 with the default attention
+    (splash on a TPU), compiled once for the tests that read it."""
+    c = _mid_config()
+    return c, *_compile_mid(v5p, c)
 
 
 def _planner_agrees(results):
@@ -90,7 +86,7 @@ def _planner_agrees(results):
 
 
 def test_a_run_compiles_for_a_tpu_slice_and_the_planner_agrees_with_the_compiler(v5p, mid_run):
-    _, results, plan = mid_run("auto")  # splash on a TPU
+    _, results, plan = mid_run
     names = [r.name.split(" (")[0] for r in results]
     assert names == ["train step", "old log-probs", "rollout sampler", "eval sampler"]
     assert all(r.peak > 0 for r in results)
@@ -101,12 +97,18 @@ def test_a_run_compiles_for_a_tpu_slice_and_the_planner_agrees_with_the_compiler
 
 
 @pytest.mark.slow
-def test_xla_attention_compiles_too_and_splash_never_holds_the_scores(mid_run):
+def test_xla_attention_compiles_too_and_splash_never_holds_the_scores(v5p, mid_run):
     """Both attention paths compile and plan within bounds; XLA's train step holds at least one
-    [rows, heads, T, T] fp32 score tensor more than splash's ("auto" on a TPU), which never builds it."""
+    [rows, heads, T, T] fp32 score tensor more than splash's ("auto" on a TPU), which never builds it.
+    The XLA run skips the evaluation: its sampler is the rollout's at another length."""
+    c, auto, _ = mid_run
+    xla = _mid_config()
+    xla.model.attention = "xla"
+    xla.eval.update(games=0, final_games=0)
+    xla, _ = _compile_mid(v5p, xla)
+    assert [r.name.split(" (")[0] for r in xla] == ["train step", "old log-probs", "rollout sampler"]
     peaks = {}
-    for attention in ("xla", "auto"):
-        c, results, _ = mid_run(attention)
+    for attention, results in (("xla", xla), ("auto", auto)):
         _planner_agrees(results)
         assert results[0].name.startswith("train step")
         peaks[attention] = results[0].peak
@@ -222,17 +224,19 @@ def test_an_unknown_attention_kernel_is_a_clear_error():
 
 
 def test_a_continuous_schedule_compiles_its_decode_engines(v5p):
-    """rollout.schedule=continuous: the rollout's and the evaluation's decode engines are what run, so
-    their programs (an insert into every slot at the longest prompt, a decode call over the whole
-    cache) are compiled in place of the samplers, and planned within bounds."""
+    """rollout.schedule=continuous: a decode engine is what samples, so its programs (an insert into
+    every slot at the longest prompt, a decode call over the whole cache) are compiled in place of the
+    sampler, and planned within bounds. One epoch and no evaluation, whose engines take the same path:
+    the train step and the rollout's engine."""
     c = _mid_config()
     c.rollout.schedule = "continuous"
+    c.optim.epochs = 1
+    c.eval.update(games=0, final_games=0)
     results, _ = _compile_mid(v5p, c)
     names = [r.name.split(" (")[0] for r in results]
-    assert names == ["train step", "old log-probs", "rollout engine insert", "rollout engine decode",
-                     "eval engine insert", "eval engine decode"]
+    assert names == ["train step", "rollout engine insert", "rollout engine decode"]
     assert all(r.peak > 0 for r in results)
-    # A phase is planned at its largest program, an engine's insert (a prefill over the whole cache).
-    inserts, decodes = results[2::2], results[3::2]
-    assert all(d.total < i.total for i, d in zip(inserts, decodes))
-    _planner_agrees(results[:2] + inserts)
+    # The phase is planned at its largest program, the engine's insert (a prefill over the whole cache).
+    train, insert, decode = results
+    assert decode.total < insert.total
+    _planner_agrees([train, insert])
