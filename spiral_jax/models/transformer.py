@@ -23,6 +23,8 @@ from spiral_jax.sharding import Rules, constrain
 ACT = ("batch", "seq", "act_embed")
 CACHE_AXES = ("layers", "batch", "kv_heads", "seq", "head_dim")
 MASKED = -0.7 * float(np.finfo(np.float32).max)  # finite, so fully masked (padding) rows stay NaN-free
+Q_AXES = ("batch", "seq", "heads", "head_dim")
+SCORE_BYTES = 2**28  # the most fp32 attention scores per device a block over a cache holds at once
 
 
 class KVCache(NamedTuple):
@@ -126,6 +128,29 @@ def attention(q, k, v, q_slots, kv_mask):
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd)
 
 
+def query_chunk(tokens: int, keys: int, rows: int, heads: int) -> int:
+    """How many of a block's `tokens` queries attend at once over `keys` cached slots (rows and heads
+    per device): the block halved until one chunk's fp32 scores fit SCORE_BYTES. A decode engine's
+    insert of 2k-token prompts into 8 slots of Qwen3-4B would otherwise hold 6 GiB of scores."""
+    chunk = tokens
+    while chunk % 2 == 0 and chunk > 16 and rows * heads * chunk * keys * 4 > SCORE_BYTES:
+        chunk //= 2
+    return chunk
+
+
+def _attention_in_chunks(rules: Rules | None, q, k, v, q_slots, kv_mask):
+    """`attention` of a block over a cache's window, its queries in `query_chunk`s, one after another."""
+    b, t, h, hd = q.shape
+    local = q.shape if rules is None else rules.sharding(Q_AXES, q.shape).shard_shape(q.shape)
+    chunk = query_chunk(t, k.shape[2], local[0], local[2])
+    if chunk == t:
+        return attention(q, k, v, q_slots, kv_mask)
+    split = lambda x: x.reshape(b, t // chunk, chunk, *x.shape[2:]).swapaxes(0, 1)  # noqa: E731
+    out = jax.lax.map(lambda qs: attention(qs[0], k, v, qs[1], kv_mask),
+                      (split(q), split(jnp.broadcast_to(q_slots, (b, t)))))
+    return out.swapaxes(0, 1).reshape(b, t, h, hd)
+
+
 def _cache_write(cfg: ModelConfig, rules: Rules | None, cache: KVCache, layer, k, v, cache_start,
                  row_slots) -> KVCache:
     """Write a block's keys and values [B, T, KV, hd] into the layer's cache [layers, B, KV, slots, hd]:
@@ -211,8 +236,8 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
             out = decode_attention.attend(cfg.attention, rules, CACHE_AXES, q, cache.k, cache.v, layer,
                                           _allowed(kv_mask[:, :seen], q_slots), q_slots, MASKED)
             if out is None:
-                out = attention(q, cache.k[layer, :, :, :seen].astype(dt), cache.v[layer, :, :, :seen].astype(dt),
-                                q_slots, kv_mask[:, :seen])
+                out = _attention_in_chunks(rules, q, cache.k[layer, :, :, :seen].astype(dt),
+                                           cache.v[layer, :, :, :seen].astype(dt), q_slots, kv_mask[:, :seen])
     attn = proj("o", out, n_in=2)
     if cfg.o_bias:
         attn = attn + w("o_bias")

@@ -13,11 +13,12 @@ import jax.numpy as jnp
 from spiral_jax.hardware import Hardware
 from spiral_jax.models import ModelConfig, param_specs
 from spiral_jax.models.fused_attention import resolve as resolve_attention
+from spiral_jax.models.transformer import query_chunk
 from spiral_jax.plan.arrays import kv_cache_bytes, logprob_row_bytes, sampler_row_bytes, train_row_bytes
 from spiral_jax.plan.sizes import MeshShape, Workload, shard_elements
 from spiral_jax.rl.train_step import TrainConfig
 from spiral_jax.sampling import batch_bucket, cache_slots
-from spiral_jax.sampling.buckets import largest_insert
+from spiral_jax.sampling.buckets import insert_rows, largest_insert
 from spiral_jax.sharding import Rules
 
 
@@ -105,9 +106,10 @@ def sampling(cfg: ModelConfig, w: Workload, mesh: MeshShape, games: int, new_tok
              fused_attention: bool = False) -> tuple[int, int]:
     """(KV cache, prefill transients) per device for one generate call over `games` prompts, or with
     the continuous schedule (`Workload.continuous`) for a decode engine of `games` slots: its largest
-    transients are an insert's (`largest_insert`), every slot's prompt prefilled into a copy of those
-    rows' caches (with a block's slack), attending by XLA's attention (the rows start at slots of
-    their own, which the fused kernels do not take)."""
+    transients are an insert's (`largest_insert` into `insert_rows` slots), those rows' prompts
+    prefilled into a copy of their caches (with a block's slack), attending by XLA's attention (the
+    rows start at slots of their own, which the fused kernels do not take) in chunks of queries
+    (`query_chunk`)."""
     cb = jnp.dtype(cfg.compute_dtype).itemsize
     dp = mesh.batch_shards
     batch = batch_bucket(games, dp)
@@ -117,9 +119,11 @@ def sampling(cfg: ModelConfig, w: Workload, mesh: MeshShape, games: int, new_tok
     heads, kv = _split(cfg.num_heads, t), _split(cfg.num_kv_heads, t)
     if w.continuous:
         tokens, window = largest_insert(plen, 16, slots)  # prompts bucketed from 16 tokens, as `plen`
-        scores, rows_copy = b * heads * tokens * window * 4, cache * (slots + tokens) // slots
+        rows = _split(insert_rows(batch), dp)
+        scores = rows * heads * query_chunk(tokens, window, rows, heads) * window * 4
+        rows_copy, b = cache * rows // b * (slots + tokens) // slots, rows
     else:  # the prefill attends over the prompt only
-        scores, rows_copy = 0 if fused_attention else b * heads * plen * plen * 4, 0
+        scores, rows_copy = 0 if fused_attention else b * heads * query_chunk(plen, plen, b, heads) * plen * 4, 0
     attention = 2 * scores + 2 * b * plen * (heads + 2 * kv) * cfg.head_dim * cb
     mlp = 3 * b * plen * _split(cfg.intermediate_size, t) * cb
     # One layer's share of the cache, the last position's fp32 logits, and what the call returns.

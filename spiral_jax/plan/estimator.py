@@ -13,6 +13,7 @@ from spiral_jax.plan.activations import activations, fused, logprob_pass, sampli
 from spiral_jax.plan.sizes import MeshShape, Workload, workload
 from spiral_jax.rl.samples import row_multiple
 from spiral_jax.sampling import bucket_length
+from spiral_jax.sampling.buckets import INSERT_ROWS
 
 
 @dataclasses.dataclass
@@ -136,7 +137,8 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
         parts[f"kv {name}"], parts[f"prefill {name}"] = cache, prefill
         if work.continuous:
             labels[f"kv {name}"] = f"KV cache, {name}: a decode engine of {games} slots x {work.prompt_len + new}"
-            labels[f"prefill {name}"] = f"an insert's transients (every slot's prompt over the cache), {name}"
+            rows = min(games, INSERT_ROWS)
+            labels[f"prefill {name}"] = f"an insert's transients ({rows} slots' prompts over the cache), {name}"
         else:
             labels[f"kv {name}"] = f"KV cache, {name}: {games} games x {work.prompt_len + new} slots"
             labels[f"prefill {name}"] = f"prefill transients, {name}"

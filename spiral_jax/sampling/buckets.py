@@ -5,6 +5,11 @@ from __future__ import annotations
 
 # Decode stages (see attention_windows): the factor each window grows by over the one before.
 _WINDOW_GROWTH = 4
+# The most prompts a decode engine's insert prefills at once; more wait for the next insert. The
+# insert works on a copy of its rows' caches, so this bounds its transients (an insert into 32 slots
+# of Qwen3-4B's 6k-slot cache would copy 36 GiB), while 8 prompts of a few hundred tokens are
+# already enough rows for its products to be compute-bound.
+INSERT_ROWS = 8
 
 
 def bucket_length(n: int, min_length: int = 16, per_octave: int = 1) -> int:
@@ -52,6 +57,11 @@ def engine_windows(cache_len: int) -> list[int]:
     sizes per doubling, and the whole cache. A call takes the smallest that holds its rows' tokens."""
     return sorted({min(bucket_length(n, 64, per_octave=2), cache_len) for n in range(64, cache_len + 1, 16)}
                   | {cache_len})
+
+
+def insert_rows(prompts: int) -> int:
+    """Rows of a decode engine's insert of `prompts` prompts (at most INSERT_ROWS): a power of two."""
+    return bucket_length(min(prompts, INSERT_ROWS), 1)
 
 
 def largest_insert(max_prompt_len: int, min_prompt_bucket: int, cache_len: int) -> tuple[int, int]:

@@ -5,8 +5,8 @@ then. The engine instead keeps N decode slots. Each slot holds one sequence, lef
 of the cache: its tokens sit at slots 0, 1, ... of the row, so a token's cache slot is also its RoPE
 position and a row's valid keys are exactly the first `length` slots. The host
 
-- `insert`s new prompts into free slots: one compiled prefill for all of them, which also samples
-  each one's first token;
+- `insert`s new prompts into free slots: one compiled prefill for up to `INSERT_ROWS` of them, which
+  also samples each one's first token;
 - `decode`s: a compiled `while_loop` that feeds one token to every live slot per step and hands
   control back as soon as some rows have finished (or after a fixed number of steps);
 - reads the finished rows and frees their slots for the next prompts.
@@ -40,7 +40,7 @@ from spiral_jax.models.params import check_params
 from spiral_jax.models.transformer import KVCache, decoder, unembed
 from spiral_jax.sampling.finish import check_finite, finish_reason, row_stops
 from spiral_jax.sampling.logits import sample_token
-from spiral_jax.sampling.buckets import bucket_length, engine_windows, largest_insert
+from spiral_jax.sampling.buckets import INSERT_ROWS, bucket_length, engine_windows, insert_rows, largest_insert
 from spiral_jax.sampling.sampler import Sampler, SamplingParams
 from spiral_jax.sampling.setup import DecodeSetup
 from spiral_jax.sampling.stats import DecodeStats
@@ -192,7 +192,7 @@ class DecodeEngine:
             everywhere, empty = self.setup.rules.replicated(), self._programs.empty.lower().compile()
             state = placed(empty.out_info, empty.output_shardings)
         host = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=everywhere)  # noqa: E731
-        rows, (tokens, window) = bucket_length(self.slots, 1), largest_insert(
+        rows, (tokens, window) = insert_rows(self.slots), largest_insert(
             self.setup.max_prompt_len, self.setup.min_prompt_bucket, self.cache_len)
         ints, floats = host((rows,)), host((rows,), jnp.float32)
         insert = self._programs.insert.lower(weights, state, ints, host((rows, tokens)), ints, ints, ints,
@@ -240,13 +240,19 @@ class DecodeEngine:
             blocks.append(prompt[reuse:])
             self.cached[slot], self.busy[slot] = prompt, dataclasses.replace(r, slot=slot)
             self.lengths[slot] = len(prompt)
-        k = bucket_length(len(requests), 1)
-        t = bucket_length(max(len(b) for b in blocks), self.setup.min_prompt_bucket)
+        params = self.setup.place(params)
+        for first in range(0, len(requests), INSERT_ROWS):  # bounded transients: see INSERT_ROWS
+            group = slice(first, first + INSERT_ROWS)
+            self._prefill(params, requests[group], chosen[group], starts[group], blocks[group], settings[group])
+        self.stats += DecodeStats(time.perf_counter() - start, prefilled_tokens=sum(map(len, blocks)),
+                                  reused_tokens=sum(starts))
+
+    def _prefill(self, params, requests, chosen, starts, blocks, settings) -> None:
+        """One insert program: each block after its slot's first `starts` cached tokens."""
+        k, t = insert_rows(len(requests)), bucket_length(max(map(len, blocks)), self.setup.min_prompt_bucket)
         block = np.zeros((k, t), np.int32)
-        lens, start_arr, slot_ids = np.zeros(k, np.int32), np.zeros(k, np.int32), np.zeros(k, np.int32)
-        seeds, row_ids = np.zeros(k, np.uint32), np.zeros(k, np.uint32)
-        temperature, top_p = np.zeros(k, np.float32), np.zeros(k, np.float32)
-        top_k, max_new = np.zeros(k, np.int32), np.zeros(k, np.int32)
+        lens, start_arr, slot_ids, top_k, max_new = np.zeros((5, k), np.int32)
+        (seeds, row_ids), (temperature, top_p) = np.zeros((2, k), np.uint32), np.zeros((2, k), np.float32)
         for i in range(k):  # padding rows repeat the first request: they compute and write the same
             j = i if i < len(requests) else 0
             block[i, :len(blocks[j])], lens[i], start_arr[i], slot_ids[i] = blocks[j], len(blocks[j]), starts[j], chosen[j]
@@ -254,10 +260,8 @@ class DecodeEngine:
             sp = settings[j]
             temperature[i], top_k[i], top_p[i], max_new[i] = sp.temperature, sp.top_k, sp.top_p, sp.max_new_tokens
         window = self._window(int(start_arr.max()) + t)
-        self.state = self._programs.insert(self.setup.place(params), self.state, slot_ids, block, lens, start_arr,
-                                           seeds, row_ids, (temperature, top_k, top_p, max_new), window=window)
-        self.stats += DecodeStats(time.perf_counter() - start, prefilled_tokens=sum(map(len, blocks)),
-                                  reused_tokens=sum(starts))
+        self.state = self._programs.insert(params, self.state, slot_ids, block, lens, start_arr, seeds, row_ids,
+                                           (temperature, top_k, top_p, max_new), window=window)
 
     def decode(self, params) -> list[Finished]:
         """Run decode steps until some rows finish; return them (their slots are free again)."""
@@ -295,12 +299,8 @@ class DecodeEngine:
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y or n >= limit:
-            break
-        n += 1
-    return n
+    """How many leading tokens a and b share, at most `limit`."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y or i >= limit), min(len(a), len(b), limit))
 
 
 class _Programs(NamedTuple):

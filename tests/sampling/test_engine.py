@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from spiral_jax.compilation import compile_count
-from spiral_jax.models import cpu, init_params
+from spiral_jax.models import cpu, init_params, transformer
 from spiral_jax.sampling import Sampler, SamplingParams
+from spiral_jax.sampling import engine as engine_module
+from spiral_jax.sampling.buckets import INSERT_ROWS
 from spiral_jax.sampling.engine import DecodeEngine, Request
 from spiral_jax.sharding import make_mesh
 from tests.tiny_models import TINY
@@ -51,14 +53,19 @@ def _assert_same(got, ref, ids):
                                                          (32, None, 32)])
 def test_engine_samples_what_generate_samples(params, slots, min_finished, min_steps):
     """min_steps=2: decode calls stop a few steps short of each window's end, so rows cross
-    windows (64, 96 and 128 cache slots) while others are decoding."""
+    windows (64, 96 and 128 cache slots) while others are decoding. 32 slots: the first 24 prompts
+    go in at once, prefilled INSERT_ROWS at a time."""
     prompts, ids = _prompts(24), list(range(100, 124))
     sampler = Sampler(CFG, max_prompt_len=64, max_cache_len=128)
     ref = sampler.generate(params, prompts, SP, seed=9, row_ids=ids)
     engine = DecodeEngine(sampler, SP, slots, min_finished=min_finished, min_steps=min_steps)
     assert engine.windows == [64, 96, 128]
+    rows, insert = [], engine._programs.insert
+    engine._programs = engine._programs._replace(
+        insert=lambda p, state, slot_ids, *a, **kw: rows.append(len(slot_ids)) or insert(p, state, slot_ids, *a, **kw))
     got = _run(engine, params, [Request(p, 9, i) for p, i in zip(prompts, ids)])
     _assert_same(got, ref, ids)
+    assert max(rows) <= INSERT_ROWS and (slots < 24 or rows[:3] == [INSERT_ROWS] * 3), rows
     lengths = [len(t) for t in ref.tokens]
     assert len(set(lengths)) > 5 and max(lengths) == SP.max_new_tokens  # a long-tailed workload
     for stats in (engine.stats, ref.stats):
@@ -137,6 +144,32 @@ def test_a_slot_reuses_the_shared_prefix_exactly(params):
     used = engine.stats - before
     assert used.reused_tokens == 0  # forgotten: nothing reused under new parameters
     assert used.prefilled_tokens == sum(map(len, second)) and used.prefill_saved == 0
+
+
+def test_inserts_past_the_score_budget_attend_in_query_chunks_alike(params, monkeypatch):
+    """An insert whose fp32 scores would pass `transformer.SCORE_BYTES` attends in chunks of its
+    queries, one after another: the same tokens and log-probs as generate's prefill at once, for fresh
+    slots and for slots that reuse a prefix (each row's queries at its own slots)."""
+    # Qwen3-4B on one GPU, the largest insert (2048 tokens over 3072 slots) into 8 slots of 32 heads:
+    # 6 GiB of scores at once, 0.19 GiB in chunks of 64 queries.
+    assert transformer.query_chunk(2048, 3072, 8, 32) == 64 and transformer.query_chunk(64, 96, 4, 4) == 64
+    sampler = Sampler(CFG, max_prompt_len=96, max_cache_len=256)
+    first = _prompts(16, seed=3)
+    want_first = sampler.generate(params, first, SP, seed=4, row_ids=range(16))
+    second = [p + [9, 10, 11] for p in first]  # each slot's cache holds its prompt: only the tail is new
+    want_second = sampler.generate(params, second, SP, seed=5, row_ids=range(16))
+
+    chunks = []
+    query_chunk = transformer.query_chunk
+    monkeypatch.setattr(transformer, "SCORE_BYTES", 1)  # every block of more than 16 queries splits
+    monkeypatch.setattr(transformer, "query_chunk", lambda *a: chunks.append((a[0], query_chunk(*a))) or chunks[-1][1])
+    engine_module._programs.cache_clear()  # traced afresh, under the small budget
+    engine = DecodeEngine(sampler, SP, 16)
+    _assert_same(_run(engine, params, [Request(p, 4, i, slot=i) for i, p in enumerate(first)]), want_first, range(16))
+    _assert_same(_run(engine, params, [Request(p, 5, i, slot=i) for i, p in enumerate(second)]), want_second,
+                 range(16))
+    assert any(chunk < tokens for tokens, chunk in chunks) and all(chunk == 16 for t, chunk in chunks if t > 16)
+    engine_module._programs.cache_clear()
 
 
 def test_no_recompilation_after_warm_up(params):
