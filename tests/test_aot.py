@@ -224,8 +224,8 @@ def test_an_unknown_attention_kernel_is_a_clear_error():
 
 
 def test_a_continuous_schedule_compiles_its_decode_engines(v5p):
-    """rollout.schedule=continuous: a decode engine is what samples, so its programs (an insert into
-    every slot at the longest prompt, a decode call over the whole cache) are compiled in place of the
+    """rollout.schedule=continuous: a decode engine is what samples, so its programs (an insert of
+    `insert_rows` prompts at the longest length, a decode call over the whole cache) are compiled in place of the
     sampler, and planned within bounds. One epoch and no evaluation, whose engines take the same path:
     the train step and the rollout's engine."""
     c = _mid_config()

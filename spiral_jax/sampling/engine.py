@@ -178,8 +178,9 @@ class DecodeEngine:
 
     def lower(self, params) -> dict[str, jax.stages.Lowered]:
         """The engine's largest programs lowered, for their compiled memory (`spiral_jax.aot`): "insert"
-        (`largest_insert` into every slot), "decode" (over the whole cache). `params` may be abstract, as
-        for `Sampler.lower`; weights and state go where their programs put them, host arrays everywhere."""
+        (`largest_insert` into `insert_rows` slots), "decode" (over the whole cache). `params` may be
+        abstract, as for `Sampler.lower`; weights and state go where their programs put them, host arrays
+        everywhere."""
         placed = lambda shapes, shardings: jax.tree.map(  # noqa: E731
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
         cast = jax.jit(self.setup.decode_weights).lower(params).compile()
