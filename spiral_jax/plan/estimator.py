@@ -13,7 +13,7 @@ from spiral_jax.plan.activations import activations, fused, logprob_pass, sampli
 from spiral_jax.plan.sizes import MeshShape, Workload, workload
 from spiral_jax.rl.samples import row_multiple
 from spiral_jax.sampling import bucket_length
-from spiral_jax.sampling.buckets import INSERT_ROWS
+from spiral_jax.sampling.buckets import insert_rows
 
 
 @dataclasses.dataclass
@@ -137,8 +137,8 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
         parts[f"kv {name}"], parts[f"prefill {name}"] = cache, prefill
         if work.continuous:
             labels[f"kv {name}"] = f"KV cache, {name}: a decode engine of {games} slots x {work.prompt_len + new}"
-            rows = min(games, INSERT_ROWS)
-            labels[f"prefill {name}"] = f"an insert's transients ({rows} slots' prompts over the cache), {name}"
+            labels[f"prefill {name}"] = (f"an insert's transients ({insert_rows(games)} slots' prompts over the "
+                                         f"cache), {name}")
         else:
             labels[f"kv {name}"] = f"KV cache, {name}: {games} games x {work.prompt_len + new} slots"
             labels[f"prefill {name}"] = f"prefill transients, {name}"
