@@ -152,21 +152,24 @@ def _attention_in_chunks(rules: Rules | None, q, k, v, q_slots, kv_mask):
 
 
 def _cache_write(cfg: ModelConfig, rules: Rules | None, cache: KVCache, layer, k, v, cache_start,
-                 row_slots) -> KVCache:
-    """Write a block's keys and values [B, T, KV, hd] into the layer's cache [layers, B, KV, slots, hd]:
-    at `cache_start` for all rows, or at each row's own `row_slots` [B, T] (consecutive per row).
+                 row_slots, cache_rows) -> KVCache:
+    """Write a block's keys and values [B, T, KV, hd] into the layer's cache [layers, rows, KV, slots, hd]:
+    at `cache_start` for all rows, or at each row's own `row_slots` [B, T] (consecutive per row), into
+    cache row `cache_rows[i]` [B] for block row i (None: row i).
 
     Per-row blocks of one token (decode) are scattered, or on TPU written by `decode_attention.write`
     (XLA's TPU scatter takes the cache in another layout); slots past the cache's end are dropped. Longer
     ones (prefill) are written row by row in place, which XLA:CPU runs far faster than a scatter (one
     update at a time) or a gather and select over the row; their slots must lie inside the cache.
     """
+    rows = jnp.arange(k.shape[0]) if cache_rows is None else cache_rows
     if k.shape[1] == 1 and row_slots is not None:
-        written = decode_attention.write(cfg.attention, rules, CACHE_AXES, cache.k, cache.v, layer, k[:, 0], v[:, 0],
-                                         row_slots[:, 0])
-        if written is not None:
-            return KVCache(*written)
-        rows, slots = jnp.arange(k.shape[0]), row_slots[:, 0]
+        if cache_rows is None:
+            written = decode_attention.write(cfg.attention, rules, CACHE_AXES, cache.k, cache.v, layer, k[:, 0],
+                                             v[:, 0], row_slots[:, 0])
+            if written is not None:
+                return KVCache(*written)
+        slots = row_slots[:, 0]
         return KVCache(cache.k.at[layer, rows, :, slots].set(k[:, 0].astype(cache.k.dtype), mode="drop"),
                        cache.v.at[layer, rows, :, slots].set(v[:, 0].astype(cache.v.dtype), mode="drop"))
     k, v = (x.swapaxes(1, 2).astype(c.dtype) for x, c in ((k, cache.k), (v, cache.v)))  # [B, KV, T, hd]
@@ -176,7 +179,7 @@ def _cache_write(cfg: ModelConfig, rules: Rules | None, cache: KVCache, layer, k
                        jax.lax.dynamic_update_slice(cache.v, v[None], start))
 
     def write(i, c: KVCache) -> KVCache:
-        start = (layer, i, 0, row_slots[i, 0], 0)
+        start = (layer, rows[i], 0, row_slots[i, 0], 0)
         return KVCache(jax.lax.dynamic_update_slice(c.k, k[i][None, None], start),
                        jax.lax.dynamic_update_slice(c.v, v[i][None, None], start))
 
@@ -184,7 +187,7 @@ def _cache_write(cfg: ModelConfig, rules: Rules | None, cache: KVCache, layer, k
 
 
 def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positions, kv_mask, cache,
-           cache_start, kv_len, last_only):
+           cache_start, cache_rows, kv_len, last_only):
     """One pre-norm decoder layer. Returns the new residual stream and (possibly updated) cache.
 
     last_only: after writing the block's keys and values to the cache, carry on with its last position
@@ -219,7 +222,7 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
     if cache is None:
         out = attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), q_slots, kv_mask) if fused is None else fused
     else:
-        cache = _cache_write(cfg, rules, cache, layer, k, v, cache_start, q_slots if per_row else None)
+        cache = _cache_write(cfg, rules, cache, layer, k, v, cache_start, q_slots if per_row else None, cache_rows)
         # Slots past the block hold no keys yet, so attention reads the filled prefix only where its
         # length is static: the caller's kv_len, or the block's end when its place is known at trace
         # time (prefill). A 2k prompt in a 6k cache then scores 2k keys, not 6k.
@@ -229,15 +232,17 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
             fused = None if fused is None else fused[:, -1:]
         if fused is not None:
             out = fused
-        elif cpu.kernel_attention_fits(q, cache.k, local=rules is None):
+        elif cache_rows is None and cpu.kernel_attention_fits(q, cache.k, local=rules is None):
             out = cpu.kernel_attention(q, cache.k, cache.v, layer, _allowed(kv_mask[:, :seen], q_slots)[:, 0],
                                        MASKED)
         else:
-            out = decode_attention.attend(cfg.attention, rules, CACHE_AXES, q, cache.k, cache.v, layer,
-                                          _allowed(kv_mask[:, :seen], q_slots), q_slots, MASKED)
-            if out is None:
-                out = _attention_in_chunks(rules, q, cache.k[layer, :, :, :seen].astype(dt),
-                                           cache.v[layer, :, :, :seen].astype(dt), q_slots, kv_mask[:, :seen])
+            out = None if cache_rows is not None else decode_attention.attend(
+                cfg.attention, rules, CACHE_AXES, q, cache.k, cache.v, layer, _allowed(kv_mask[:, :seen], q_slots),
+                q_slots, MASKED)
+            if out is None:  # the layer's window of the block's rows
+                window = lambda c: (c[layer, :, :, :seen] if cache_rows is None  # noqa: E731
+                                    else c[layer, cache_rows, :, :seen]).astype(dt)
+                out = _attention_in_chunks(rules, q, window(cache.k), window(cache.v), q_slots, kv_mask[:, :seen])
     attn = proj("o", out, n_in=2)
     if cfg.o_bias:
         attn = attn + w("o_bias")
@@ -254,7 +259,8 @@ def _per_layer(stack, num_layers: int) -> list:
 
 
 def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache | None = None,
-            cache_start=0, rules: Rules | None = None, kv_len: int | None = None, last_only: bool = False):
+            cache_start=0, rules: Rules | None = None, kv_len: int | None = None, last_only: bool = False,
+            cache_rows: jax.Array | None = None):
     """Run the layer stack on `tokens` [B, T]; returns (final-normed hidden [B, T, D], cache). The
     layers run as the parameters hold them: stacked (scan_layers) under `lax.scan`, a per-layer list
     unrolled. A decode step (one token a row, with a cache) on a GPU runs a stack unrolled too, each
@@ -267,6 +273,9 @@ def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache
     without a cache and S = cache slots with one (the caller marks the new block's slots too).
     cache_start (with a cache): the slot of the block's first token, one for all rows, or a [B] array
     of per-row slots (the decode engine's rows each sit at their own length).
+    cache_rows (with per-row slots): [B] the cache row each block row writes and attends over, for a
+    block of fewer rows than the cache (an engine's insert prefills a few of its slots in place); the
+    block's kv_mask then spans the cache's slots. None: block row i is cache row i.
     kv_len (static, with a cache): attend over the first kv_len slots only; no later slot may hold a key.
     last_only (with a cache; a prefill that needs the next token only): the hidden state may come back
     for the last position alone, [B, 1, D]. With a per-layer list, the last layer then runs its
@@ -284,8 +293,8 @@ def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache
     inv_freq = rope_inv_freq(cfg)
 
     def block(x, p, layer, cache, last_only):
-        return _block(cfg, rules, inv_freq, x, p, layer, positions, kv_mask, cache, cache_start, kv_len,
-                      last_only)
+        return _block(cfg, rules, inv_freq, x, p, layer, positions, kv_mask, cache, cache_start, cache_rows,
+                      kv_len, last_only)
 
     if cfg.remat:
         block = jax.checkpoint(block, static_argnums=(4,))

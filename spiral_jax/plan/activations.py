@@ -107,9 +107,9 @@ def sampling(cfg: ModelConfig, w: Workload, mesh: MeshShape, games: int, new_tok
     """(KV cache, prefill transients) per device for one generate call over `games` prompts, or with
     the continuous schedule (`Workload.continuous`) for a decode engine of `games` slots: its largest
     transients are an insert's (`largest_insert` into `insert_rows` slots), those rows' prompts
-    prefilled into a copy of their caches (with a block's slack), attending by XLA's attention (the
-    rows start at slots of their own, which the fused kernels do not take) in chunks of queries
-    (`query_chunk`)."""
+    prefilled in place into their rows of the cache, attending by XLA's attention (the rows start at
+    slots of their own, which the fused kernels do not take) over a layer's window of those rows,
+    gathered, in chunks of queries (`query_chunk`)."""
     cb = jnp.dtype(cfg.compute_dtype).itemsize
     dp = mesh.batch_shards
     batch = batch_bucket(games, dp)
@@ -121,12 +121,12 @@ def sampling(cfg: ModelConfig, w: Workload, mesh: MeshShape, games: int, new_tok
         tokens, window = largest_insert(plen, 16, slots)  # prompts bucketed from 16 tokens, as `plen`
         rows = _split(insert_rows(batch), dp)
         scores = rows * heads * query_chunk(tokens, window, rows, heads) * window * 4
-        rows_copy, b = cache * rows // b * (slots + tokens) // slots, rows
+        windows, b = 2 * rows * kv * window * cfg.head_dim * cb, rows
     else:  # the prefill attends over the prompt only
-        scores, rows_copy = 0 if fused_attention else b * heads * query_chunk(plen, plen, b, heads) * plen * 4, 0
+        scores, windows = 0 if fused_attention else b * heads * query_chunk(plen, plen, b, heads) * plen * 4, 0
     attention = 2 * scores + 2 * b * plen * (heads + 2 * kv) * cfg.head_dim * cb
     mlp = 3 * b * plen * _split(cfg.intermediate_size, t) * cb
     # One layer's share of the cache, the last position's fp32 logits, and what the call returns.
     rest = (2 * b * plen * cfg.hidden_size * cb + cache // cfg.num_layers + 2 * b * _split(cfg.vocab_size, t) * 4
-            + batch * sampler_row_bytes(cfg, w.lora_merged, plen, slots) + rows_copy)
+            + batch * sampler_row_bytes(cfg, w.lora_merged, plen, slots) + windows)
     return int(cache), int(max(attention, mlp) + rest)

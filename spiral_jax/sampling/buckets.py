@@ -5,10 +5,10 @@ from __future__ import annotations
 
 # Decode stages (see attention_windows): the factor each window grows by over the one before.
 _WINDOW_GROWTH = 4
-# The most prompts a decode engine's insert prefills at once; more wait for the next insert. The
-# insert works on a copy of its rows' caches, so this bounds its transients (an insert into 32 slots
-# of Qwen3-4B's 6k-slot cache would copy 36 GiB), while 8 prompts of a few hundred tokens are
-# already enough rows for its products to be compute-bound.
+# The most prompts a decode engine's insert prefills at once; more wait for the next insert. Its
+# transients grow with its rows (each layer gathers their windows of the cache to attend over, and
+# holds their activations), while 8 prompts of a few hundred tokens are already enough rows for its
+# products to be compute-bound.
 INSERT_ROWS = 8
 
 

@@ -233,24 +233,28 @@ class DecodeEngine:
                 raise ValueError(f"{len(requests)} requests for {len(free)} free slots")
         self.setup.check_prompts([r.prompt for r in requests])
         settings = [self._settings(r) for r in requests]
-        starts, blocks = [], []
+        starts = []
         for r, slot in zip(requests, chosen):
             prompt = list(r.prompt)
-            reuse = _common_prefix(self.cached[slot], prompt, len(prompt) - 1)
-            starts.append(reuse)
-            blocks.append(prompt[reuse:])
+            starts.append(_common_prefix(self.cached[slot], prompt, len(prompt) - 1))
             self.cached[slot], self.busy[slot] = prompt, dataclasses.replace(r, slot=slot)
             self.lengths[slot] = len(prompt)
         params = self.setup.place(params)
+        reused = 0
         for first in range(0, len(requests), INSERT_ROWS):  # bounded transients: see INSERT_ROWS
             group = slice(first, first + INSERT_ROWS)
-            self._prefill(params, requests[group], chosen[group], starts[group], blocks[group], settings[group])
-        self.stats += DecodeStats(time.perf_counter() - start, prefilled_tokens=sum(map(len, blocks)),
-                                  reused_tokens=sum(starts))
+            reused += self._prefill(params, requests[group], chosen[group], starts[group], settings[group])
+        self.stats += DecodeStats(time.perf_counter() - start, reused_tokens=reused,
+                                  prefilled_tokens=sum(len(r.prompt) for r in requests) - reused)
 
-    def _prefill(self, params, requests, chosen, starts, blocks, settings) -> None:
-        """One insert program: each block after its slot's first `starts` cached tokens."""
-        k, t = insert_rows(len(requests)), bucket_length(max(map(len, blocks)), self.setup.min_prompt_bucket)
+    def _prefill(self, params, requests, chosen, starts, settings) -> int:
+        """One insert program: each prompt after the first `starts` tokens its slot's cache holds, or
+        fewer where the block would run past the cache's end (the padded block is written whole).
+        Returns how many cached tokens it reused."""
+        t = bucket_length(max(len(r.prompt) - s for r, s in zip(requests, starts)), self.setup.min_prompt_bucket)
+        starts = [min(s, self.cache_len - t) for s in starts]
+        blocks = [list(r.prompt[s:]) for r, s in zip(requests, starts)]
+        k = insert_rows(len(requests))
         block = np.zeros((k, t), np.int32)
         lens, start_arr, slot_ids, top_k, max_new = np.zeros((5, k), np.int32)
         (seeds, row_ids), (temperature, top_p) = np.zeros((2, k), np.uint32), np.zeros((2, k), np.float32)
@@ -263,6 +267,7 @@ class DecodeEngine:
         window = self._window(int(start_arr.max()) + t)
         self.state = self._programs.insert(params, self.state, slot_ids, block, lens, start_arr, seeds, row_ids,
                                            (temperature, top_k, top_p, max_new), window=window)
+        return sum(starts)
 
     def decode(self, params) -> list[Finished]:
         """Run decode steps until some rows finish; return them (their slots are free again)."""
@@ -334,34 +339,25 @@ def _programs(cfg, rules, mode: str, stop_ids: tuple[int, ...], slots: int, cach
 
     def insert(params, state: EngineState, slot_ids, block, lens, starts, seeds, row_ids, settings, window):
         """Prefill `block` [k, T] (each row's new tokens, right-padded) after each slot's first `starts`
-        cached tokens, attending over the first `window` cache slots; sample each first token and make
-        the slots live. settings: each row's (temperature, top_k, top_p, max_new). Rows past the
-        requests repeat the first one (same slot, same values)."""
+        cached tokens, in place in the slots' rows of the cache (every block lies inside it), attending
+        over the first `window` cache slots; sample each first token and make the slots live. settings:
+        each row's (temperature, top_k, top_p, max_new). Rows past the requests repeat the first one
+        (same slot, same values)."""
         temperature, top_k, top_p, max_new = settings
         k, t = block.shape
-        # The rows' caches, with t slots of slack at the end: every row's block then fits (prefill writes
-        # must lie inside the cache) wherever it starts.
-        take = lambda x: jnp.pad(jnp.take(x, slot_ids, axis=1), ((0, 0), (0, 0), (0, 0), (0, t), (0, 0)))  # noqa: E731
-        cache = KVCache(take(state.cache.k), take(state.cache.v))
         ends = starts + lens
-        mask = jnp.arange(cache_len + t)[None, :] < ends[:, None]
+        mask = jnp.arange(cache_len)[None, :] < ends[:, None]
         positions = starts[:, None] + jnp.arange(t)[None, :]
-        hidden, cache = decoder(params, cfg, block, positions, mask, cache, starts, rules, kv_len=window)
+        hidden, cache = decoder(params, cfg, block, positions, mask, state.cache, starts, rules, kv_len=window,
+                                cache_rows=slot_ids)
         last = hidden[jnp.arange(k), lens - 1]
         keys = jax.vmap(lambda s, r: jax.random.fold_in(jax.random.key(s), r))(seeds, row_ids)
         token, lp, raw = pick(logits(params, last), jax.vmap(jax.random.fold_in, (0, None))(keys, 0), temperature,
                               top_k, top_p)
         put = lambda x, new: x.at[slot_ids].set(new)  # noqa: E731
         first = lambda new: jnp.zeros((k, budget), new.dtype).at[:, 0].set(new)  # noqa: E731
-
-        def write_back(i, full):  # row by row in place: XLA:CPU runs a scatter one element at a time
-            return KVCache(*(jax.lax.dynamic_update_slice_in_dim(
-                f, jax.lax.dynamic_slice_in_dim(c[:, :, :, :cache_len], i, 1, 1), slot_ids[i], 1)
-                for f, c in zip(full, cache)))
-
         return EngineState(
-            jax.lax.fori_loop(0, k, write_back, state.cache),
-            put(state.length, ends), put(state.last, token), put(state.step, jnp.ones_like(token)),
+            cache, put(state.length, ends), put(state.last, token), put(state.step, jnp.ones_like(token)),
             put(state.done, row_stops(token, 1, max_new, stop_ids)), put(state.keys, keys),
             put(state.tokens, first(token)), put(state.logprobs, first(lp)), put(state.raw_logprobs, first(raw)),
             put(state.temperature, temperature), put(state.top_k, top_k), put(state.top_p, top_p),

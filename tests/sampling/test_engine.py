@@ -146,6 +146,27 @@ def test_a_slot_reuses_the_shared_prefix_exactly(params):
     assert used.prefilled_tokens == sum(map(len, second)) and used.prefill_saved == 0
 
 
+def test_a_block_near_the_cache_end_reuses_less_of_the_prefix(params):
+    """An insert writes its padded block into the slot's cache row in place, so the block must lie inside
+    the cache: a prompt that reuses almost all of a long cached prefix, with the block bucketed to 16
+    tokens, starts its block earlier (re-prefilling part of the prefix) and samples what generate does;
+    the other row of the same insert keeps its whole prefix."""
+    sp = SamplingParams(max_new_tokens=4, temperature=0.9, top_p=0.95)  # 4 tokens a prompt
+    sampler = Sampler(CFG, max_prompt_len=63, max_cache_len=128)
+    engine = DecodeEngine(sampler, sp, 2)
+    assert engine.cache_len == 68
+    rng = np.random.default_rng(4)
+    first = [rng.integers(8, 64, 56).tolist(), rng.integers(8, 64, 30).tolist()]
+    done = _run(engine, params, [Request(p, 1, i, slot=i) for i, p in enumerate(first)])
+    second = [first[0] + done[0].tokens[:-1] + [9, 10, 11, 12], first[1] + done[1].tokens[:-1] + [9]]
+    assert len(second[0]) == 63
+    before = engine.stats.reused_tokens
+    got = _run(engine, params, [Request(p, 2, i, slot=i) for i, p in enumerate(second)])
+    _assert_same(got, sampler.generate(params, second, sp, seed=2, row_ids=range(2)), range(2))
+    # 59 tokens cached in slot 0, but a 16-token block from there would end past slot 68: it starts at 52.
+    assert engine.stats.reused_tokens - before == (68 - 16) + len(second[1]) - 1
+
+
 def test_inserts_past_the_score_budget_attend_in_query_chunks_alike(params, monkeypatch):
     """An insert whose fp32 scores would pass `transformer.SCORE_BYTES` attends in chunks of its
     queries, one after another: the same tokens and log-probs as generate's prefill at once, for fresh
