@@ -160,7 +160,8 @@ def _cache_write(cfg: ModelConfig, rules: Rules | None, cache: KVCache, layer, k
     Per-row blocks of one token (decode) are scattered, or on TPU written by `decode_attention.write`
     (XLA's TPU scatter takes the cache in another layout); slots past the cache's end are dropped. Longer
     ones (prefill) are written row by row in place, which XLA:CPU runs far faster than a scatter (one
-    update at a time) or a gather and select over the row; their slots must lie inside the cache.
+    update at a time) or a gather and select over the row; their slots past the cache's end are
+    dropped too (a bucketed block's padding after a long reused prefix).
     """
     rows = jnp.arange(k.shape[0]) if cache_rows is None else cache_rows
     if k.shape[1] == 1 and row_slots is not None:
@@ -178,10 +179,21 @@ def _cache_write(cfg: ModelConfig, rules: Rules | None, cache: KVCache, layer, k
         return KVCache(jax.lax.dynamic_update_slice(cache.k, k[None], start),
                        jax.lax.dynamic_update_slice(cache.v, v[None], start))
 
+    t, slots = k.shape[2], cache.k.shape[3]
+
     def write(i, c: KVCache) -> KVCache:
-        start = (layer, rows[i], 0, row_slots[i, 0], 0)
-        return KVCache(jax.lax.dynamic_update_slice(c.k, k[i][None, None], start),
-                       jax.lax.dynamic_update_slice(c.v, v[i][None, None], start))
+        # A padded block that would run past the cache's end (its padding would; the row's tokens fit) is
+        # written as the t slots that end the cache: the block moved up by `shift`, and the slots before
+        # the row's start left as they were.
+        fits = jnp.minimum(row_slots[i, 0], slots - t)
+        shift, at = row_slots[i, 0] - fits, (layer, rows[i], 0, fits, 0)
+
+        def put(full, new):
+            old = jax.lax.dynamic_slice(full, at, (1, 1, *new.shape))[0, 0]
+            new = jnp.where(jnp.arange(t)[:, None] < shift, old, jnp.roll(new, shift, axis=1))
+            return jax.lax.dynamic_update_slice(full, new[None, None], at)
+
+        return KVCache(put(c.k, k[i]), put(c.v, v[i]))
 
     return jax.lax.fori_loop(0, k.shape[0], write, cache)
 

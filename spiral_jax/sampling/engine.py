@@ -233,28 +233,24 @@ class DecodeEngine:
                 raise ValueError(f"{len(requests)} requests for {len(free)} free slots")
         self.setup.check_prompts([r.prompt for r in requests])
         settings = [self._settings(r) for r in requests]
-        starts = []
+        starts, blocks = [], []
         for r, slot in zip(requests, chosen):
             prompt = list(r.prompt)
-            starts.append(_common_prefix(self.cached[slot], prompt, len(prompt) - 1))
+            reuse = _common_prefix(self.cached[slot], prompt, len(prompt) - 1)
+            starts.append(reuse)
+            blocks.append(prompt[reuse:])
             self.cached[slot], self.busy[slot] = prompt, dataclasses.replace(r, slot=slot)
             self.lengths[slot] = len(prompt)
         params = self.setup.place(params)
-        reused = 0
         for first in range(0, len(requests), INSERT_ROWS):  # bounded transients: see INSERT_ROWS
             group = slice(first, first + INSERT_ROWS)
-            reused += self._prefill(params, requests[group], chosen[group], starts[group], settings[group])
-        self.stats += DecodeStats(time.perf_counter() - start, reused_tokens=reused,
-                                  prefilled_tokens=sum(len(r.prompt) for r in requests) - reused)
+            self._prefill(params, requests[group], chosen[group], starts[group], blocks[group], settings[group])
+        self.stats += DecodeStats(time.perf_counter() - start, prefilled_tokens=sum(map(len, blocks)),
+                                  reused_tokens=sum(starts))
 
-    def _prefill(self, params, requests, chosen, starts, settings) -> int:
-        """One insert program: each prompt after the first `starts` tokens its slot's cache holds, or
-        fewer where the block would run past the cache's end (the padded block is written whole).
-        Returns how many cached tokens it reused."""
-        t = bucket_length(max(len(r.prompt) - s for r, s in zip(requests, starts)), self.setup.min_prompt_bucket)
-        starts = [min(s, self.cache_len - t) for s in starts]
-        blocks = [list(r.prompt[s:]) for r, s in zip(requests, starts)]
-        k = insert_rows(len(requests))
+    def _prefill(self, params, requests, chosen, starts, blocks, settings) -> None:
+        """One insert program: each block after its slot's first `starts` cached tokens."""
+        k, t = insert_rows(len(requests)), bucket_length(max(map(len, blocks)), self.setup.min_prompt_bucket)
         block = np.zeros((k, t), np.int32)
         lens, start_arr, slot_ids, top_k, max_new = np.zeros((5, k), np.int32)
         (seeds, row_ids), (temperature, top_p) = np.zeros((2, k), np.uint32), np.zeros((2, k), np.float32)
@@ -267,7 +263,6 @@ class DecodeEngine:
         window = self._window(int(start_arr.max()) + t)
         self.state = self._programs.insert(params, self.state, slot_ids, block, lens, start_arr, seeds, row_ids,
                                            (temperature, top_k, top_p, max_new), window=window)
-        return sum(starts)
 
     def decode(self, params) -> list[Finished]:
         """Run decode steps until some rows finish; return them (their slots are free again)."""
@@ -339,7 +334,7 @@ def _programs(cfg, rules, mode: str, stop_ids: tuple[int, ...], slots: int, cach
 
     def insert(params, state: EngineState, slot_ids, block, lens, starts, seeds, row_ids, settings, window):
         """Prefill `block` [k, T] (each row's new tokens, right-padded) after each slot's first `starts`
-        cached tokens, in place in the slots' rows of the cache (every block lies inside it), attending
+        cached tokens, in place in the slots' rows of the cache, attending
         over the first `window` cache slots; sample each first token and make the slots live. settings:
         each row's (temperature, top_k, top_p, max_new). Rows past the requests repeat the first one
         (same slot, same values)."""

@@ -146,11 +146,11 @@ def test_a_slot_reuses_the_shared_prefix_exactly(params):
     assert used.prefilled_tokens == sum(map(len, second)) and used.prefill_saved == 0
 
 
-def test_a_block_near_the_cache_end_reuses_less_of_the_prefix(params):
-    """An insert writes its padded block into the slot's cache row in place, so the block must lie inside
-    the cache: a prompt that reuses almost all of a long cached prefix, with the block bucketed to 16
-    tokens, starts its block earlier (re-prefilling part of the prefix) and samples what generate does;
-    the other row of the same insert keeps its whole prefix."""
+def test_a_block_past_the_cache_end_keeps_its_reused_prefix(params):
+    """An insert writes its padded block into the slot's cache row in place: a prompt that reuses almost
+    all of a long cached prefix, its block bucketed to 16 tokens, has padding past the cache's end. The
+    row's tokens land at their slots, the prefix stays as it was, and the row samples what generate
+    does; so does the other row of the same insert, whose block fits."""
     sp = SamplingParams(max_new_tokens=4, temperature=0.9, top_p=0.95)  # 4 tokens a prompt
     sampler = Sampler(CFG, max_prompt_len=63, max_cache_len=128)
     engine = DecodeEngine(sampler, sp, 2)
@@ -163,8 +163,8 @@ def test_a_block_near_the_cache_end_reuses_less_of_the_prefix(params):
     before = engine.stats.reused_tokens
     got = _run(engine, params, [Request(p, 2, i, slot=i) for i, p in enumerate(second)])
     _assert_same(got, sampler.generate(params, second, sp, seed=2, row_ids=range(2)), range(2))
-    # 59 tokens cached in slot 0, but a 16-token block from there would end past slot 68: it starts at 52.
-    assert engine.stats.reused_tokens - before == (68 - 16) + len(second[1]) - 1
+    # Slot 0 reuses its 59 cached tokens: a 16-token block from slot 59 would end at 75, past slot 68.
+    assert engine.stats.reused_tokens - before == 59 + len(second[1]) - 1
 
 
 def test_inserts_past_the_score_budget_attend_in_query_chunks_alike(params, monkeypatch):
