@@ -26,8 +26,8 @@ the keys and values of every row's prompt bucket and tokens so far, read once pe
 memory bandwidth) at batch 1 and at the rollout's batch, the train step's MFU (model FLOPs: 6 x
 (non-embedding parameters x tokens + unembedding x response tokens) plus causal attention, per
 epoch, over the device's peak), and the peak memory against `spiral-jax plan`'s estimate. Every phase
-is timed less the XLA compiling done in it: the first step compiles, and a later one may still meet
-a new bucket. The figures are the last step's (`--steps`, default 2). On a GPU the batch-1 decode
+is timed less the time JAX spent making programs in it (tracing, lowering, XLA's compiling): the
+first step compiles, and a later one may still meet a new bucket. The figures are the last step's (`--steps`, default 2). On a GPU the batch-1 decode
 is also traced (jax.profiler): the kernels a step, the time they keep the GPU busy against the
 step's time (the rest is launch gaps and host work), and the kernels that take the most. Bandwidth and peak FLOP/s
 come from a table of data sheets by device kind, else from flags, else (CPU) measured here.
@@ -137,23 +137,33 @@ def geometric_lengths(mean_tokens: float, cap: int) -> tuple[float, float]:
 
 
 class CompileSeconds:
-    """Seconds XLA has spent compiling (or loading from the persistent cache) in this process. The
-    timers below leave them out: a phase's time is that of its compiled programs."""
+    """Seconds JAX has spent making programs in this process: tracing them, lowering them and XLA's
+    compiling (or loading from the persistent cache), a trace nested in another (a jitted function
+    called while tracing) counted once. The timers below leave them out: a phase's time is that of
+    its programs. Without tracing and lowering, a schedule that meets many new shapes in a step (a
+    decode engine's inserts) would have seconds of tracing counted as its prefill."""
+
+    EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+              "/jax/core/compile/backend_compile_duration")
 
     def __init__(self):
-        self.total = 0.0
+        self.intervals = []
         jax.monitoring.register_event_duration_secs_listener(self._on_event)
 
     def _on_event(self, event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            self.total += duration
+        if event in self.EVENTS:  # reported as it ends
+            self.intervals.append((event, time.perf_counter() - duration, duration))
+
+    @property
+    def total(self) -> float:
+        return busy_time(self.intervals)
 
 
 COMPILES = CompileSeconds()
 
 
 def run_timed(fn, *args, **kwargs):
-    """(fn's result, its seconds less the compiling it did, the compiling's seconds)."""
+    """(fn's result, its seconds less the program making it did, that making's seconds)."""
     start, compiled = time.perf_counter(), COMPILES.total
     out = fn(*args, **kwargs)
     compiled = COMPILES.total - compiled
@@ -221,7 +231,7 @@ class Probes:
 
 
 class Played:
-    """The games of each step's collection (`Trainer.collect`), and the seconds it spent compiling."""
+    """The games of each step's collection (`Trainer.collect`), and the seconds it spent making programs."""
 
     def __init__(self, trainer):
         self.collect, self.games, self.compiled = trainer.collect, [], 0.0
@@ -398,14 +408,14 @@ def main():
             probes.reset()
             metrics, _, compiled = run_timed(trainer.train_step)
             print(f"step {step} of {args.steps}: {metrics['time/step']:.1f} s, of which "
-                  f"{compiled:.1f} s compiling {int(metrics['compile/new_executables'])} programs")
+                  f"{compiled:.1f} s tracing and compiling {int(metrics['compile/new_executables'])} programs")
         report(trainer, c, args, metrics, compiled, probes, bandwidth, peak, reads)
         trainer.ckpt.close()
         trainer.writer.close()
 
 
 def report(trainer, c, args, metrics, compiled, probes, bandwidth, peak, reads):
-    """Print the last step's figures, less the time XLA spent compiling; the last line sums them up."""
+    """Print the last step's figures, less the time spent making programs; the last line sums them up."""
     devices = jax.device_count()
     params = trainer.to_sampler(trainer.state.train.params)
     step = metrics["time/step"] - compiled
@@ -431,7 +441,7 @@ def print_phases(trainer, c, metrics, compiled, probes, params, step, sampling):
     parts = {"prefill": prefill, "decode": sampling - prefill, "host and games": metrics["time/env"],
              **probes.update.seconds}
     parts["hand-over, packing, metrics"] = step - sum(parts.values())
-    print(f"\nthe last step{f', less {compiled:.1f} s of compiling' if compiled else ''}:")
+    print(f"\nthe last step{f', less {compiled:.1f} s of tracing and compiling' if compiled else ''}:")
     for name, seconds in parts.items():
         print(f"  {name:28s} {seconds:9.2f} s {seconds / step:6.1%}")
     print(f"  {'step':28s} {step:9.2f} s")
@@ -466,10 +476,11 @@ def gpu_kernels(fn) -> tuple[list[tuple[str, float, float]], str]:
     return kernels, "" if kernels else f"no GPU kernels in the trace (its GPU lines: {[x.name for x in lines]})"
 
 
-def busy_ns(kernels) -> float:
-    """Nanoseconds in which at least one of the kernels ran: the union of their intervals."""
+def busy_time(intervals) -> float:
+    """The time in which at least one of the (name, start, duration) intervals ran (kernels, program
+    making), in their unit: the union of the intervals."""
     total, end = 0.0, -math.inf
-    for _, start, duration in sorted(kernels, key=lambda k: k[1]):
+    for _, start, duration in sorted(intervals, key=lambda k: k[1]):
         if start + duration > end:
             total += start + duration - max(start, end)
             end = start + duration
@@ -485,7 +496,7 @@ def print_kernels(run, steps: int, step_s: float) -> None:
         print(f"  kernels of a decode step: {note}")
         return
     count = (len(many) - len(one)) / (steps - 1)
-    busy = (busy_ns(many) - busy_ns(one)) / (steps - 1) / 1e9
+    busy = (busy_time(many) - busy_time(one)) / (steps - 1) / 1e9
     by_name = {}
     for name, _, duration in many:
         by_name[name] = by_name.get(name, 0.0) + duration / (steps - 1) / 1e3

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -68,10 +69,35 @@ def test_the_stop_token_is_drawn_with_the_stated_probability():
 
 def test_busy_time_is_the_union_of_the_kernels_intervals():
     """The GPU-busy time of a decode step's trace counts overlapping kernels (several streams) once."""
-    busy_ns = _bench_module().busy_ns
-    assert busy_ns([]) == 0
-    assert busy_ns([("a", 0, 10), ("b", 20, 5)]) == 15
-    assert busy_ns([("a", 0, 10), ("b", 5, 10), ("c", 30, 1), ("d", 2, 3)]) == 16
+    busy_time = _bench_module().busy_time
+    assert busy_time([]) == 0
+    assert busy_time([("a", 0, 10), ("b", 20, 5)]) == 15
+    assert busy_time([("a", 0, 10), ("b", 5, 10), ("c", 30, 1), ("d", 2, 3)]) == 16
+
+
+def test_program_making_counts_tracing_once():
+    """The seconds left out of every phase include tracing (an engine's inserts meet new shapes within a
+    step), never more than the call took; events that overlap (one made while another is) count once."""
+    bench = _bench_module()
+    made = bench.CompileSeconds()
+
+    def slow_to_trace(x):
+        time.sleep(0.3)  # runs while tracing only
+        return x + 1
+
+    program = jax.jit(slow_to_trace)
+    before, start = made.total, time.perf_counter()
+    assert float(program(np.float32(1))) == 2
+    took, counted = time.perf_counter() - start, made.total - before
+    assert 0.3 <= counted <= took, (counted, took)
+    before = made.total
+    program(np.float32(2))  # compiled already: nothing made
+    assert made.total == before
+    time.sleep(0.6)  # past everything made so far
+    made._on_event(bench.CompileSeconds.EVENTS[2], 0.2)  # inside the next one, which ends after it
+    made._on_event(bench.CompileSeconds.EVENTS[0], 0.5)
+    made._on_event("/jax/some/other_duration", 9.0)
+    assert abs(made.total - before - 0.5) < 0.01
 
 
 def test_the_kernel_line_says_where_a_decode_step_goes(monkeypatch, capsys):
