@@ -334,10 +334,9 @@ def _programs(cfg, rules, mode: str, stop_ids: tuple[int, ...], slots: int, cach
 
     def insert(params, state: EngineState, slot_ids, block, lens, starts, seeds, row_ids, settings, window):
         """Prefill `block` [k, T] (each row's new tokens, right-padded) after each slot's first `starts`
-        cached tokens, in place in the slots' rows of the cache, attending
-        over the first `window` cache slots; sample each first token and make the slots live. settings:
-        each row's (temperature, top_k, top_p, max_new). Rows past the requests repeat the first one
-        (same slot, same values)."""
+        cached tokens, in place in the slots' rows of the cache, attending over the first `window` cache
+        slots; sample each first token and make the slots live. settings: each row's (temperature,
+        top_k, top_p, max_new). Rows past the requests repeat the first one (same slot, same values)."""
         temperature, top_k, top_p, max_new = settings
         k, t = block.shape
         ends = starts + lens
