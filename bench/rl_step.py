@@ -27,10 +27,11 @@ memory bandwidth) at batch 1 and at the rollout's batch, the train step's MFU (m
 (non-embedding parameters x tokens + unembedding x response tokens) plus causal attention, per
 epoch, over the device's peak), and the peak memory against `spiral-jax plan`'s estimate. Every phase
 is timed less the time JAX spent making programs in it (tracing, lowering, XLA's compiling): the
-first step compiles, and a later one may still meet a new bucket. The figures are the last step's (`--steps`, default 2). On a GPU the batch-1 decode
-is also traced (jax.profiler): the kernels a step, the time they keep the GPU busy against the
-step's time (the rest is launch gaps and host work), and the kernels that take the most. Bandwidth and peak FLOP/s
-come from a table of data sheets by device kind, else from flags, else (CPU) measured here.
+first step compiles, and a later one may still meet a new bucket. The figures are the last step's
+(`--steps`, default 2). On a GPU the batch-1 decode is also traced (jax.profiler): the kernels a
+step, the time they keep the GPU busy against the step's time (the rest is launch gaps and host
+work), and the kernels that take the most. Bandwidth and peak FLOP/s come from a table of data
+sheets by device kind, else from flags, else (CPU) measured here.
 
     python bench/rl_step.py --shape tiny                                    # CPU, seconds
     python bench/rl_step.py --config configs/kuhn_qwen3_4b_1xh200.py --hardware 1xH200   # Qwen3-4B
