@@ -28,7 +28,8 @@ memory bandwidth) at batch 1 and at the rollout's batch, the train step's MFU (m
 epoch, over the device's peak), and the peak memory against `spiral-jax plan`'s estimate. Every phase
 is timed less the time JAX spent making programs in it (tracing, lowering, XLA's compiling): the
 first step compiles, and a later one may still meet a new bucket. The figures are the last step's
-(`--steps`, default 2). On a GPU the batch-1 decode is also traced (jax.profiler): the kernels a
+(`--steps`, default 2; `--time_limit` skips the steps that would not end in time, so a run on a
+borrowed machine still reports). On a GPU the batch-1 decode is also traced (jax.profiler): the kernels a
 step, the time they keep the GPU busy against the step's time (the rest is launch gaps and host
 work), and the kernels that take the most. Bandwidth and peak FLOP/s come from a table of data
 sheets by device kind, else from flags, else (CPU) measured here.
@@ -376,6 +377,8 @@ def main():
     parser.add_argument("--bandwidth_tbs", type=float, help="memory bandwidth, TB/s")
     parser.add_argument("--peak_tflops", type=float, help="peak dense FLOP/s in the compute dtype, TFLOP/s")
     parser.add_argument("--hardware", help="the planner's hardware (default: this machine's devices)")
+    parser.add_argument("--time_limit", type=float, help="seconds: start no further step that would end "
+                        "past this, by the last step's time less its compiling; report the last one run")
     args = parser.parse_args()
     if args.steps < 1:
         parser.error("--steps must be >= 1")
@@ -385,6 +388,7 @@ def main():
     mean_tokens = args.mean_tokens or r.max_new_tokens / 4
     if mean_tokens <= 1:
         parser.error("--mean_tokens must be above 1")
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory() as out, stop_probability(c.model.random.vocab_size - 1, mean_tokens):
         c.out_dir = out
         tokenizer = StandInTokenizer(c.model.random.vocab_size, game_moves(c.games.env_ids))
@@ -410,9 +414,21 @@ def main():
             metrics, _, compiled = run_timed(trainer.train_step)
             print(f"step {step} of {args.steps}: {metrics['time/step']:.1f} s, of which "
                   f"{compiled:.1f} s tracing and compiling {int(metrics['compile/new_executables'])} programs")
+            expected = metrics["time/step"] - compiled
+            if step < args.steps and not fits(time.perf_counter() - started, expected, args.time_limit):
+                print(f"stopping after step {step}: another (about {expected:.0f} s) would end past "
+                      f"--time_limit {args.time_limit:g} s")
+                break
         report(trainer, c, args, metrics, compiled, probes, bandwidth, peak, reads)
         trainer.ckpt.close()
         trainer.writer.close()
+
+
+def fits(elapsed: float, expected: float, limit: float | None) -> bool:
+    """Whether a step expected to take `expected` seconds, started `elapsed` seconds into the run, ends
+    within `limit` (None: no limit). The expectation is a step run without compiling: a later step
+    meets few new shapes, while the first one's compiling would make any limit look too short."""
+    return limit is None or elapsed + expected <= limit
 
 
 def report(trainer, c, args, metrics, compiled, probes, bandwidth, peak, reads):

@@ -1,33 +1,27 @@
 #!/usr/bin/env bash
-# One RL step of the paper's Kuhn recipe on one NVIDIA GPU (an H200), in 12-18 minutes:
-#   1. scripts/gpu_attention_check.py (cuDNN fused attention against XLA's), when it exists: 1 min at
-#      most (its own estimate is about a minute; cut at 60 s so the benches keep their time);
-#   2. bench/rl_step.py at the Qwen3-0.6B and 1.7B shapes with the paper's sizes (128 samples, 64
-#      games per sampler call, micro-batch 8, 2 PPO epochs, bf16, remat) but responses capped at
-#      1024 new tokens (mean 256) instead of 4096, one step each: 2-3 min each (cut at 180 and
-#      210 s). Compiling is most of it: the rounds schedule compiles one sampler program per batch
-#      bucket (64 games down to 1) and prompt bucket, about ten, plus the train step and the
-#      old-log-prob pass; the bench leaves it out of every phase. A GPU's decode programs unroll the
-#      layers (docs/performance.md), which compiles about 3x longer than a scanned stack: an engine
-#      decode program of the 0.6B shape takes 8 s against 2.5 s on a 2-core CPU without a GPU
-#      (bench/decode_program.py). The step itself is 10-30 s at this cap;
-#   3. Qwen3-4B as the H200 preset (configs/kuhn_qwen3_4b_1xh200.py: micro-batch 4, 32 games per call;
-#      the recipe's micro-batch 8 and 64 games do not fit by the planner), two real steps at the same
-#      cap: 5-7 min (cut at 450 s), most of it compiling. The second step runs warm: the
-#      steady-state figures. Each 4B decode step reads 8 GB of weights and up to 6 GB of cache, some
-#      thousands of steps a rollout. At the full 4096-token cap the step alone is about 4-5 min by
-#      that arithmetic (four times the decode steps, each reading up to four times the cache), so it
-#      is not part of this run: the command printed at the end runs it (about 8 min).
-#   4. (part "continuous", not in the default) the Qwen3-0.6B step of part 2 with the continuous
-#      schedule, 16 decode slots for its 64 games (rollout.max_in_flight): the same tokens as the
-#      rounds step, so the two steps' times say whether the presets should use it (cut at 240 s: the
-#      engine compiles a decode program per attention window and a prefill per block size).
-# Logs go to $OUT (default /tmp/gpu_rl_step), one per part, and summary.txt collects each bench's
-# last line. Override a part's limit with ATTENTION_S, SMALL_S, CONTINUOUS_S, MEDIUM_S, PRESET_S,
-# the cap with NEW_TOKENS; PARTS picks parts (default "attention small medium preset"). A machine
-# that runs one command for at most 10 minutes takes it in two calls, the issue's targets first:
-# PARTS=preset (limit 480 s), then PARTS="attention small continuous" with the time left (summary.txt
-# is appended to). Run from the
+# One RL step of the paper's Kuhn recipe on one NVIDIA GPU (an H200), in parts; PARTS picks them.
+#   preset: Qwen3-4B as the H200 preset (configs/kuhn_qwen3_4b_1xh200.py: micro-batch 4, 32 games per
+#      call; the recipe's micro-batch 8 and 64 games do not fit by the planner), responses capped at
+#      1024 new tokens (mean 251), two steps, the issue's targets. Measured on two H200 machines: the
+#      first step took 317 and 409 s, of which 236 and 330 s tracing and compiling 10-11 programs
+#      (one sampler program per batch bucket and prompt bucket, each with its decode step unrolled
+#      over 36 layers, plus the train step and the old-log-prob pass), so about 80 s of step; a
+#      machine's start takes its seconds too. The bench starts the second step only if it ends by
+#      PRESET_S less 100 s (--time_limit), which leaves the report its time (its batch-1 decode
+#      compiles one more program). Limit PRESET_S, default 560 s.
+#   small: bench/rl_step.py at the Qwen3-0.6B shape with the paper's sizes (128 samples, 64 games per
+#      call, micro-batch 8, 2 PPO epochs, bf16, remat) at the same cap, one step (SMALL_S, 180 s).
+#   continuous: the step of part small with the continuous schedule, 16 decode slots for its 64
+#      games (rollout.max_in_flight): the same tokens as the rounds step, so the two steps' times say
+#      whether the presets should use it (CONTINUOUS_S, 240 s: the engine compiles a decode program
+#      per attention window and a prefill per block size).
+#   medium: part small at the Qwen3-1.7B shape (MEDIUM_S, 210 s).
+#   attention: scripts/gpu_attention_check.py, cuDNN fused attention against XLA's (ATTENTION_S, 60 s).
+# A session's 15 minutes of device time take two calls at most, the second at once (a machine idle
+# for 30 s is given back, and a fresh one compiles everything again): first PARTS=preset with
+# timeout_s 590, then PARTS=small with the time left; a later session PARTS="small continuous", then
+# PARTS="medium attention". Logs go to $OUT (default /tmp/gpu_rl_step), one per part, and
+# summary.txt collects each bench's last line (appended to); NEW_TOKENS changes the cap. Run from the
 # repository root with spiral_jax importable (pip install -e '.[cuda]', or PYTHONPATH=. where the
 # packages are already there). On a machine that cannot reach PyPI, put the wheels of what it lacks
 # in .whl/ (an image with JAX, flax and transformers lacks ml-collections: pip download --no-deps
@@ -56,7 +50,7 @@ run() {
   echo "$name ($*): $(tail -1 "$OUT/$name.log")" >> "$OUT/summary.txt"
 }
 
-PARTS=" ${PARTS:-attention small medium preset} "
+PARTS=" ${PARTS:-preset} "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 
 if want attention && [ -f scripts/gpu_attention_check.py ]; then
@@ -69,7 +63,9 @@ want small && run qwen3_0p6b "${SMALL_S:-180}" --shape 0.6b --max_new_tokens "$N
 want continuous && run qwen3_0p6b_continuous "${CONTINUOUS_S:-240}" --shape 0.6b --max_new_tokens "$NEW_TOKENS" \
   --steps 1 --schedule continuous --max_in_flight 16
 want medium && run qwen3_1p7b "${MEDIUM_S:-210}" --shape 1.7b --max_new_tokens "$NEW_TOKENS" --steps 1
-want preset && run qwen3_4b_1xh200 "${PRESET_S:-450}" --config configs/kuhn_qwen3_4b_1xh200.py --max_new_tokens "$NEW_TOKENS" --steps 2
+PRESET_S=${PRESET_S:-560}
+want preset && run qwen3_4b_1xh200 "$PRESET_S" --config configs/kuhn_qwen3_4b_1xh200.py --max_new_tokens "$NEW_TOKENS" \
+  --steps 2 --time_limit $((PRESET_S - 100))
 
 section "summary"
 cat "$OUT/summary.txt"

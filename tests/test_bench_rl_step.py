@@ -33,10 +33,14 @@ def test_tiny_step_prints_its_breakdown_and_the_summary_line():
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     # One CPU device, as a user's run has (the tests' 8 fake devices would shard the step 8 ways).
     env["XLA_FLAGS"] = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
-    result = subprocess.run([sys.executable, str(BENCH), "--shape", "tiny", "--steps", "1"], capture_output=True,
-                            text=True, timeout=300, env=env)
+    # A second step would pass the time limit, so the bench stops after the first and reports it.
+    result = subprocess.run([sys.executable, str(BENCH), "--shape", "tiny", "--steps", "2", "--time_limit", "1"],
+                            capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
+    assert re.search(r"^stopping after step 1: another \(about \d+ s\) would end past --time_limit 1 s$",
+                     result.stdout, re.M), result.stdout
+    assert "step 2 of 2" not in result.stdout
     match = LAST_LINE.fullmatch(lines[-1])
     assert match, lines[-1]
     step, decode, mfu, device_seconds = (float(x) for x in match.groups())
@@ -65,6 +69,13 @@ def test_the_stop_token_is_drawn_with_the_stated_probability():
     sampler = Sampler(TINY, max_prompt_len=16, max_cache_len=16 + 64)
     plain = np.array([len(t) for t in sampler.generate(params, prompts, sp, seed=0).tokens])
     assert plain.mean() > 3 * expected
+
+
+def test_a_step_fits_the_time_limit_by_its_time_less_compiling():
+    fits = _bench_module().fits
+    assert fits(500, 1000, None)
+    assert fits(300, 80, 400) and fits(320, 80, 400)
+    assert not fits(321, 80, 400)
 
 
 def test_busy_time_is_the_union_of_the_kernels_intervals():
