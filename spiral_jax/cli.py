@@ -281,7 +281,10 @@ def _run(command: str, c) -> int:
     if command == "eval":
         c = with_protocol(c, FLAGS.protocol)
     spec = run_spec(c, config_flags.get_config_filename(FLAGS["config"]))
+    from spiral_jax.compilation import use_persistent_cache
     from spiral_jax.distributed import initialize, is_leader
+
+    use_persistent_cache(c.compile_cache_dir)
 
     initialize(spec.distributed)
     if command == "train":

@@ -1,4 +1,5 @@
-"""A process-wide count of XLA compilations, so tests and logs can prove a hot loop never recompiles.
+"""XLA compilations: a process-wide count, so tests and logs can prove a hot loop never recompiles, and
+the persistent compilation cache that a later run loads its programs from.
 
 JAX reports a backend compile for every executable it builds, also one it loads from the persistent
 compilation cache (`jax_compilation_cache_dir`) instead: either way the in-memory jit cache missed,
@@ -6,6 +7,7 @@ which is what a hot loop must never do (tests/test_compilation.py checks both).
 """
 from __future__ import annotations
 
+import os
 import threading
 
 import jax
@@ -31,3 +33,20 @@ def compile_count() -> int:
             jax.monitoring.register_event_duration_secs_listener(_on_event)
             _installed = True
         return _count
+
+
+def use_persistent_cache(path: str) -> str | None:
+    """Keep compiled programs in `path` (local or gs://), so a run that meets the same programs again (a
+    resumed run, the next experiment on the same sizes) loads them instead of compiling: a real
+    model's first RL step spends minutes compiling on a GPU, its sampler's decode steps unrolled over
+    the layers. A directory already set (JAX_COMPILATION_CACHE_DIR or jax.config) wins; "" leaves
+    the cache off. JAX writes only programs that took a second or more to compile. Returns the
+    directory in use, or None. Call it before the first compile: JAX opens the cache once."""
+    current = jax.config.jax_compilation_cache_dir
+    if current or not path:
+        return current or None
+    if "://" not in path:
+        path = os.path.abspath(os.path.expanduser(path))
+        os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    return path

@@ -21,6 +21,9 @@ def base_config() -> ConfigDict:
     c = ConfigDict()
     c.seed = 0
     c.out_dir = "runs/spiral"
+    # XLA's persistent compilation cache for train, eval and serve (spiral_jax/compilation.py): a run
+    # that meets programs compiled before loads them. Empty: off; JAX_COMPILATION_CACHE_DIR wins.
+    c.compile_cache_dir = "~/.cache/spiral_jax/xla"
     # model.path: a Hugging Face checkpoint folder. Empty: a random model with the `random` shape.
     # model.attention: the self-attention kernel of training, scoring and prefill: auto (splash on TPU,
     # cuDNN flash attention on GPU, XLA on CPU), xla, splash or cudnn (spiral_jax/models/fused_attention.py).

@@ -333,7 +333,8 @@ class Trainer:
                  f"  model: {self.cfg.model_type}, {self.cfg.num_params / 1e6:.2f}M parameters ({source}), "
                  f"compute {self.cfg.compute_dtype}\n"
                  f"  games: {', '.join(spec.games.env_ids)}; rollout {spec.rollout.mode}, {spec.cadence.steps} steps\n"
-                 f"  out_dir: {self.out} (watch: tensorboard --logdir {self.out / 'tensorboard'})")
+                 f"  out_dir: {self.out} (watch: tensorboard --logdir {self.out / 'tensorboard'})\n"
+                 f"  compile cache: {jax.config.jax_compilation_cache_dir or 'off'}")
         if is_leader():
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "config.json").write_text(spec.config_json + "\n")
