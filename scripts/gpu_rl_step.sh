@@ -10,11 +10,15 @@
 #      PRESET_S less 100 s (--time_limit), which leaves the report its time (its batch-1 decode
 #      compiles one more program). Limit PRESET_S, default 560 s.
 #   small: bench/rl_step.py at the Qwen3-0.6B shape with the paper's sizes (128 samples, 64 games per
-#      call, micro-batch 8, 2 PPO epochs, bf16, remat) at the same cap, one step (SMALL_S, 180 s).
+#      call, micro-batch 8, 2 PPO epochs, bf16, remat) at the same cap, one step (SMALL_S, 240 s). At
+#      these sizes the first step makes about six sampler programs (JAX_LOG_COMPILES=1 at the tiny
+#      shape on CPU), each 29.5 s of XLA's compiling without a GPU on 2 cores; the 4B program's 52.5
+#      s there took 25-30 s on the H200's host, so about 15 s each there, plus the train step.
 #   continuous: the step of part small with the continuous schedule, 16 decode slots for its 64
 #      games (rollout.max_in_flight): the same tokens as the rounds step, so the two steps' times say
-#      whether the presets should use it (CONTINUOUS_S, 240 s: the engine compiles a decode program
-#      per attention window and a prefill per block size).
+#      whether the presets should use it (CONTINUOUS_S, 240 s: the engine makes about six decode
+#      programs, one per attention window met, 10.5 s each without a GPU, and about thirteen inserts;
+#      run after part small in the same call, the train step loads from the compilation cache).
 #   medium: part small at the Qwen3-1.7B shape (MEDIUM_S, 210 s).
 #   attention: scripts/gpu_attention_check.py, cuDNN fused attention against XLA's (ATTENTION_S, 60 s).
 # A session's 15 minutes of device time take two calls at most, the second at once (a machine idle
@@ -59,7 +63,7 @@ if want attention && [ -f scripts/gpu_attention_check.py ]; then
   echo "attention check: exit ${PIPESTATUS[0]}"
 fi
 
-want small && run qwen3_0p6b "${SMALL_S:-180}" --shape 0.6b --max_new_tokens "$NEW_TOKENS" --steps 1
+want small && run qwen3_0p6b "${SMALL_S:-240}" --shape 0.6b --max_new_tokens "$NEW_TOKENS" --steps 1
 want continuous && run qwen3_0p6b_continuous "${CONTINUOUS_S:-240}" --shape 0.6b --max_new_tokens "$NEW_TOKENS" \
   --steps 1 --schedule continuous --max_in_flight 16
 want medium && run qwen3_1p7b "${MEDIUM_S:-210}" --shape 1.7b --max_new_tokens "$NEW_TOKENS" --steps 1
