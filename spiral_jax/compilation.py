@@ -8,6 +8,7 @@ which is what a hot loop must never do (tests/test_compilation.py checks both).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 import jax
@@ -40,13 +41,20 @@ def use_persistent_cache(path: str) -> str | None:
     resumed run, the next experiment on the same sizes) loads them instead of compiling: a real
     model's first RL step spends minutes compiling on a GPU, its sampler's decode steps unrolled over
     the layers. A directory already set (JAX_COMPILATION_CACHE_DIR or jax.config) wins; "" leaves
-    the cache off. JAX writes only programs that took a second or more to compile. Returns the
-    directory in use, or None. Call it before the first compile: JAX opens the cache once."""
+    the cache off. JAX writes only programs that took a second or more to compile. A folder that
+    cannot be made is said on stderr and the run goes on without the cache: it only saves time.
+    Returns the directory in use, or None. Call it before the first compile: JAX opens the cache once."""
     current = jax.config.jax_compilation_cache_dir
     if current or not path:
         return current or None
     if "://" not in path:
         path = os.path.abspath(os.path.expanduser(path))
-        os.makedirs(path, exist_ok=True)
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as e:
+            print(f"spiral-jax: no persistent compilation cache ({path}: {e.strerror or e}); programs "
+                  f"compile again in every run. Set --config.compile_cache_dir to a folder you can "
+                  f"write, or to '' to turn the cache off", file=sys.stderr)
+            return None
     jax.config.update("jax_compilation_cache_dir", path)
     return path

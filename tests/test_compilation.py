@@ -30,9 +30,9 @@ def test_counts_compilations_and_persistent_cache_loads():
     assert compile_count() == start + 2
 
 
-def _cache_dir_chosen(tmp_path, env_dir: str | None, path: str) -> list[str]:
+def _cache_dir_chosen(tmp_path, env_dir: str | None, path: str, warns: bool = False) -> list[str]:
     """In a fresh process (JAX opens its cache once): what use_persistent_cache(path) returns, and
-    the directory jax.config then holds."""
+    the directory jax.config then holds; whether it said on stderr that the cache is off."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
     env["HOME"] = str(tmp_path)
     if env_dir:
@@ -41,6 +41,7 @@ def _cache_dir_chosen(tmp_path, env_dir: str | None, path: str) -> list[str]:
             f"print(use({path!r})); print(jax.config.jax_compilation_cache_dir)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+    assert ("no persistent compilation cache" in out.stderr) == warns, out.stderr[-2000:]
     return out.stdout.split()
 
 
@@ -53,3 +54,6 @@ def test_the_persistent_cache_goes_where_the_config_says_unless_the_environment_
     assert not (tmp_path / "cfg").exists()
     # Empty: off.
     assert _cache_dir_chosen(tmp_path, None, "") == ["None", "None"]
+    # A folder that cannot be made: off, said on stderr, and the run goes on.
+    (tmp_path / "a_file").write_text("")
+    assert _cache_dir_chosen(tmp_path, None, str(tmp_path / "a_file" / "xla"), warns=True) == ["None", "None"]
