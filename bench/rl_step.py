@@ -202,26 +202,38 @@ def run_program(s, params, prompts, sp: SamplingParams, budget: int) -> float:
     return time.perf_counter() - start
 
 
-class EngineInserts:
-    """Seconds in `DecodeEngine.insert` (the prefills) of the rollout schedule "continuous"."""
+class EngineCalls:
+    """The decode engines of the rollout schedule "continuous": the seconds of their inserts (the
+    prefills), and each decode call's seconds, steps, rows live at its start, and the cache those
+    rows filled over its steps (slot-tokens read, for the memory floor)."""
 
     def __init__(self, rollout):
-        self.seconds, self.make = 0.0, rollout._engine
+        self.seconds, self.decodes, self.make = 0.0, [], rollout._engine
         rollout._engine = self._engine
 
     def _engine(self, policy, games):
         e = self.make(policy, games)
         if not getattr(e, "timed", False):
-            insert = e.insert
+            insert, decode = e.insert, e.decode
 
-            def timed(params, requests):
+            def timed_insert(params, requests):
                 def prefill():
                     insert(params, requests)
                     jax.block_until_ready(e.state)
 
                 self.seconds += run_timed(prefill)[1]
 
-            e.insert, e.timed = timed, True
+            def timed_decode(params):
+                live = [s for s, r in enumerate(e.busy) if r is not None]
+                before, slot_steps = list(e.lengths), e.stats.slot_steps
+                out, seconds, _ = run_timed(decode, params)
+                grew = {s: e.lengths[s] - before[s] for s in live}  # the steps each row was live
+                self.decodes.append(dict(seconds=seconds, steps=(e.stats.slot_steps - slot_steps) // e.slots,
+                                         rows=len(live), slots=e.slots,
+                                         filled=sum(before[s] * n + n * (n - 1) / 2 for s, n in grew.items())))
+                return out
+
+            e.insert, e.decode, e.timed = timed_insert, timed_decode, True
         return e
 
 
@@ -229,12 +241,12 @@ class Probes:
     """The timers on a trainer's rollout and update (see each class)."""
 
     def __init__(self, trainer):
-        self.calls, self.inserts = SamplerCalls(trainer.sampler), EngineInserts(trainer.rollout)
+        self.calls, self.engines = SamplerCalls(trainer.sampler), EngineCalls(trainer.rollout)
         self.played = Played(trainer)
         self.update = trainer.update = TimedUpdate(trainer.cfg, trainer.spec.train, trainer.mesh)
 
     def reset(self):
-        self.calls.calls, self.inserts.seconds = [], 0.0
+        self.calls.calls, self.engines.seconds, self.engines.decodes = [], 0.0, []
 
 
 class Played:
@@ -461,7 +473,7 @@ def print_phases(trainer, c, metrics, compiled, probes, params, step, sampling):
             k["prefill"] = run_program(trainer.sampler, params, k["prompts"], k["sampling"], 1)
         prefill = sum(k["prefill"] for k in probes.calls.calls)
     else:
-        prefill = probes.inserts.seconds
+        prefill = probes.engines.seconds
     parts = {"prefill": prefill, "decode": sampling - prefill, "host and games": metrics["time/env"],
              **probes.update.seconds}
     parts["hand-over, packing, metrics"] = step - sum(parts.values())
@@ -531,7 +543,8 @@ def print_kernels(run, steps: int, step_s: float) -> None:
 
 def print_decode(trainer, c, probes, params, bandwidth, reads) -> float:
     """The decode step against the HBM floor at batch 1 (one of the step's prompts, no stop ids,
-    BATCH1_STEPS steps less one) and over the "rounds" calls; returns the batch-1 ratio."""
+    BATCH1_STEPS steps less one) and over the rollout's decoding (the sampler's calls of "rounds", the
+    engines' decode calls of "continuous"); returns the batch-1 ratio."""
     cfg, r, devices = trainer.cfg, c.rollout, jax.device_count()
     size = jnp.dtype(cfg.compute_dtype).itemsize
     weights, kv = cfg.num_params * size, 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * size
@@ -562,8 +575,15 @@ def print_decode(trainer, c, probes, params, bandwidth, reads) -> float:
         rows = sum(k["rows"] * k["steps"] for k in calls) / max(steps, 1)
         print(f"decode step at the rollout's batch ({rows:.0f} rows on average, {steps} steps): "
               f"{decode / steps * 1e3:.2f} ms, HBM floor {floors / steps * 1e3:.2f} ms: {decode / floors:.2f}x")
-    else:
-        print("decode step at the rollout's batch: not measured with the continuous schedule")
+    else:  # each live row reads its own filled cache; the engine's idle slots are not in the floor
+        calls = probes.engines.decodes
+        steps = sum(k["steps"] for k in calls)
+        decode = sum(k["seconds"] for k in calls)
+        floors = sum(k["steps"] * weights + kv * k["filled"] for k in calls) / (bandwidth * devices)
+        rows = sum(k["rows"] * k["steps"] for k in calls) / max(steps, 1)
+        print(f"decode step at the rollout's batch ({rows:.0f} live rows of {calls[0]['slots']} slots at a call's "
+              f"start on average, {steps} steps): {decode / steps * 1e3:.2f} ms, HBM floor "
+              f"{floors / steps * 1e3:.2f} ms: {decode / floors:.2f}x")
     return step / least
 
 

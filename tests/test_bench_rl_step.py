@@ -53,6 +53,22 @@ def test_tiny_step_prints_its_breakdown_and_the_summary_line():
     assert all(v >= 0 for k, v in parts.items() if k != "hand-over, packing, metrics"), parts
 
 
+def test_tiny_continuous_step_measures_its_engines_decode_calls():
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
+    result = subprocess.run([sys.executable, str(BENCH), "--shape", "tiny", "--steps", "1", "--schedule", "continuous",
+                             "--max_in_flight", "4"], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = re.search(r"^decode step at the rollout's batch \((\d+) live rows of 4 slots at a call's start on average, "
+                     r"(\d+) steps\): (\d+\.\d\d) ms, HBM floor (\d+\.\d\d) ms: (\d+\.\d\d)x$", result.stdout, re.M)
+    assert line, result.stdout
+    rows, steps, ms, floor, ratio = (float(x) for x in line.groups())
+    assert 1 <= rows <= 4 and steps > 0 and ms > 0 and floor > 0, line[0]
+    # The ratio of the unrounded times: within the two-decimal rounding of the printed ones.
+    assert abs(ratio - ms / floor) <= ms / floor * (0.005 / ms + 0.005 / floor) + 0.005, line[0]
+    assert LAST_LINE.fullmatch(result.stdout.strip().splitlines()[-1]), result.stdout
+
+
 def test_the_stop_token_is_drawn_with_the_stated_probability():
     bench = _bench_module()
     params = init_params(TINY, jax.random.key(0))
