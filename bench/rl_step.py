@@ -12,8 +12,8 @@ Random weights never stop, and a stand-in plays the tokenizer's part:
   1024 for 4096 new tokens). Response lengths are then geometric, cut at the cap: mean 1005 tokens,
   median 710, 1.8% of responses run to the cap of 4096 (invalid moves, as truncated responses are),
   so a sampler call of 64 moves waits for one at the cap more often than not (69%; 44% at 32
-  moves). Every run samples the same lengths
-  (the sampler's randomness is seeded), and both rollout schedules the same tokens. Training scores
+  moves). Every run samples the same lengths (the sampler's randomness is seeded); the two rollout
+  schedules sample about the same tokens (their games can differ by a few moves). Training scores
   the responses with the unbiased weights, as it would a real policy's.
 - text: a prompt is one token per 4 characters of the templated observation (about what Qwen's
   tokenizer gives for English), hashed into the vocabulary, so a game's turns share their prompt's

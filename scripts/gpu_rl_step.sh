@@ -15,7 +15,7 @@
 #      shape on CPU), each 29.5 s of XLA's compiling without a GPU on 2 cores; the 4B program's 52.5
 #      s there took 25-30 s on the H200's host, so about 15 s each there, plus the train step.
 #   continuous: the step of part small with the continuous schedule, 16 decode slots for its 64
-#      games (rollout.max_in_flight): the same tokens as the rounds step, so the two steps' times say
+#      games (rollout.max_in_flight): about the same tokens as the rounds step, so the two steps' times say
 #      whether the presets should use it (CONTINUOUS_S, 240 s: the engine makes about six decode
 #      programs, one per attention window met, 10.5 s each without a GPU, and about thirteen inserts;
 #      run after part small in the same call, the train step loads from the compilation cache).
