@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 
 from spiral_jax.models import init_params
 from spiral_jax.sampling import Sampler, SamplingParams
@@ -53,6 +54,7 @@ def test_tiny_step_prints_its_breakdown_and_the_summary_line():
     assert all(v >= 0 for k, v in parts.items() if k != "hand-over, packing, metrics"), parts
 
 
+@pytest.mark.slow
 def test_tiny_continuous_step_measures_its_engines_decode_calls():
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env["XLA_FLAGS"] = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
