@@ -30,14 +30,20 @@ def _bench_module():
     return module
 
 
-def test_tiny_step_prints_its_breakdown_and_the_summary_line():
+def _run_tiny_bench(*flags: str) -> subprocess.CompletedProcess:
+    """bench/rl_step.py at the tiny shape in a subprocess on one CPU device, as a user's run has (the
+    tests' 8 fake devices would shard the step 8 ways); fails the test if it fails."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    # One CPU device, as a user's run has (the tests' 8 fake devices would shard the step 8 ways).
     env["XLA_FLAGS"] = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
-    # A second step would pass the time limit, so the bench stops after the first and reports it.
-    result = subprocess.run([sys.executable, str(BENCH), "--shape", "tiny", "--steps", "2", "--time_limit", "1"],
-                            capture_output=True, text=True, timeout=300, env=env)
+    result = subprocess.run([sys.executable, str(BENCH), "--shape", "tiny", *flags], capture_output=True, text=True,
+                            timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_tiny_step_prints_its_breakdown_and_the_summary_line():
+    # A second step would pass the time limit, so the bench stops after the first and reports it.
+    result = _run_tiny_bench("--steps", "2", "--time_limit", "1")
     lines = result.stdout.strip().splitlines()
     assert re.search(r"^stopping after step 1: another \(about \d+ s\) would end past --time_limit 1 s$",
                      result.stdout, re.M), result.stdout
@@ -56,11 +62,7 @@ def test_tiny_step_prints_its_breakdown_and_the_summary_line():
 
 @pytest.mark.slow
 def test_tiny_continuous_step_measures_its_engines_decode_calls():
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
-    result = subprocess.run([sys.executable, str(BENCH), "--shape", "tiny", "--steps", "1", "--schedule", "continuous",
-                             "--max_in_flight", "4"], capture_output=True, text=True, timeout=300, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = _run_tiny_bench("--steps", "1", "--schedule", "continuous", "--max_in_flight", "4")
     line = re.search(r"^decode step at the rollout's batch \((\d+) live rows of 4 slots at a call's start on average, "
                      r"(\d+) steps\): (\d+\.\d\d) ms, HBM floor (\d+\.\d\d) ms: (\d+\.\d\d)x$", result.stdout, re.M)
     assert line, result.stdout
