@@ -42,6 +42,7 @@ import argparse
 import contextlib
 import math
 import tempfile
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -61,6 +62,7 @@ from spiral_jax.run import Trainer
 from spiral_jax.rl.train_step import make_compute_logprobs, make_train_step
 from spiral_jax.run.setup import run_spec
 from spiral_jax.sampling import SamplingParams
+from spiral_jax.sampling.ahead import WAIT_EVENT
 from spiral_jax.sampling import engine as engine_module
 from spiral_jax.sampling import sampler as sampler_module
 from spiral_jax.templates import Template
@@ -139,22 +141,29 @@ def geometric_lengths(mean_tokens: float, cap: int) -> tuple[float, float]:
 
 
 class CompileSeconds:
-    """Seconds JAX has spent making programs in this process: tracing them, lowering them and XLA's
-    compiling (or loading from the persistent cache), a trace nested in another (a jitted function
-    called while tracing) counted once. The timers below leave them out: a phase's time is that of
-    its programs. Without tracing and lowering, a schedule that meets many new shapes in a step (a
-    decode engine's inserts) would have seconds of tracing counted as its prefill."""
+    """Seconds JAX has spent making programs in this process's main thread: tracing them, lowering
+    them and XLA's compiling (or loading from the persistent cache), a trace nested in another (a
+    jitted function called while tracing) counted once, and waiting for a program that a background
+    thread is compiling ahead (`sampling.ahead`). The timers below leave them out: a phase's time is
+    that of its programs. Without tracing and lowering, a schedule that meets many new shapes in a
+    step (a decode engine's inserts) would have seconds of tracing counted as its prefill. Compiles on
+    background threads overlap the main thread's work, so they are counted apart (`ahead`)."""
 
     EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
-              "/jax/core/compile/backend_compile_duration")
+              "/jax/core/compile/backend_compile_duration", WAIT_EVENT)
 
     def __init__(self):
         self.intervals = []
+        self.ahead = []  # seconds of XLA's compiling on background threads, one entry a program
         jax.monitoring.register_event_duration_secs_listener(self._on_event)
 
     def _on_event(self, event, duration, **kwargs):
-        if event in self.EVENTS:  # reported as it ends
+        if event not in self.EVENTS:
+            return
+        if threading.current_thread() is threading.main_thread():  # reported as it ends
             self.intervals.append((event, time.perf_counter() - duration, duration))
+        elif event == self.EVENTS[2]:
+            self.ahead.append(duration)
 
     @property
     def total(self) -> float:
@@ -163,7 +172,7 @@ class CompileSeconds:
     @property
     def xla(self) -> float:
         """XLA's part alone (compiling, or loading from the persistent cache): the rest is Python's."""
-        return sum(duration for event, _, duration in self.intervals if event == self.EVENTS[-1])
+        return sum(duration for event, _, duration in self.intervals if event == self.EVENTS[2])
 
 
 COMPILES = CompileSeconds()
@@ -372,6 +381,8 @@ def bench_config(args):
         r.schedule = args.schedule
     if args.max_in_flight is not None:
         r.max_in_flight = args.max_in_flight
+    if args.compile_ahead is not None:
+        c.compile_ahead = args.compile_ahead
     c.eval.max_new_tokens = r.max_new_tokens  # the sampler is sized by the rollout alone (no evaluation here)
     return c
 
@@ -389,6 +400,8 @@ def main():
     parser.add_argument("--micro_batch", type=int, help="optim.micro_batch_size")
     parser.add_argument("--schedule", choices=["rounds", "continuous"], help="rollout.schedule")
     parser.add_argument("--max_in_flight", type=int, help="rollout.max_in_flight")
+    parser.add_argument("--compile_ahead", type=int, help="compile_ahead: threads compiling the sampler's "
+                        "smaller batch buckets in the background (default: the config's; 0 off)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: the "
                         "config's, float32 on CPU)")
     parser.add_argument("--bandwidth_tbs", type=float, help="memory bandwidth, TB/s")
@@ -424,15 +437,19 @@ def main():
               + (f" ({r.max_in_flight} slots)" if r.max_in_flight else ""))
         reads = measured_bandwidth()
         print(f"device: {bandwidth / 1e12:.3g} TB/s, {peak / 1e12:.3g} TFLOP/s ({rates}); a plain reduction "
-              f"reads {reads / 1e12:.3g} TB/s here")
+              f"reads {reads / 1e12:.3g} TB/s here; {trainer.sampler.ahead.workers} threads compile the "
+              f"sampler's smaller batch buckets ahead")
         probes = Probes(trainer)
         for step in range(1, args.steps + 1):
             probes.reset()
-            xla = COMPILES.xla
+            xla, ahead = COMPILES.xla, len(COMPILES.ahead)
             metrics, _, compiled = run_timed(trainer.train_step)
+            background = COMPILES.ahead[ahead:]
             print(f"step {step} of {args.steps}: {metrics['time/step']:.1f} s, of which "
                   f"{compiled:.1f} s tracing and compiling {int(metrics['compile/new_executables'])} programs "
-                  f"(XLA's part {COMPILES.xla - xla:.1f} s)")
+                  f"or waiting for them (XLA's part {COMPILES.xla - xla:.1f} s"
+                  + (f"; {len(background)} of the programs compiled ahead on background threads, "
+                     f"{sum(background):.1f} s of XLA's compiling there" if background else "") + ")")
             expected = metrics["time/step"] - compiled
             if step < args.steps and not fits(time.perf_counter() - started, expected, args.time_limit):
                 print(f"stopping after step {step}: another (about {expected:.0f} s) would end past "

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -43,8 +44,13 @@ def _run_tiny_bench(*flags: str) -> subprocess.CompletedProcess:
 
 def test_tiny_step_prints_its_breakdown_and_the_summary_line():
     # A second step would pass the time limit, so the bench stops after the first and reports it.
-    result = _run_tiny_bench("--steps", "2", "--time_limit", "1")
+    # Compiling ahead (off on a CPU by default) runs as it would on a GPU: its compiles are reported
+    # apart, and none of them is taken out of the phases below.
+    result = _run_tiny_bench("--steps", "2", "--time_limit", "1", "--compile_ahead", "2")
     lines = result.stdout.strip().splitlines()
+    assert "2 threads compile the sampler's smaller batch buckets ahead" in result.stdout, result.stdout
+    assert re.search(r"^step 1 of 2: .*; \d+ of the programs compiled ahead on background threads", result.stdout,
+                     re.M), result.stdout
     assert re.search(r"^stopping after step 1: another \(about \d+ s\) would end past --time_limit 1 s$",
                      result.stdout, re.M), result.stdout
     assert "step 2 of 2" not in result.stdout
@@ -129,6 +135,15 @@ def test_program_making_counts_tracing_once():
     made._on_event(bench.CompileSeconds.EVENTS[0], 0.5)
     made._on_event("/jax/some/other_duration", 9.0)
     assert abs(made.total - before - 0.5) < 0.01
+    # A compile on a background thread (compiling ahead) overlaps the main thread's work: counted apart.
+    # The main thread's wait for one is program making.
+    before = made.total
+    worker = threading.Thread(target=made._on_event, args=(bench.CompileSeconds.EVENTS[2], 3.0))
+    worker.start(), worker.join()
+    assert made.total == before and made.ahead[-1] == 3.0
+    time.sleep(0.3)
+    made._on_event(bench.WAIT_EVENT, 0.25)
+    assert abs(made.total - before - 0.25) < 0.01
 
 
 def test_the_kernel_line_says_where_a_decode_step_goes(monkeypatch, capsys):

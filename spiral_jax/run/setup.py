@@ -148,6 +148,7 @@ class RunSpec:
     config: dict  # the resolved config (TensorBoard, Weights & Biases)
     config_json: str  # the same, as written to out_dir/config.json and into checkpoints
     config_file: str = ""
+    compile_ahead: int = -1  # background threads compiling the sampler's next programs; -1: auto
 
     @property
     def cache_len(self) -> int:
@@ -160,7 +161,8 @@ class RunSpec:
 
     def sampler(self, cfg: ModelConfig, mesh) -> Sampler:
         """A sampler sized for this run's prompts and every kind of answer it samples."""
-        return Sampler(cfg, mesh, max_prompt_len=self.rollout.max_prompt_len, max_cache_len=self.cache_len)
+        return Sampler(cfg, mesh, max_prompt_len=self.rollout.max_prompt_len, max_cache_len=self.cache_len,
+                       compile_ahead=None if self.compile_ahead < 0 else self.compile_ahead)
 
 
 def train_config(optim: ConfigDict, **changes) -> TrainConfig:
@@ -260,6 +262,9 @@ def run_spec(c: ConfigDict, config_file: str = "", planning: bool = False) -> Ru
         if n < 0 or n % 2:
             raise ValueError(f"{key}={n}: evaluation plays each matchup from both seats equally; give an even "
                              f"number of games (0: none)")
+    if c.compile_ahead < -1:
+        raise ValueError(f"compile_ahead={c.compile_ahead}: give the threads that compile the sampler's next programs "
+                         f"in the background, 0 for none, or -1 for the default (none on a CPU)")
     if m.every and not m.files:
         raise ValueError("eval.math.every needs eval.math.files: the benchmarks to run, as (\"NAME=items.jsonl\", ...)")
     tok, (model, model_source) = c.tokenizer, _model(c, planning)
@@ -285,4 +290,4 @@ def run_spec(c: ConfigDict, config_file: str = "", planning: bool = False) -> Ru
                         t.max_skipped_in_a_row),
         bootstrap=_bootstrap(c), rae=RAEConfig(c.rae.decay, c.rae.enabled, c.rae.drop_zero, c.rae.games_per_shard),
         api=c.api.to_dict(), wandb=c.wandb.to_dict(), config=c.to_dict(), config_json=c.to_json(indent=1),
-        config_file=config_file)
+        config_file=config_file, compile_ahead=c.compile_ahead)

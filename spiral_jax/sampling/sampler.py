@@ -33,6 +33,7 @@ from spiral_jax.models.config import ModelConfig
 from spiral_jax.models.params import check_params
 from spiral_jax.models.transformer import (KVCache, decode_weights, decoder, positions_from_mask,
                                            unembed, unembed_table)
+from spiral_jax.sampling.ahead import CompileAhead, auto_workers
 from spiral_jax.sampling.buckets import attention_windows, batch_bucket, bucket_length, cache_slots
 from spiral_jax.sampling.finish import check_finite, finish_reason, row_stops
 from spiral_jax.sampling.logits import sample_token
@@ -116,16 +117,19 @@ class Sampler:
 
     max_prompt_len / max_cache_len bound the prompt and prompt+generation lengths (after bucketing);
     they default to the model's max_position_embeddings. first_window: new-token slots the first
-    decode stage attends over (see `attention_windows`). These settings but the last are its `setup`;
-    the attributes named after the setup's fields read it.
+    decode stage attends over (see `attention_windows`). The settings before it are its `setup`; the
+    attributes named after the setup's fields read it. compile_ahead: threads that compile, while a
+    call runs, the programs of the smaller batch buckets at its prompt bucket, which a rollout's later
+    rounds need as their games end (`sampling.ahead`); None: `auto_workers()` (none on a CPU).
     """
 
     def __init__(self, cfg: ModelConfig, mesh=None, max_prompt_len: int | None = None,
                  max_cache_len: int | None = None, min_prompt_bucket: int = 16, min_batch_bucket: int = 1,
-                 first_window: int = 256):
+                 first_window: int = 256, compile_ahead: int | None = None):
         self.setup = DecodeSetup.create(cfg, mesh, max_prompt_len, max_cache_len, min_prompt_bucket,
                                         min_batch_bucket)
         self.first_window = first_window
+        self.ahead = CompileAhead(auto_workers(cpu.platform()) if compile_ahead is None else compile_ahead)
         self._table_t = (None, None)  # (weak reference to an unembedding table, its transposed copy)
         self._program = self._compile_program()
 
@@ -237,8 +241,10 @@ class Sampler:
         start = time.perf_counter()
         sp, n = sampling_params, len(prompts)
         args, static = self._arguments(params, prompts, sp, seed, row_ids)
-        out, lp, raw, lengths = jax.device_get(self._program(*args, **static))
         batch = args[2].shape[0]  # rows of the padded prompt
+        self._compile_smaller(params, max(map(len, prompts)), sp, batch)
+        self.ahead.wait(_program_key(args, static))
+        out, lp, raw, lengths = jax.device_get(self._program(*args, **static))
         check_finite(raw[:n], lengths[:n])
         result = SampleOutput([], [], [], [], batch)
         for i in range(n):
@@ -252,6 +258,20 @@ class Sampler:
         result.stats = DecodeStats(time.perf_counter() - start, generated, generated - n,
                                    batch * (max(len(t) for t in result.tokens) - 1), sum(len(p) for p in prompts))
         return result
+
+    def _compile_smaller(self, params, longest: int, sp: SamplingParams, batch: int) -> None:
+        """Queue the programs of the batch buckets below `batch` for prompts as long as `longest`."""
+        if not self.ahead.workers:
+            return
+        plen, slots = self._buckets([[0] * longest], sp)
+        rows = batch // 2
+        while rows >= self.min_batch_bucket and batch_bucket(rows, self.min_batch_bucket) == rows:
+            if (key := ((rows, plen), slots, sp.mode)) not in self.ahead:
+                # The parameters themselves, not their shapes: a call with uncommitted arrays runs only
+                # a program lowered for such arrays (lowering reads their types: a donated one will do).
+                args, static = self._arguments(params, [[0] * longest] * rows, sp, 0, None)
+                self.ahead.submit(key, functools.partial(self._program.lower, *args, **static))
+            rows //= 2
 
     def lower(self, params, prompts: Sequence[Sequence[int]], sampling_params: SamplingParams) -> jax.stages.Lowered:
         """The program `generate` runs for these prompts, lowered (not run): for its compiled memory
@@ -296,3 +316,10 @@ class Sampler:
                 np.int32(sp.max_new_tokens), np.float32(sp.temperature), np.int32(sp.top_k), np.float32(sp.top_p),
                 sp.stop_array())
         return args, dict(slots=slots, mode=sp.mode)
+
+
+def _program_key(args, static) -> tuple:
+    """What tells a generate call's programs apart, but the parameters' types: the prompt block's
+    shape (which also decides whether a transposed unembedding is passed), the cache slots and the
+    sampling mode."""
+    return args[2].shape, static["slots"], static["mode"]

@@ -94,3 +94,8 @@ def test_run_spec_reads_the_config_once_and_checks_it():
         bad[section[0]][name] = value
         with pytest.raises(ValueError, match=message):
             run_spec(bad)
+    assert spec.compile_ahead == -1
+    bad = base_config()
+    bad.compile_ahead = -2
+    with pytest.raises(ValueError, match="compile_ahead=-2: .* -1 for the default"):
+        run_spec(bad)

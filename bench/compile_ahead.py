@@ -1,0 +1,82 @@
+"""Compiling sampler programs one after another against compiling them on parallel threads.
+
+Why the sampler compiles its smaller batch buckets ahead (`spiral_jax/sampling/ahead.py`): XLA
+compiles one program on about one core. This lowers the sampler's programs for several batch buckets
+(a Qwen3 shape, one chip of an NVIDIA card or a TPU slice, without the accelerator: `spiral_jax.aot`),
+then compiles them twice from fresh lowerings: one after another, and on one thread each. It prints
+the wall and CPU seconds of both and their ratio. The parallel figure is bounded by this host's
+cores: on a 2-core machine it can be at most 2x.
+
+    python bench/compile_ahead.py                                   # Qwen3-0.6B, batch 8 and 16, 1xH200
+    python bench/compile_ahead.py --shape 4b --batch 16 8 4 2 1 --hardware 1xH200
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import resource
+import time
+
+from spiral_jax import aot
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="0.6b", help="a Qwen3 shape (spiral_jax/models/shapes.py)")
+    parser.add_argument("--batch", type=int, nargs="+", default=[8, 16], help="the batch buckets")
+    parser.add_argument("--hardware", default="1xH200", help="an NVIDIA card or a TPU slice (spiral_jax/hardware.py)")
+    parser.add_argument("--prompt", type=int, default=200, help="prompt tokens (bucketed)")
+    parser.add_argument("--new_tokens", type=int, default=1024)
+    args = parser.parse_args()
+    aot.prepare(args.hardware)
+
+    import jax
+    import jax.numpy as jnp
+    from spiral_jax.models import cpu
+    from spiral_jax.models.config import ModelConfig
+    from spiral_jax.models.params import abstract_params
+    from spiral_jax.models.shapes import QWEN3
+    from spiral_jax.sampling import Sampler, SamplingParams
+
+    tgt = aot.target(args.hardware)
+    device = jax.sharding.SingleDeviceSharding(tgt.devices[0])
+    cfg = ModelConfig(**QWEN3[args.shape], compute_dtype="bfloat16")
+    platform = tgt.devices[0].platform
+    with cpu.compiling_for(platform):
+        params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32, sharding=device),
+                              abstract_params(cfg))
+
+        def lowerings():
+            """Fresh lowerings: a new sampler's programs (JAX keeps a lowering's executable with it)."""
+            sampler = Sampler(cfg, max_prompt_len=args.prompt, max_cache_len=2 * args.prompt + args.new_tokens,
+                              compile_ahead=0)
+            return [sampler.lower(params, [[1] * args.prompt] * b, SamplingParams(args.new_tokens))
+                    for b in args.batch]
+
+        print(f"Qwen3-{args.shape} sampler programs, batch {args.batch}, prompt {args.prompt} + "
+              f"{args.new_tokens} new tokens, compiled for {tgt.name} ({tgt.devices[0].device_kind}) on a "
+              f"host of {os.cpu_count()} cores")
+        times = {}
+        for mode in ("one after another", f"{len(args.batch)} threads"):
+            lowered = lowerings()
+            start, used = time.perf_counter(), cpu_seconds()
+            if mode == "one after another":
+                for program in lowered:
+                    program.compile()
+            else:
+                with concurrent.futures.ThreadPoolExecutor(len(lowered)) as pool:
+                    list(pool.map(lambda program: program.compile(), lowered))
+            times[mode] = time.perf_counter() - start
+            print(f"  {mode:>18}: {times[mode]:6.1f} s wall, {cpu_seconds() - used:6.1f} s CPU")
+    sequential, parallel = times.values()
+    print(f"parallel compiling: {sequential / parallel:.2f}x faster")
+
+
+if __name__ == "__main__":
+    main()

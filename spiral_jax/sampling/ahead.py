@@ -1,0 +1,95 @@
+"""Compiling the programs a caller will likely need next, on background threads.
+
+XLA compiles one program on about one core, and a real model's sampler program takes tens of seconds
+(its decode step unrolled over the layers on a GPU). A rollout meets its programs one after another,
+in a known order: a round of games starts at the full batch bucket, and later rounds have fewer games
+live, so the smaller buckets follow. Compiling those ahead, in parallel and while the accelerator runs
+the current call, takes most of the program making off a first step's critical path.
+
+A program compiled through `jax.jit(...).lower(...).compile()` is the one a later call of the same
+jitted function with arguments of the same types runs: JAX keeps the executable with the lowering, so
+the call does not compile again. A caller waits for a program still compiling here rather than
+compile it a second time (`wait`), and that wait is reported to `jax.monitoring` as WAIT_EVENT, so
+timers that leave out program making can leave it out too. A compile that fails here is dropped: the
+caller's own call then compiles the program, and raises what is wrong where it can be handled.
+
+On a CPU backend the same cores run the programs, so compiling ahead only slows them down:
+`auto_workers` gives 0 there.
+"""
+from __future__ import annotations
+
+import contextvars
+import os
+import queue
+import threading
+import time
+from typing import Callable, Hashable
+
+import jax
+
+WAIT_EVENT = "/spiral_jax/sampling/compile_ahead_wait_duration"
+# Threads on an accelerator's host by default: compiles hold about a core each, and a host also
+# runs the games, the tokenizer and the input pipeline.
+_MAX_AUTO_WORKERS = 8
+
+
+def auto_workers(platform: str | None = None) -> int:
+    """Background compile threads for `platform` (default: JAX's backend): none on a CPU, else half
+    this host's cores, at most 8."""
+    if (platform or jax.default_backend()) == "cpu":
+        return 0
+    return max(1, min(_MAX_AUTO_WORKERS, (os.cpu_count() or 2) // 2))
+
+
+class CompileAhead:
+    """A queue of programs to compile, worked by `workers` daemon threads (0: never compile ahead).
+
+    submit(key, lower) queues `lower().compile()` once per key; `lower` runs on the worker under the
+    submitter's context variables (what platform a program is traced for, say). wait(key) returns
+    once that key's compile has ended, at once for a key never submitted."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._ended: dict[Hashable, threading.Event] = {}
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    def __contains__(self, key: Hashable) -> bool:
+        """Whether `key` was queued."""
+        return key in self._ended
+
+    def submit(self, key: Hashable, lower: Callable[[], jax.stages.Lowered]) -> bool:
+        """Queue the program; False (and nothing queued) when it was queued before or workers is 0."""
+        if not self.workers:
+            return False
+        with self._lock:
+            if key in self._ended:
+                return False
+            self._ended[key] = threading.Event()
+            if len(self._threads) < self.workers:
+                thread = threading.Thread(target=self._work, name=f"spiral-jax-compile-{len(self._threads)}",
+                                          daemon=True)
+                self._threads.append(thread)
+                thread.start()
+        self._jobs.put((key, contextvars.copy_context(), lower))
+        return True
+
+    def wait(self, key: Hashable) -> None:
+        """Return once `key`'s compile has ended (at once if it never was queued)."""
+        ended = self._ended.get(key)
+        if ended is None or ended.is_set():
+            return
+        start = time.perf_counter()
+        ended.wait()
+        jax.monitoring.record_event_duration_secs(WAIT_EVENT, time.perf_counter() - start)
+
+    def _work(self) -> None:
+        while True:
+            key, context, lower = self._jobs.get()
+            try:
+                context.run(lambda: lower().compile())
+            except Exception:  # noqa: BLE001 - the caller's own call compiles it, and raises there
+                pass
+            finally:
+                self._ended[key].set()

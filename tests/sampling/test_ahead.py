@@ -1,0 +1,93 @@
+"""Compiling ahead: the sampler's smaller batch buckets compile on background threads, once each, and
+the calls that need them later run those programs without compiling again."""
+import threading
+import time
+
+import jax
+import pytest
+
+from spiral_jax.compilation import compile_count
+from spiral_jax.models import cpu, load_pretrained
+from spiral_jax.sampling import Sampler, SamplingParams
+from spiral_jax.sampling.ahead import WAIT_EVENT, CompileAhead, auto_workers
+
+PROMPTS = [[5, 6, 7, 8, 9], [1, 2, 3], [9] * 20, [4, 4]]
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    from tests.tiny_models import make_hf_model
+
+    path = tmp_path_factory.mktemp("qwen3")
+    make_hf_model("qwen3", path)
+    return load_pretrained(path)
+
+
+def test_smaller_buckets_compile_ahead_and_are_not_compiled_again(qwen3):
+    cfg, params = qwen3
+    sp = SamplingParams(max_new_tokens=6)
+    ahead = Sampler(cfg, compile_ahead=2)
+    first = ahead.generate(params, PROMPTS, sp, seed=3)
+    queued = [((rows, 32), 32 + 8, "plain") for rows in (2, 1)]  # prompt bucket 32, 8 new-token slots
+    assert all(key in ahead.ahead for key in queued)
+    for key in queued:
+        ahead.ahead.wait(key)
+    before = compile_count()
+    two = ahead.generate(params, PROMPTS[2:], sp, seed=3, row_ids=[2, 3])
+    one = ahead.generate(params, PROMPTS[2:3], sp, seed=3, row_ids=[2])  # the 20 tokens keep bucket 32
+    assert compile_count() == before, "a bucket compiled ahead was compiled again"
+    # The same tokens as a sampler that compiles each program when a call first needs it.
+    plain = Sampler(cfg, compile_ahead=0)
+    assert plain.generate(params, PROMPTS, sp, seed=3).tokens == first.tokens
+    assert two.tokens == first.tokens[2:] and one.tokens == first.tokens[2:3]
+    assert plain.ahead.workers == 0 and not any(key in plain.ahead for key in queued)
+
+
+def test_a_call_waits_for_its_program_compiling_ahead(qwen3):
+    """A call that needs a program still compiling in the background waits for it (and says so to
+    jax.monitoring) instead of compiling it a second time."""
+    cfg, params = qwen3
+    sp = SamplingParams(max_new_tokens=5, greedy=True)
+    sampler = Sampler(cfg, compile_ahead=1)
+    submit = sampler.ahead.submit
+    sampler.ahead.submit = lambda key, lower: submit(key, lambda: time.sleep(1.0) or lower())  # a slow compile
+    waits = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, seconds, **kw: waits.append(seconds) if event == WAIT_EVENT else None)
+    sampler.generate(params, PROMPTS, sp)  # 4 rows: queues 2 rows, then 1 row, behind a second each
+    before = compile_count()
+    sampler.generate(params, PROMPTS[1:3], sp)  # the 20-token prompt keeps the prompt bucket
+    sampler.generate(params, PROMPTS[2:3], sp)
+    assert compile_count() == before + 2, "the background's two programs, and no second compile of either"
+    assert waits and max(waits) > 0.5
+
+
+def test_compile_ahead_queue():
+    """Each key is compiled once; a failed compile is dropped; the job sees the submitter's context."""
+    ahead = CompileAhead(workers=2)
+    seen, gate = [], threading.Event()
+
+    class Lowered:
+        def __init__(self, fail=False):
+            self.fail = fail
+
+        def compile(self):
+            gate.wait(5)
+            if self.fail:
+                raise RuntimeError("out of host memory")
+            seen.append(cpu.platform())
+
+    with cpu.compiling_for("tpu"):
+        assert ahead.submit("a", Lowered)
+    assert not ahead.submit("a", Lowered), "a key is queued once"
+    assert ahead.submit("b", lambda: Lowered(fail=True))
+    assert "a" in ahead and "b" in ahead and "c" not in ahead
+    gate.set()
+    ahead.wait("a"), ahead.wait("b"), ahead.wait("c")  # "c" was never queued: no wait
+    assert seen == ["tpu"]
+    assert not CompileAhead(workers=0).submit("a", Lowered)
+
+
+def test_auto_workers():
+    assert auto_workers("cpu") == 0
+    assert 1 <= auto_workers("gpu") <= 8
