@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# One RL step of the paper's Kuhn recipe on one NVIDIA GPU (an H200), in parts; PARTS picks them.
+# One RL step of the paper's Kuhn recipe on one NVIDIA GPU (an H200), in parts. PARTS lists them, run
+# in that order (default "preset small continuous"), each within its own limit and within BUDGET_S
+# seconds for the whole script (default 570: a call's 590 s less the machine's start); a part with
+# fewer than 120 s left is skipped and says so, for the next call to run.
 #   preset: Qwen3-4B as the H200 preset (configs/kuhn_qwen3_4b_1xh200.py: micro-batch 4, 32 games per
 #      call; the recipe's micro-batch 8 and 64 games do not fit by the planner), responses capped at
 #      1024 new tokens (mean 251), two steps, the targets. Measured on two H200 machines: the
@@ -25,9 +28,9 @@
 #   medium: part small at the Qwen3-1.7B shape (MEDIUM_S, 210 s).
 #   attention: scripts/gpu_attention_check.py, cuDNN fused attention against XLA's (ATTENTION_S, 60 s).
 # A session's 15 minutes of device time take two calls at most, the second at once (a machine idle
-# for 30 s is given back, and a fresh one compiles everything again): first PARTS=preset with
-# timeout_s 590, then PARTS=small with the time left; a later session PARTS="small continuous", then
-# PARTS="medium attention". Logs go to $OUT (default /tmp/gpu_rl_step), one per part, and
+# for 30 s is given back, and a fresh one compiles everything again): first the default with
+# timeout_s 590, then the parts it skipped (or PARTS="medium attention") with the time left.
+# Logs go to $OUT (default /tmp/gpu_rl_step), one per part, and
 # summary.txt collects each bench's last line (appended to); NEW_TOKENS changes the cap. Run from the
 # repository root with spiral_jax importable (pip install -e '.[cuda]', or PYTHONPATH=. where the
 # packages are already there). On a machine that cannot reach PyPI, put the wheels of what it lacks
@@ -66,22 +69,44 @@ run() {
   fi
 }
 
-PARTS=" ${PARTS:-preset} "
-want() { [[ "$PARTS" == *" $1 "* ]]; }
-
-if want attention && [ -f scripts/gpu_attention_check.py ]; then
-  section "scripts/gpu_attention_check.py"
-  timeout "${ATTENTION_S:-60}" python3 scripts/gpu_attention_check.py 2>&1 | tee "$OUT/attention.log" | tail -30
-  echo "attention check: exit ${PIPESTATUS[0]}"
-fi
-
-want small && run qwen3_0p6b "${SMALL_S:-240}" --shape 0.6b --max_new_tokens "$NEW_TOKENS" --steps 1
-want continuous && run qwen3_0p6b_continuous "${CONTINUOUS_S:-240}" --shape 0.6b --max_new_tokens "$NEW_TOKENS" \
-  --steps 1 --schedule continuous --max_in_flight 16
-want medium && run qwen3_1p7b "${MEDIUM_S:-210}" --shape 1.7b --max_new_tokens "$NEW_TOKENS" --steps 1
 PRESET_S=${PRESET_S:-560}
-want preset && run qwen3_4b_1xh200 "$PRESET_S" --config configs/kuhn_qwen3_4b_1xh200.py --max_new_tokens "$NEW_TOKENS" \
-  --steps 2 --time_limit $((PRESET_S - 100))
+BUDGET_S=${BUDGET_S:-570}
+began=$(date +%s)
+# limit PART PART_S: the part's limit cut to what is left of BUDGET_S; 0 (and a note) under 120 s.
+limit() {
+  local left=$(( BUDGET_S - ($(date +%s) - began) ))
+  local s=$(( $2 < left ? $2 : left ))
+  if [ "$s" -lt 120 ]; then
+    echo "part $1 skipped: $s s left of BUDGET_S=$BUDGET_S; run it in the next call" | tee -a "$OUT/summary.txt" >&2
+    echo 0
+  else
+    echo "$s"
+  fi
+}
+
+for part in ${PARTS:-preset small continuous}; do
+  case $part in
+    preset)
+      s=$(limit preset "$PRESET_S")
+      [ "$s" -gt 0 ] && run qwen3_4b_1xh200 "$s" --config configs/kuhn_qwen3_4b_1xh200.py \
+        --max_new_tokens "$NEW_TOKENS" --steps 2 --time_limit $(( s - 100 ));;
+    small)
+      s=$(limit small "${SMALL_S:-240}")
+      [ "$s" -gt 0 ] && run qwen3_0p6b "$s" --shape 0.6b --max_new_tokens "$NEW_TOKENS" --steps 1;;
+    continuous)
+      s=$(limit continuous "${CONTINUOUS_S:-240}")
+      [ "$s" -gt 0 ] && run qwen3_0p6b_continuous "$s" --shape 0.6b --max_new_tokens "$NEW_TOKENS" --steps 1 \
+        --schedule continuous --max_in_flight 16;;
+    medium)
+      s=$(limit medium "${MEDIUM_S:-210}")
+      [ "$s" -gt 0 ] && run qwen3_1p7b "$s" --shape 1.7b --max_new_tokens "$NEW_TOKENS" --steps 1;;
+    attention)
+      section "scripts/gpu_attention_check.py"
+      timeout "${ATTENTION_S:-60}" python3 scripts/gpu_attention_check.py 2>&1 | tee "$OUT/attention.log" | tail -30
+      echo "attention check: exit ${PIPESTATUS[0]}";;
+    *) echo "unknown part $part: preset, small, continuous, medium or attention" >&2; exit 2;;
+  esac
+done
 
 section "summary"
 cat "$OUT/summary.txt"
