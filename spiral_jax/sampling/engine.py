@@ -39,6 +39,7 @@ from spiral_jax.models import transformer
 from spiral_jax.models.params import check_params
 from spiral_jax.models.transformer import KVCache, decoder, unembed
 from spiral_jax.sampling.finish import check_finite, finish_reason, row_stops
+from spiral_jax.sampling.ahead import CompileAhead
 from spiral_jax.sampling.logits import sample_token
 from spiral_jax.sampling.buckets import INSERT_ROWS, bucket_length, engine_windows, insert_rows, largest_insert
 from spiral_jax.sampling.sampler import Sampler, SamplingParams
@@ -92,7 +93,8 @@ class DecodeEngine:
     """N decode slots for one set of parameters and one `SamplingParams`.
 
     sampler: the `Sampler` whose `setup` (model, sharding rules, prompt and cache limits, buckets) the
-        engine decodes with; or that `DecodeSetup` itself.
+        engine decodes with, and whose `ahead` threads compile the decode programs of the larger
+        windows its rows grow into; or that `DecodeSetup` itself (nothing compiled ahead).
     min_finished: `decode` returns once this many rows have finished since it was called (or none is
         left running); None: an eighth of the slots. Fewer means more host round trips, more means
         finished slots idle longer before new prompts take them.
@@ -126,6 +128,7 @@ class DecodeEngine:
                 f"max_new_tokens or max_prompt_len, or raise max_cache_len")
         self._programs = _programs(setup.cfg, setup.rules, sampling.mode, tuple(sampling.stop_array()), slots,
                                    self.cache_len, self.budget)
+        self.ahead = sampler.ahead if isinstance(sampler, Sampler) else CompileAhead(0)
         self.state = None
         self.cached: list[list[int]] = [[] for _ in range(slots)]  # the tokens each slot's cache holds
         self.busy: list[Request | None] = [None] * slots
@@ -275,8 +278,13 @@ class DecodeEngine:
         # The next token goes to slot `longest`; leave room for a few steps before the window is full.
         window = self._window(longest + self.min_steps)
         max_steps = min(self.max_steps, window - longest)
+        self.ahead.wait((self._programs, window))
         self.state, steps = self._programs.decode(params, self.state, np.int32(min(self.min_finished, live)),
                                                  np.int32(max_steps), window=window)
+        for w in self.windows[self.windows.index(window) + 1:]:  # the windows rows grow into, compiled ahead
+            if (self._programs, w) not in self.ahead:
+                self.ahead.submit((self._programs, w), functools.partial(
+                    self._programs.decode.lower, params, self.state, np.int32(0), np.int32(0), window=w))
         done, step, lengths = jax.device_get((self.state.done, self.state.step, self.state.length))
         self.lengths = lengths.tolist()
         ready = [s for s in range(self.slots) if self.busy[s] is not None and done[s]]

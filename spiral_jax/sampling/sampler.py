@@ -120,7 +120,8 @@ class Sampler:
     decode stage attends over (see `attention_windows`). The settings before it are its `setup`; the
     attributes named after the setup's fields read it. compile_ahead: threads that compile, while a
     call runs, the programs of the smaller batch buckets at its prompt bucket, which a rollout's later
-    rounds need as their games end (`sampling.ahead`); None: `auto_workers()` (none on a CPU).
+    rounds need as their games end (and a `DecodeEngine`'s larger windows; `sampling.ahead`); None:
+    `auto_workers()` (none on a CPU).
     """
 
     def __init__(self, cfg: ModelConfig, mesh=None, max_prompt_len: int | None = None,

@@ -91,3 +91,37 @@ def test_compile_ahead_queue():
 def test_auto_workers():
     assert auto_workers("cpu") == 0
     assert 1 <= auto_workers("gpu") <= 8
+
+
+def test_engine_compiles_the_windows_its_rows_grow_into_ahead():
+    """A decode engine made from a sampler that compiles ahead queues the decode programs of the
+    windows above the one it decodes in, compiles each window once, and samples what generate does."""
+    from spiral_jax.models import init_params
+    from spiral_jax.sampling.engine import DecodeEngine, Request
+    from tests.tiny_models import TINY
+
+    cfg, sp = TINY.replace(max_position_embeddings=512), SamplingParams(max_new_tokens=48, temperature=0.7,
+                                                                         stop_token_ids=frozenset({0, 1}))
+    params = init_params(cfg, jax.random.key(1))
+    decodes = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, seconds, **kw: decodes.append(1) if event.endswith("backend_compile_duration")
+        and kw.get("fun_name") == "jit(decode)" else None)
+    prompts = [[7 + i] * (3 + 9 * i) for i in range(6)]
+    ref = Sampler(cfg, max_prompt_len=64, max_cache_len=128, compile_ahead=0).generate(params, prompts, sp, seed=2)
+    sampler = Sampler(cfg, max_prompt_len=64, max_cache_len=128, compile_ahead=2)
+    engine = DecodeEngine(sampler, sp, 2, min_steps=2)  # 2 slots: shapes no other test in this file uses
+    used, wait = [], engine.ahead.wait
+    engine.ahead.wait = lambda key: used.append(key[1]) or wait(key)
+    start, queue, out = len(decodes), [Request(p, 2, i) for i, p in enumerate(prompts)], {}
+    while queue or engine.live:
+        free = len(engine.free_slots())
+        engine.insert(params, queue[:free])
+        queue = queue[free:]
+        out.update({f.request.row_id: f.tokens for f in engine.decode(params)})
+    queued = [w for w in engine.windows if (engine._programs, w) in sampler.ahead]
+    assert queued and min(queued) > min(used) and max(queued) == engine.windows[-1]
+    for w in queued:
+        sampler.ahead.wait((engine._programs, w))
+    assert len(decodes) - start == len(set(used) | set(queued)), "a window's decode program compiled twice"
+    assert [out[i] for i in range(len(prompts))] == ref.tokens
