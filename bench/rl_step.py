@@ -438,7 +438,7 @@ def main():
         reads = measured_bandwidth()
         print(f"device: {bandwidth / 1e12:.3g} TB/s, {peak / 1e12:.3g} TFLOP/s ({rates}); a plain reduction "
               f"reads {reads / 1e12:.3g} TB/s here; {trainer.sampler.ahead.workers} threads compile the "
-              f"sampler's smaller batch buckets ahead")
+              f"sampler's next programs ahead")
         probes = Probes(trainer)
         for step in range(1, args.steps + 1):
             probes.reset()
