@@ -15,15 +15,18 @@ timers that leave out program making can leave it out too. A compile that fails 
 caller's own call then compiles the program, and raises what is wrong where it can be handled.
 
 On a CPU backend the same cores run the programs, so compiling ahead only slows them down:
-`auto_workers` gives 0 there.
+`auto_workers` gives 0 there. At exit, compiles not yet started are dropped and those running are
+let finish: XLA must not be torn down under a compiling thread.
 """
 from __future__ import annotations
 
+import atexit
 import contextvars
 import os
 import queue
 import threading
 import time
+import weakref
 from typing import Callable, Hashable
 
 import jax
@@ -32,6 +35,10 @@ WAIT_EVENT = "/spiral_jax/sampling/compile_ahead_wait_duration"
 # Threads on an accelerator's host by default: compiles hold about a core each, and a host also
 # runs the games, the tokenizer and the input pipeline.
 _MAX_AUTO_WORKERS = 8
+# Seconds a thread waits for work before it ends (a later submit starts another).
+_IDLE_SECONDS = 60.0
+# Seconds the interpreter's exit waits for compiles still running (a real model's: tens of seconds).
+_EXIT_WAIT_SECONDS = 180.0
 
 
 def auto_workers(platform: str | None = None) -> int:
@@ -40,6 +47,15 @@ def auto_workers(platform: str | None = None) -> int:
     if (platform or jax.default_backend()) == "cpu":
         return 0
     return max(1, min(_MAX_AUTO_WORKERS, (os.cpu_count() or 2) // 2))
+
+
+_working: weakref.WeakSet = weakref.WeakSet()  # every CompileAhead whose threads may be running
+
+
+@atexit.register
+def _close_all() -> None:
+    for ahead in list(_working):
+        ahead.close(timeout=_EXIT_WAIT_SECONDS)
 
 
 class CompileAhead:
@@ -55,6 +71,7 @@ class CompileAhead:
         self._ended: dict[Hashable, threading.Event] = {}
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._closed = False
 
     def __contains__(self, key: Hashable) -> bool:
         """Whether `key` was queued."""
@@ -62,18 +79,19 @@ class CompileAhead:
 
     def submit(self, key: Hashable, lower: Callable[[], jax.stages.Lowered]) -> bool:
         """Queue the program; False (and nothing queued) when it was queued before or workers is 0."""
-        if not self.workers:
+        if not self.workers or self._closed:
             return False
         with self._lock:
             if key in self._ended:
                 return False
             self._ended[key] = threading.Event()
+            self._jobs.put((key, contextvars.copy_context(), lower))
             if len(self._threads) < self.workers:
                 thread = threading.Thread(target=self._work, name=f"spiral-jax-compile-{len(self._threads)}",
                                           daemon=True)
                 self._threads.append(thread)
+                _working.add(self)
                 thread.start()
-        self._jobs.put((key, contextvars.copy_context(), lower))
         return True
 
     def wait(self, key: Hashable) -> None:
@@ -85,11 +103,30 @@ class CompileAhead:
         ended.wait()
         jax.monitoring.record_event_duration_secs(WAIT_EVENT, time.perf_counter() - start)
 
+    def close(self, timeout: float | None = None) -> None:
+        """Queue nothing more, drop what has not started, and return once the compiles running end (or
+        after `timeout` seconds)."""
+        self._closed = True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for ended in list(self._ended.values()):
+            if not ended.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
+                return
+
     def _work(self) -> None:
         while True:
-            key, context, lower = self._jobs.get()
             try:
-                context.run(lambda: lower().compile())
+                key, context, lower = self._jobs.get(timeout=_IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:  # submit queues under the lock: nothing can arrive unseen
+                    if self._jobs.empty():
+                        self._threads.remove(threading.current_thread())
+                        return
+                continue
+            try:
+                if not self._closed:
+                    lowered = context.run(lower)
+                    lower = None  # what it holds (the parameters) is not needed to compile
+                    context.run(lowered.compile)
             except Exception:  # noqa: BLE001 - the caller's own call compiles it, and raises there
                 pass
             finally:

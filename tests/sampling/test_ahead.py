@@ -125,3 +125,30 @@ def test_engine_compiles_the_windows_its_rows_grow_into_ahead():
         sampler.ahead.wait((engine._programs, w))
     assert len(decodes) - start == len(set(used) | set(queued)), "a window's decode program compiled twice"
     assert [out[i] for i in range(len(prompts))] == ref.tokens
+
+
+def test_close_drops_what_has_not_started_and_idle_threads_end(monkeypatch):
+    from spiral_jax.sampling import ahead as ahead_module
+
+    monkeypatch.setattr(ahead_module, "_IDLE_SECONDS", 0.2)
+    ahead, gate, compiled = CompileAhead(workers=1), threading.Event(), []
+
+    class Lowered:
+        def __init__(self, name):
+            self.name = name
+
+        def compile(self):
+            gate.wait(5)
+            compiled.append(self.name)
+
+    ahead.submit("running", lambda: Lowered("running"))
+    ahead.submit("queued", lambda: Lowered("queued"))
+    time.sleep(0.1)  # the one thread has taken the first job
+    threading.Timer(0.3, gate.set).start()
+    ahead.close()
+    assert compiled == ["running"] and not ahead.submit("later", lambda: Lowered("later"))
+    ahead.wait("queued")  # dropped, and ended
+    deadline = time.monotonic() + 5
+    while ahead._threads and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not ahead._threads, "an idle thread did not end"
