@@ -26,6 +26,8 @@
 #      programs, one per attention window met, 10.5 s each without a GPU, and about thirteen inserts;
 #      run after part small in the same call, the train step loads from the compilation cache).
 #   medium: part small at the Qwen3-1.7B shape (MEDIUM_S, 210 s).
+#   full: the preset at the paper's full lengths (up to 4096 new tokens, mean 1005), two steps if they
+#      fit (FULL_S, 560 s: about four times part preset's tokens; a call of its own).
 #   attention: scripts/gpu_attention_check.py, cuDNN fused attention against XLA's (ATTENTION_S, 60 s).
 # A session's 15 minutes of device time take two calls at most, the second at once (a machine idle
 # for 30 s is given back, and a fresh one compiles everything again): first the default with
@@ -100,15 +102,17 @@ for part in ${PARTS:-preset small continuous}; do
     medium)
       s=$(limit medium "${MEDIUM_S:-210}")
       [ "$s" -gt 0 ] && run qwen3_1p7b "$s" --shape 1.7b --max_new_tokens "$NEW_TOKENS" --steps 1;;
+    full)
+      s=$(limit full "${FULL_S:-560}")
+      [ "$s" -gt 0 ] && run qwen3_4b_1xh200_full "$s" --config configs/kuhn_qwen3_4b_1xh200.py --steps 2 \
+        --time_limit $(( s - 100 ));;
     attention)
       section "scripts/gpu_attention_check.py"
       timeout "${ATTENTION_S:-60}" python3 scripts/gpu_attention_check.py 2>&1 | tee "$OUT/attention.log" | tail -30
       echo "attention check: exit ${PIPESTATUS[0]}";;
-    *) echo "unknown part $part: preset, small, continuous, medium or attention" >&2; exit 2;;
+    *) echo "unknown part $part: preset, small, continuous, medium, full or attention" >&2; exit 2;;
   esac
 done
 
 section "summary"
 cat "$OUT/summary.txt"
-echo "the paper's full lengths, when time allows:"
-echo "  python3 bench/rl_step.py --hardware 1xH200 --config configs/kuhn_qwen3_4b_1xh200.py --steps 1"
