@@ -152,3 +152,24 @@ def test_close_drops_what_has_not_started_and_idle_threads_end(monkeypatch):
     while ahead._threads and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not ahead._threads, "an idle thread did not end"
+
+
+def test_a_sharded_sampler_runs_the_programs_compiled_ahead(qwen3):
+    """On a mesh the prompts are placed on the data shards: the program compiled ahead for the smaller
+    bucket is still the one the later call runs."""
+    from spiral_jax.sharding import make_mesh
+
+    cfg, params = qwen3
+    sp = SamplingParams(max_new_tokens=4)
+    sampler = Sampler(cfg, make_mesh(data=2, fsdp=2, tensor=2), compile_ahead=2)
+    prompts = [[3 + i] * (4 + i % 9) for i in range(16)]
+    first = sampler.generate(params, prompts, sp, seed=1)  # 16 rows: queues 8 and 4 (4 batch shards)
+    plen, slots = sampler._buckets(prompts, sp)
+    queued = [((rows, plen), slots, "plain") for rows in (8, 4)]
+    assert all(key in sampler.ahead for key in queued) and ((2, plen), slots, "plain") not in sampler.ahead
+    for key in queued:
+        sampler.ahead.wait(key)
+    before = compile_count()
+    eight = sampler.generate(params, prompts[:8], sp, seed=1)  # the longest prompt keeps the prompt bucket
+    assert compile_count() == before, "the program compiled ahead was compiled again"
+    assert eight.tokens == first.tokens[:8]
