@@ -31,8 +31,10 @@ first step compiles, and a later one may still meet a new bucket. The figures ar
 (`--steps`, default 2; `--time_limit` skips the steps that would not end in time, so a run on a
 borrowed machine still reports). On a GPU the batch-1 decode is also traced (jax.profiler): the kernels a
 step, the time they keep the GPU busy against the step's time (the rest is launch gaps and host
-work), and the kernels that take the most. Bandwidth and peak FLOP/s come from a table of data
-sheets by device kind, else from flags, else (CPU) measured here.
+work), and the kernels that take the most; and so is the old log-probs pass, the forward the
+epochs run: its busy time by kind of kernel (matmul, attention, other) and the matmuls' rate, for
+an MFU that misses. Bandwidth and peak FLOP/s come from a table of data sheets by device kind,
+else from flags, else (CPU) measured here.
 
     python bench/rl_step.py --shape tiny                                    # CPU, seconds
     python bench/rl_step.py --config configs/kuhn_qwen3_4b_1xh200.py --hardware 1xH200   # Qwen3-4B
@@ -288,6 +290,7 @@ class TimedUpdate:
         tokens, response = jax.device_get((batch.input_mask.sum(1), batch.loss_mask.sum(1)))
         self.rows = [(int(n), int(r)) for n, r in zip(tokens, response) if n]
         self.slots = batch.tokens.size
+        self.batch, self.weights = batch, weights  # for a trace of the old log-probs pass (print_train)
         self.seconds = {}
         if not self.tc.on_policy:
             old, self.seconds["old log-probs"], _ = run_timed(
@@ -351,12 +354,13 @@ def device_rates(args, dtype) -> tuple[float, float, str]:
 # ------------------------------------------------------------------------------------ FLOPs
 
 
-def train_flops(cfg: ModelConfig, rows, passes: int) -> float:
-    """Model FLOPs of `passes` (3: forward + backward, 1: forward) over rows of (tokens, response tokens)."""
+def train_flops(cfg: ModelConfig, rows, passes: int, attention: bool = True) -> float:
+    """Model FLOPs of `passes` (3: forward + backward, 1: forward) over rows of (tokens, response tokens);
+    without `attention`, those of the weights' products alone."""
     unembed = cfg.vocab_size * cfg.hidden_size
     body = cfg.num_params - unembed * (1 if cfg.tie_word_embeddings else 2)
-    attention = 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim  # x n(n+1) per row, causal
-    return passes * sum(2 * body * n + 2 * unembed * r + attention * n * (n + 1) for n, r in rows)
+    scores = 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * attention  # x n(n+1) per row, causal
+    return passes * sum(2 * body * n + 2 * unembed * r + scores * n * (n + 1) for n, r in rows)
 
 
 # ------------------------------------------------------------------------------------ the run
@@ -476,7 +480,7 @@ def report(trainer, c, args, metrics, compiled, probes, bandwidth, peak, reads):
     print_phases(trainer, c, metrics, compiled, probes, params, step, sampling)
     print_rollout(trainer, c, metrics, probes, sampling)
     batch1 = print_decode(trainer, c, probes, params, bandwidth, reads)
-    mfu = print_train(trainer.cfg, c, probes.update, peak)
+    mfu = print_train(trainer.cfg, c, probes.update, peak, trainer.state.train.params)
     print_memory(c, args, metrics)
     print(f"rl step {step:.1f} s, decode {batch1:.2f}x HBM floor, train MFU {mfu * 100:.0f}%, "
           f"GPU-seconds per step {step * devices:.0f}")
@@ -604,8 +608,9 @@ def print_decode(trainer, c, probes, params, bandwidth, reads) -> float:
     return step / least
 
 
-def print_train(cfg, c, update, peak) -> float:
-    """The epochs' model FLOPs over their time and the devices' peak: returns the MFU."""
+def print_train(cfg, c, update, peak, params) -> float:
+    """The epochs' model FLOPs over their time and the devices' peak: returns the MFU. On a GPU, the
+    old log-probs pass (the forward the epochs run, over the same batch) is traced too."""
     devices = jax.device_count()
     epoch = train_flops(cfg, update.rows, 3)
     train_s, logprob_s = update.seconds["train"], update.seconds.get("old log-probs", 0.0)
@@ -617,7 +622,40 @@ def print_train(cfg, c, update, peak) -> float:
     if logprob_s:
         line += f"; old log-probs {epoch / 3 / (logprob_s * peak * devices):.0%}"
     print(line)
+    if logprob_s and jax.default_backend() == "gpu":
+        print_pass_kernels("the old log-probs pass (the epochs' forward)", lambda: jax.block_until_ready(
+            update.logprobs(params, update.batch, *update.weights)), logprob_s, train_flops(cfg, update.rows, 1, False))
     return mfu
+
+
+# The kinds of GPU kernel a training pass runs, by what their names contain (XLA's Triton products
+# are gemm_fusion_*, cuBLAS's xmma/nvjet/cutlass kernels; cuDNN's fused attention sdpa/fmha/flash).
+KERNEL_KINDS = (("matmul", ("gemm", "xmma", "nvjet", "cutlass", "matmul")),
+                ("attention", ("sdpa", "fmha", "flash", "attention")))
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, marks in KERNEL_KINDS if any(m in low for m in marks)), "other")
+
+
+def print_pass_kernels(label: str, run, seconds: float, product_flops: float) -> None:
+    """Where a training pass's time goes on a GPU: its kernels' busy time against the pass's time
+    (`seconds`, timed without the trace), the busy time by kind of kernel, the rate of the matmul
+    kernels at the weights' product FLOPs, and the kernels taking the most."""
+    kernels, note = gpu_kernels(run)
+    if not kernels:
+        print(f"  kernels of {label}: {note}")
+        return
+    kinds, names = {}, {}
+    for name, _, ns in kernels:
+        kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + ns / 1e9
+        names[name] = names.get(name, 0.0) + ns / 1e9
+    busy, top = busy_time(kernels) / 1e9, sorted(names.items(), key=lambda kv: -kv[1])[:4]
+    rate = f"; the matmuls at {product_flops / kinds['matmul'] / 1e12:.0f} TFLOP/s" if kinds.get("matmul") else ""
+    print(f"  on the GPU, {label}: {len(kernels):,} kernels busy {busy:.2f} s of {seconds:.2f} s ({busy / seconds:.0%}); "
+          + ", ".join(f"{kind} {t:.2f} s" for kind, t in sorted(kinds.items(), key=lambda kv: -kv[1])) + rate
+          + "; the most time: " + ", ".join(f"{n[:40]} {t:.2f} s" for n, t in top))
 
 
 def print_memory(c, args, metrics):

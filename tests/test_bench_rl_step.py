@@ -160,3 +160,23 @@ def test_the_kernel_line_says_where_a_decode_step_goes(monkeypatch, capsys):
     line = capsys.readouterr().out.strip()
     assert line == ("on the GPU: 2 kernels a step, busy 0.60 ms of the 1.00 ms step (60%); the most time a "
                     "step: gemv 300 us, softmax 300 us, prefill 100 us"), line
+
+
+def test_the_training_pass_line_says_where_its_time_goes(monkeypatch, capsys):
+    """From a trace of a training pass: kernels busy against the pass's time, busy time by kind of
+    kernel (named as XLA's Triton products, cuBLAS and cuDNN's attention name theirs), and the
+    matmuls' rate at the weights' product FLOPs."""
+    bench = _bench_module()
+    ms = 1_000_000  # ns
+    trace = [("gemm_fusion_dot_12", 0, 300 * ms), ("sm90_xmma_gemm_bf16", 300 * ms, 100 * ms),
+             ("cudnn_generated_fort_native_sdpa_sm90", 400 * ms, 200 * ms), ("loop_add_fusion_3", 650 * ms, 50 * ms)]
+    monkeypatch.setattr(bench, "gpu_kernels", lambda fn: (trace, ""))
+    bench.print_pass_kernels("a pass", lambda: None, seconds=1.0, product_flops=400e12)
+    line = capsys.readouterr().out.strip()
+    assert line == ("on the GPU, a pass: 4 kernels busy 0.65 s of 1.00 s (65%); matmul 0.40 s, attention "
+                    "0.20 s, other 0.05 s; the matmuls at 1000 TFLOP/s; the most time: gemm_fusion_dot_12 "
+                    "0.30 s, cudnn_generated_fort_native_sdpa_sm90 0.20 s, sm90_xmma_gemm_bf16 0.10 s, "
+                    "loop_add_fusion_3 0.05 s"), line
+    monkeypatch.setattr(bench, "gpu_kernels", lambda fn: ([], "no device trace (a CPU)"))
+    bench.print_pass_kernels("a pass", lambda: None, seconds=1.0, product_flops=1.0)
+    assert capsys.readouterr().out.strip() == "kernels of a pass: no device trace (a CPU)"
