@@ -576,8 +576,10 @@ def print_decode(trainer, c, probes, params, bandwidth, reads) -> float:
         return (steps * weights + cache) / (bandwidth * devices)
 
     prompt = next(t.prompt_ids for g in probes.played.games for t in g.model_turns)
-    one = SamplingParams(BATCH1_STEPS, r.temperature, r.top_k, r.top_p)  # no stop ids: every step decodes
-    run_program(trainer.sampler, params, [prompt], one, 1)  # compiles
+    # No stop ids: every step decodes. The rollout's new-token budget, so that the program is the one
+    # the rollout ran at batch 1 (or compiled ahead) where it met one: BATCH1_STEPS is an argument.
+    one = SamplingParams(max(r.max_new_tokens, BATCH1_STEPS), r.temperature, r.top_k, r.top_p)
+    run_program(trainer.sampler, params, [prompt], one, 1)  # compiles, unless the rollout did
     times = {n: min(run_program(trainer.sampler, params, [prompt], one, n) for _ in range(3))
              for n in (1, BATCH1_STEPS)}
     step = (times[BATCH1_STEPS] - times[1]) / (BATCH1_STEPS - 1)
