@@ -14,7 +14,7 @@
 #      step line counts apart, so the first step should make its programs faster (not yet measured on
 #      a GPU; compare --compile_ahead 0). The bench starts the second step only if it ends by
 #      PRESET_S less 100 s (--time_limit), which leaves the report its time (its batch-1 decode
-#      compiles one more program). Limit PRESET_S, default 560 s.
+#      and kernel traces run programs the step compiled). Limit PRESET_S, default 560 s.
 #   small: bench/rl_step.py at the Qwen3-0.6B shape with the paper's sizes (128 samples, 64 games per
 #      call, micro-batch 8, 2 PPO epochs, bf16, remat) at the same cap, one step (SMALL_S, 240 s). At
 #      these sizes the first step makes about six sampler programs (JAX_LOG_COMPILES=1 at the tiny
