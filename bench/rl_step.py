@@ -405,7 +405,7 @@ def main():
     parser.add_argument("--schedule", choices=["rounds", "continuous"], help="rollout.schedule")
     parser.add_argument("--max_in_flight", type=int, help="rollout.max_in_flight")
     parser.add_argument("--compile_ahead", type=int, help="compile_ahead: threads compiling the sampler's "
-                        "smaller batch buckets in the background (default: the config's; 0 off)")
+                        "next programs in the background (default: the config's; 0 off)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: the "
                         "config's, float32 on CPU)")
     parser.add_argument("--bandwidth_tbs", type=float, help="memory bandwidth, TB/s")
@@ -554,12 +554,18 @@ def print_kernels(run, steps: int, step_s: float) -> None:
         return
     count = (len(many) - len(one)) / (steps - 1)
     busy = (busy_time(many) - busy_time(one)) / (steps - 1) / 1e9
-    by_name = {}
-    for name, _, duration in many:
-        by_name[name] = by_name.get(name, 0.0) + duration / (steps - 1) / 1e3
-    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:6]
+    top = list(kernel_seconds(many).items())[:6]
     print(f"  on the GPU: {count:.0f} kernels a step, busy {busy * 1e3:.2f} ms of the {step_s * 1e3:.2f} ms step "
-          f"({busy / step_s:.0%}); the most time a step: " + ", ".join(f"{n[:48]} {us:.0f} us" for n, us in top))
+          f"({busy / step_s:.0%}); the most time a step: "
+          + ", ".join(f"{n[:48]} {t / (steps - 1) * 1e6:.0f} us" for n, t in top))
+
+
+def kernel_seconds(kernels, key=lambda name: name) -> dict[str, float]:
+    """Seconds of the (name, start ns, duration ns) kernels summed by key(name), the most first."""
+    seconds = {}
+    for name, _, ns in kernels:
+        seconds[key(name)] = seconds.get(key(name), 0.0) + ns / 1e9
+    return dict(sorted(seconds.items(), key=lambda kv: -kv[1]))
 
 
 def print_decode(trainer, c, probes, params, bandwidth, reads) -> float:
@@ -649,14 +655,11 @@ def print_pass_kernels(label: str, run, seconds: float, product_flops: float) ->
     if not kernels:
         print(f"  kernels of {label}: {note}")
         return
-    kinds, names = {}, {}
-    for name, _, ns in kernels:
-        kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + ns / 1e9
-        names[name] = names.get(name, 0.0) + ns / 1e9
-    busy, top = busy_time(kernels) / 1e9, sorted(names.items(), key=lambda kv: -kv[1])[:4]
+    kinds, top = kernel_seconds(kernels, kernel_kind), list(kernel_seconds(kernels).items())[:4]
+    busy = busy_time(kernels) / 1e9
     rate = f"; the matmuls at {product_flops / kinds['matmul'] / 1e12:.0f} TFLOP/s" if kinds.get("matmul") else ""
     print(f"  on the GPU, {label}: {len(kernels):,} kernels busy {busy:.2f} s of {seconds:.2f} s ({busy / seconds:.0%}); "
-          + ", ".join(f"{kind} {t:.2f} s" for kind, t in sorted(kinds.items(), key=lambda kv: -kv[1])) + rate
+          + ", ".join(f"{kind} {t:.2f} s" for kind, t in kinds.items()) + rate
           + "; the most time: " + ", ".join(f"{n[:40]} {t:.2f} s" for n, t in top))
 
 

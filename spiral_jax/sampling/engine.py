@@ -282,9 +282,8 @@ class DecodeEngine:
         self.state, steps = self._programs.decode(params, self.state, np.int32(min(self.min_finished, live)),
                                                  np.int32(max_steps), window=window)
         for w in self.windows[self.windows.index(window) + 1:]:  # the windows rows grow into, compiled ahead
-            if (self._programs, w) not in self.ahead:
-                self.ahead.submit((self._programs, w), functools.partial(
-                    self._programs.decode.lower, params, self.state, np.int32(0), np.int32(0), window=w))
+            self.ahead.submit((self._programs, w), functools.partial(
+                self._programs.decode.lower, params, self.state, np.int32(0), np.int32(0), window=w))
         done, step, lengths = jax.device_get((self.state.done, self.state.step, self.state.length))
         self.lengths = lengths.tolist()
         ready = [s for s in range(self.slots) if self.busy[s] is not None and done[s]]
