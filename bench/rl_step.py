@@ -23,18 +23,19 @@ Random weights never stop, and a stand-in plays the tokenizer's part:
 It prints the step's breakdown (prefill, decode, host and games, old log-probs, train), the tokens
 generated per second, the decode step against the HBM floor (the weights in the compute dtype plus
 the keys and values of every row's prompt bucket and tokens so far, read once per step, over the
-memory bandwidth) at batch 1 and at the rollout's batch, the train step's MFU (model FLOPs: 6 x
-(non-embedding parameters x tokens + unembedding x response tokens) plus causal attention, per
-epoch, over the device's peak), and the peak memory against `spiral-jax plan`'s estimate. Every phase
-is timed less the time JAX spent making programs in it (tracing, lowering, XLA's compiling): the
-first step compiles, and a later one may still meet a new bucket. The figures are the last step's
-(`--steps`, default 2; `--time_limit` skips the steps that would not end in time, so a run on a
-borrowed machine still reports). On a GPU the batch-1 decode is also traced (jax.profiler): the kernels a
-step, the time they keep the GPU busy against the step's time (the rest is launch gaps and host
-work), and the kernels that take the most; and so is the old log-probs pass, the forward the
-epochs run: its busy time by kind of kernel (matmul, attention, other) and the matmuls' rate, for
-an MFU that misses. Bandwidth and peak FLOP/s come from a table of data sheets by device kind,
-else from flags, else (CPU) measured here.
+memory bandwidth) at batch 1, at batch 2 (the rollout's 2-row program, which XLA builds with fewer
+kernels) and at the rollout's batch, the train step's MFU (model FLOPs: 6 x (non-embedding
+parameters x tokens + unembedding x response tokens) plus causal attention, per epoch, over the
+device's peak), and the peak memory against `spiral-jax plan`'s estimate. Every phase is timed less
+the time JAX spent making programs in it (tracing, lowering, XLA's compiling): the first step
+compiles, and a later one may still meet a new bucket. The figures are the last step's (`--steps`,
+default 2; `--time_limit` skips the steps that would not end in time, so a run on a borrowed machine
+still reports). On a GPU the batch-1 and batch-2 decodes are also traced (jax.profiler): the kernels
+a step, the time they keep the GPU busy against the step's time (the rest is launch gaps and host
+work), and the kernels that take the most; and so is the old log-probs pass, the forward the epochs
+run: its busy time by kind of kernel (matmul, attention, other) and the matmuls' rate, for an MFU
+that misses. Bandwidth and peak FLOP/s come from a table of data sheets by device kind, else from
+flags, else (CPU) measured here.
 
     python bench/rl_step.py --shape tiny                                    # CPU, seconds
     python bench/rl_step.py --config configs/kuhn_qwen3_4b_1xh200.py --hardware 1xH200   # Qwen3-4B
@@ -570,8 +571,9 @@ def kernel_seconds(kernels, key=lambda name: name) -> dict[str, float]:
 
 def print_decode(trainer, c, probes, params, bandwidth, reads) -> float:
     """The decode step against the HBM floor at batch 1 (one of the step's prompts, no stop ids,
-    BATCH1_STEPS steps less one) and over the rollout's decoding (the sampler's calls of "rounds", the
-    engines' decode calls of "continuous"); returns the batch-1 ratio."""
+    BATCH1_STEPS steps less one), at batch 2 (where the rollout made that program) and over the
+    rollout's decoding (the sampler's calls of "rounds", the engines' decode calls of "continuous");
+    returns the batch-1 ratio."""
     cfg, r, devices = trainer.cfg, c.rollout, jax.device_count()
     size = jnp.dtype(cfg.compute_dtype).itemsize
     weights, kv = cfg.num_params * size, 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * size
@@ -585,17 +587,36 @@ def print_decode(trainer, c, probes, params, bandwidth, reads) -> float:
     # No stop ids: every step decodes. The rollout's new-token budget, so that the program is the one
     # the rollout ran at batch 1 (or compiled ahead) where it met one: BATCH1_STEPS is an argument.
     one = SamplingParams(max(r.max_new_tokens, BATCH1_STEPS), r.temperature, r.top_k, r.top_p)
-    run_program(trainer.sampler, params, [prompt], one, 1)  # compiles, unless the rollout did
-    times = {n: min(run_program(trainer.sampler, params, [prompt], one, n) for _ in range(3))
-             for n in (1, BATCH1_STEPS)}
-    step = (times[BATCH1_STEPS] - times[1]) / (BATCH1_STEPS - 1)
-    least = floor(1, trainer.sampler._buckets([prompt], one)[0], BATCH1_STEPS - 1) / (BATCH1_STEPS - 1)
+    plen = trainer.sampler._buckets([prompt], one)[0]
+
+    def decode_step(prompts) -> tuple[float, float]:
+        """Seconds of a decode step of the sampler's program for `prompts`, and its floor."""
+        run_program(trainer.sampler, params, prompts, one, 1)  # compiles, unless the rollout did
+        times = {n: min(run_program(trainer.sampler, params, prompts, one, n) for _ in range(3))
+                 for n in (1, BATCH1_STEPS)}
+        step = (times[BATCH1_STEPS] - times[1]) / (BATCH1_STEPS - 1)
+        return step, floor(len(prompts), plen, BATCH1_STEPS - 1) / (BATCH1_STEPS - 1)
+
+    step, least = decode_step([prompt])
     print(f"decode step at batch 1: {step * 1e3:.2f} ms, HBM floor {least * 1e3:.2f} ms "
           f"({weights / 1e9:.3g} GB of {cfg.compute_dtype} weights and the cache at "
           f"{bandwidth * devices / 1e12:.3g} TB/s): {step / least:.2f}x; "
           f"{step / least * reads / bandwidth:.2f}x at the rate a plain reduction reads")
-    if jax.default_backend() == "gpu":
+    gpu = jax.default_backend() == "gpu"
+    if gpu:
         print_kernels(lambda n: run_program(trainer.sampler, params, [prompt], one, n), BATCH1_STEPS, step)
+    # At one row XLA drops the batch axis: its products become reductions and its RMS norms two kernels
+    # each, where from two rows up they are gemms and one fused kernel (bench/decode_program.py). The
+    # two-row step, against the same weights, says whether a one-row call should run as two.
+    if has_program(trainer.sampler, probes.calls.calls, prompt, one, rows=2):
+        two, least2 = decode_step([prompt, prompt])
+        print(f"decode step at batch 2: {two * 1e3:.2f} ms, HBM floor {least2 * 1e3:.2f} ms: {two / least2:.2f}x; "
+              f"{two / step:.2f}x the batch-1 step")
+        if gpu:
+            print_kernels(lambda n: run_program(trainer.sampler, params, [prompt, prompt], one, n), BATCH1_STEPS,
+                          two)
+    else:
+        print("decode step at batch 2: not measured, the rollout made no 2-row program for this prompt bucket")
     calls = probes.calls.calls
     if r.schedule == "rounds":
         steps = sum(k["steps"] for k in calls)
@@ -614,6 +635,15 @@ def print_decode(trainer, c, probes, params, bandwidth, reads) -> float:
               f"start on average, {steps} steps): {decode / steps * 1e3:.2f} ms, HBM floor "
               f"{floors / steps * 1e3:.2f} ms: {decode / floors:.2f}x")
     return step / least
+
+
+def has_program(sampler, calls, prompt, sp: SamplingParams, rows: int) -> bool:
+    """Whether the rollout ran, or compiled ahead, the sampler's program for `rows` rows of prompts in
+    `prompt`'s bucket with `sp`'s budget: measuring it then compiles nothing."""
+    plen, slots = sampler._buckets([prompt], sp)
+    return (((rows, plen), slots, sp.mode) in sampler.ahead
+            or any(k["rows"] == rows and k["prompt_bucket"] == plen and k["sampling"].max_new_tokens == sp.max_new_tokens
+                   for k in calls))
 
 
 def print_train(cfg, c, update, peak, params) -> float:

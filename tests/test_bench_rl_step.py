@@ -54,6 +54,10 @@ def test_tiny_step_prints_its_breakdown_and_the_summary_line():
     assert re.search(r"^stopping after step 1: another \(about \d+ s\) would end past --time_limit 1 s$",
                      result.stdout, re.M), result.stdout
     assert "step 2 of 2" not in result.stdout
+    # The rollout's first call (8 games) compiled the 2-row program ahead: the report times it too.
+    two = re.search(r"^decode step at batch 2: (\d+\.\d\d) ms, HBM floor (\d+\.\d\d) ms: (\d+\.\d\d)x; "
+                    r"(\d+\.\d\d)x the batch-1 step$", result.stdout, re.M)
+    assert two and all(float(x) > 0 for x in two.groups()), result.stdout
     match = LAST_LINE.fullmatch(lines[-1])
     assert match, lines[-1]
     step, decode, mfu, device_seconds = (float(x) for x in match.groups())

@@ -153,9 +153,12 @@ def sample_token(logits, keys, temperature, top_k, top_p, *, mode: str, vocab_ma
     u = jax.vmap(lambda k: jax.random.uniform(k, dtype=jnp.float32))(keys)
     token, mass, kept = inverse_cdf(scaled, top, jnp.expand_dims(u, ax), ax)
     logz = (top + jnp.log(mass)).reshape(-1)
-    # A draw of a zero-probability token is rare, so the extra pass over the vocabulary to step back to
-    # the most likely one runs only in a step where it happens.
-    token = jax.lax.cond(jnp.all(kept), lambda: token, lambda: jnp.where(kept, token, argmax(scaled, ax)))
+    # A draw of a zero-probability token is rare, so on CPU and TPU the extra pass over the vocabulary
+    # to step back to the most likely one runs only in a step where it happens. XLA:GPU runs a
+    # conditional from the host: it reads the predicate back, a sync each decode step that splits the
+    # step's CUDA graph in two and idles the GPU, which costs more than the pass. There it always runs.
+    fallback = lambda: jnp.where(kept, token, argmax(scaled, ax))  # noqa: E731
+    token = fallback() if cpu.platform() == "gpu" else jax.lax.cond(jnp.all(kept), lambda: token, fallback)
     # At temperature 1 without truncation the sampled distribution is the raw one: skip a second pass
     # of exp over the vocabulary.
     raw_logz = logz if plain else jax.nn.logsumexp(logits, axis=ax)

@@ -12,6 +12,7 @@ from spiral_jax.compilation import compile_count
 from spiral_jax.models import KVCache, cpu, cpu_kernels, decoder, forward, load_pretrained
 from spiral_jax.sampling import Sampler, SamplingParams, sample_token
 from spiral_jax.models import transformer
+from spiral_jax.sampling import logits as logits_module
 from spiral_jax.sampling import sampler as sampler_module
 from spiral_jax.sharding import make_mesh
 
@@ -152,6 +153,31 @@ def test_plain_path_equals_general_path_at_temperature_one():
     np.testing.assert_allclose(general[1], plain[1], atol=1e-6)
     np.testing.assert_allclose(general[2], plain[2], atol=1e-6)
     np.testing.assert_allclose(plain[1], jax.nn.log_softmax(logits)[jnp.arange(16), plain[0]], atol=1e-5)
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+def test_a_draw_of_a_zero_probability_token_steps_back_to_the_most_likely(platform, monkeypatch):
+    """Rounding can land the inverse CDF on a masked token; that row takes its most likely token
+    instead. On CPU a conditional runs that pass only when it is needed; for a GPU, where a conditional
+    is a device-to-host sync every decode step, the program has none and always runs it."""
+    real = logits_module.inverse_cdf
+
+    def lands_on_a_masked_token_in_row_0(*args):
+        token, mass, kept = real(*args)
+        return token, mass, kept.at[0].set(False)
+
+    monkeypatch.setattr(logits_module, "inverse_cdf", lands_on_a_masked_token_in_row_0)
+    scores = jax.random.normal(jax.random.key(5), (4, 300)) * 3
+    args = (scores, jax.random.split(jax.random.key(6), 4), jnp.float32(0.8), jnp.int32(0), jnp.float32(1.0))
+    sample = functools.partial(sample_token, mode="tempered", vocab_major=False)
+    with cpu.compiling_for(platform):
+        text = jax.jit(sample).lower(*args).as_text()
+        tokens = jax.jit(sample)(*args)[0]
+    monkeypatch.setattr(logits_module, "inverse_cdf", real)
+    drawn = jax.jit(sample)(*args)[0]
+    assert ("stablehlo.case" in text or "stablehlo.if" in text) == (platform == "cpu")
+    assert int(tokens[0]) == int(jnp.argmax(scores[0]))
+    np.testing.assert_array_equal(tokens[1:], drawn[1:])
 
 
 @pytest.mark.parametrize("mode", ["greedy", "plain", "tempered", "truncated"])
