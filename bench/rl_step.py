@@ -40,6 +40,10 @@ flags, else (CPU) measured here.
     python bench/rl_step.py --shape tiny                                    # CPU, seconds
     python bench/rl_step.py --config configs/kuhn_qwen3_4b_1xh200.py --hardware 1xH200   # Qwen3-4B
     python bench/rl_step.py --shape 1.7b --max_new_tokens 1024 --schedule continuous --max_in_flight 32
+
+Decode steps and the cache they read depend on the schedule and the response lengths, not on the
+model: `--rollout_only 4b` plays one step's rollout (at any shape, tiny on a CPU) and prices what its
+decoding read at Qwen3-4B's sizes and the given bandwidth, to compare schedules without a GPU.
 """
 import argparse
 import contextlib
@@ -388,6 +392,8 @@ def bench_config(args):
         r.max_in_flight = args.max_in_flight
     if args.compile_ahead is not None:
         c.compile_ahead = args.compile_ahead
+    if args.seed is not None:
+        c.seed = args.seed
     c.eval.max_new_tokens = r.max_new_tokens  # the sampler is sized by the rollout alone (no evaluation here)
     return c
 
@@ -412,6 +418,11 @@ def main():
     parser.add_argument("--bandwidth_tbs", type=float, help="memory bandwidth, TB/s")
     parser.add_argument("--peak_tflops", type=float, help="peak dense FLOP/s in the compute dtype, TFLOP/s")
     parser.add_argument("--hardware", help="the planner's hardware (default: this machine's devices)")
+    parser.add_argument("--seed", type=int, help="the config's seed: the games dealt and the tokens drawn")
+    parser.add_argument("--rollout_only", choices=SHAPES, metavar="SHAPE",
+                        help="play one step's rollout only, and print what its decoding reads and that "
+                             "read's floor for SHAPE's bf16 weights (a Qwen3 shape) at --bandwidth_tbs: "
+                             "decode steps do not depend on the model, so a tiny run counts them for 4b")
     parser.add_argument("--time_limit", type=float, help="seconds: start no further step that would end "
                         "past this, by the last step's time less its compiling; report the last one run")
     args = parser.parse_args()
@@ -445,6 +456,11 @@ def main():
               f"reads {reads / 1e12:.3g} TB/s here; {trainer.sampler.ahead.workers} threads compile the "
               f"sampler's next programs ahead")
         probes = Probes(trainer)
+        if args.rollout_only:
+            print_rollout_reads(trainer, c, probes, args.rollout_only, bandwidth)
+            trainer.ckpt.close()
+            trainer.writer.close()
+            return
         for step in range(1, args.steps + 1):
             probes.reset()
             xla, ahead = COMPILES.xla, len(COMPILES.ahead)
@@ -597,11 +613,11 @@ def print_decode(trainer, c, probes, params, bandwidth, reads) -> float:
         step = (times[BATCH1_STEPS] - times[1]) / (BATCH1_STEPS - 1)
         return step, floor(len(prompts), plen, BATCH1_STEPS - 1) / (BATCH1_STEPS - 1)
 
-    step, least = decode_step([prompt])
-    print(f"decode step at batch 1: {step * 1e3:.2f} ms, HBM floor {least * 1e3:.2f} ms "
+    step, least_one = decode_step([prompt])
+    print(f"decode step at batch 1: {step * 1e3:.2f} ms, HBM floor {least_one * 1e3:.2f} ms "
           f"({weights / 1e9:.3g} GB of {cfg.compute_dtype} weights and the cache at "
-          f"{bandwidth * devices / 1e12:.3g} TB/s): {step / least:.2f}x; "
-          f"{step / least * reads / bandwidth:.2f}x at the rate a plain reduction reads")
+          f"{bandwidth * devices / 1e12:.3g} TB/s): {step / least_one:.2f}x; "
+          f"{step / least_one * reads / bandwidth:.2f}x at the rate a plain reduction reads")
     gpu = jax.default_backend() == "gpu"
     if gpu:
         print_kernels(lambda n: run_program(trainer.sampler, params, [prompt], one, n), BATCH1_STEPS, step)
@@ -617,24 +633,48 @@ def print_decode(trainer, c, probes, params, bandwidth, reads) -> float:
                           two)
     else:
         print("decode step at batch 2: not measured, the rollout made no 2-row program for this prompt bucket")
-    calls = probes.calls.calls
-    if r.schedule == "rounds":
-        steps = sum(k["steps"] for k in calls)
-        decode = sum(k["seconds"] - k["prefill"] for k in calls)
-        floors = sum(floor(k["rows"], k["prompt_bucket"], k["steps"]) for k in calls)
-        rows = sum(k["rows"] * k["steps"] for k in calls) / max(steps, 1)
-        print(f"decode step at the rollout's batch ({rows:.0f} rows on average, {steps} steps): "
-              f"{decode / steps * 1e3:.2f} ms, HBM floor {floors / steps * 1e3:.2f} ms: {decode / floors:.2f}x")
-    else:  # each live row reads its own filled cache; the engine's idle slots are not in the floor
+    steps, rows, slot_tokens, seconds = decode_reads(r.schedule, probes)
+    least = (steps * weights + kv * slot_tokens) / (bandwidth * devices)
+    where = (f"{rows:.0f} rows on average" if r.schedule == "rounds" else
+             f"{rows:.0f} live rows of {probes.engines.decodes[0]['slots']} slots at a call's start on average")
+    print(f"decode step at the rollout's batch ({where}, {steps} steps): {seconds / steps * 1e3:.2f} ms, "
+          f"HBM floor {least / steps * 1e3:.2f} ms: {seconds / least:.2f}x")
+    return step / least_one
+
+
+def decode_reads(schedule: str, probes) -> tuple[int, float, float, float]:
+    """What the last rollout's decoding read, whatever the model: (decode steps, rows a step on average,
+    slot-tokens of cache read over all steps, seconds). "rounds": each call's padded rows read their
+    prompt bucket and tokens so far every step; "continuous": each engine call's live rows read the
+    cache they filled (its idle slots are not counted)."""
+    if schedule == "rounds":
+        calls = probes.calls.calls
+        read = sum(k["rows"] * (k["steps"] * k["prompt_bucket"] + k["steps"] * (k["steps"] + 1) / 2) for k in calls)
+        seconds = sum(k["seconds"] - k.get("prefill", 0.0) for k in calls)
+    else:
         calls = probes.engines.decodes
-        steps = sum(k["steps"] for k in calls)
-        decode = sum(k["seconds"] for k in calls)
-        floors = sum(k["steps"] * weights + kv * k["filled"] for k in calls) / (bandwidth * devices)
-        rows = sum(k["rows"] * k["steps"] for k in calls) / max(steps, 1)
-        print(f"decode step at the rollout's batch ({rows:.0f} live rows of {calls[0]['slots']} slots at a call's "
-              f"start on average, {steps} steps): {decode / steps * 1e3:.2f} ms, HBM floor "
-              f"{floors / steps * 1e3:.2f} ms: {decode / floors:.2f}x")
-    return step / least
+        read, seconds = sum(k["filled"] for k in calls), sum(k["seconds"] for k in calls)
+    steps = sum(k["steps"] for k in calls)
+    return steps, sum(k["rows"] * k["steps"] for k in calls) / max(steps, 1), read, seconds
+
+
+def print_rollout_reads(trainer, c, probes, shape: str, bandwidth: float) -> None:
+    """One step's rollout (`--rollout_only`), and the floor of what its decoding read at `shape`'s sizes."""
+    collected, seconds, compiled = run_timed(trainer.collect)
+    games, r = probes.played.games, c.rollout
+    tokens = sum(len(t.response_ids) for g in games for t in g.model_turns)
+    steps, rows, slot_tokens, _ = decode_reads(r.schedule, probes)
+    cfg = ModelConfig(**SHAPES[shape])
+    weights, kv = cfg.num_params * 2, 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
+    schedule = r.schedule + (f", {r.max_in_flight} slots" if r.schedule == "continuous" else
+                             f", {len(probes.calls.calls)} calls")
+    print(f"rollout ({schedule}): {len(games)} games, {sum(len(g.model_turns) for g in games)} moves, "
+          f"{tokens:,} tokens in {seconds - compiled:.1f} s (and {compiled:.1f} s making programs)")
+    print(f"decode reads: {steps:,} steps of {rows:.1f} rows on average, {slot_tokens:,.0f} slot-tokens of cache; "
+          f"floor at {shape}'s bf16 sizes ({weights / 1e9:.3g} GB of weights, {kv / 1e3:.0f} KB of cache a token) "
+          f"and {bandwidth / 1e12:.3g} TB/s: {(steps * weights + kv * slot_tokens) / bandwidth:.1f} s, of which "
+          f"weights {steps * weights / bandwidth:.1f} s; {(steps * weights + kv * slot_tokens) / bandwidth / tokens * 1e3:.2f} "
+          f"s per 1k tokens")
 
 
 def has_program(sampler, calls, prompt, sp: SamplingParams, rows: int) -> bool:

@@ -70,6 +70,24 @@ def test_tiny_step_prints_its_breakdown_and_the_summary_line():
     assert all(v >= 0 for k, v in parts.items() if k != "hand-over, packing, metrics"), parts
 
 
+def test_rollout_only_counts_what_decoding_reads_and_its_floor_at_another_shape():
+    """--rollout_only plays one rollout and prices its reads at Qwen3-4B's sizes: the floor printed is
+    the steps' weights plus the cache's slot-tokens over the bandwidth given."""
+    result = _run_tiny_bench("--rollout_only", "4b", "--bandwidth_tbs", "4.8")
+    assert "step 1 of" not in result.stdout and "rl step" not in result.stdout, result.stdout  # no training
+    assert re.search(r"^rollout \(rounds, \d+ calls\): \d+ games, \d+ moves, [\d,]+ tokens in ", result.stdout, re.M)
+    line = re.search(r"^decode reads: ([\d,]+) steps of ([\d.]+) rows on average, ([\d,]+) slot-tokens of cache; "
+                     r"floor at 4b's bf16 sizes \(8.04 GB of weights, 147 KB of cache a token\) and 4.8 TB/s: "
+                     r"([\d.]+) s, of which weights ([\d.]+) s; ([\d.]+) s per 1k tokens$", result.stdout, re.M)
+    assert line, result.stdout
+    steps, rows, slot_tokens = (float(x.replace(",", "")) for x in line.groups()[:3])
+    floor, weights = float(line[4]), float(line[5])
+    four_b = _bench_module().ModelConfig(**_bench_module().QWEN3["4b"])
+    assert steps > 0 and rows >= 1 and slot_tokens >= steps * rows, line[0]
+    assert np.isclose(weights, steps * four_b.num_params * 2 / 4.8e12, atol=0.051), line[0]
+    assert np.isclose(floor, weights + slot_tokens * 147456 / 4.8e12, atol=0.11), line[0]
+
+
 @pytest.mark.slow
 def test_tiny_continuous_step_measures_its_engines_decode_calls():
     result = _run_tiny_bench("--steps", "1", "--schedule", "continuous", "--max_in_flight", "4")
