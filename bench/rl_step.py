@@ -43,7 +43,8 @@ flags, else (CPU) measured here.
 
 Decode steps and the cache they read depend on the schedule and the response lengths, not on the
 model: `--rollout_only 4b` plays one step's rollout (at any shape, tiny on a CPU) and prices what its
-decoding read at Qwen3-4B's sizes and the given bandwidth, to compare schedules without a GPU.
+decoding read at Qwen3-4B's sizes and the given bandwidth, to compare schedules without a GPU. It
+also packs the samples as the trainer does and says what share of the train step's slots they fill.
 """
 import argparse
 import contextlib
@@ -66,6 +67,7 @@ from spiral_jax.models import ModelConfig
 from spiral_jax.models import transformer
 from spiral_jax.models.shapes import QWEN3
 from spiral_jax.run import Trainer
+from spiral_jax.rl.samples import pack, padded_rows
 from spiral_jax.rl.train_step import make_compute_logprobs, make_train_step
 from spiral_jax.run.setup import run_spec
 from spiral_jax.sampling import SamplingParams
@@ -675,6 +677,13 @@ def print_rollout_reads(trainer, c, probes, shape: str, bandwidth: float) -> Non
           f"and {bandwidth / 1e12:.3g} TB/s: {(steps * weights + kv * slot_tokens) / bandwidth:.1f} s, of which "
           f"weights {steps * weights / bandwidth:.1f} s; {(steps * weights + kv * slot_tokens) / bandwidth / tokens * 1e3:.2f} "
           f"s per 1k tokens")
+    # The step's training batch, packed as the trainer packs it: one sample a row, every row as long as
+    # the longest sample's bucket, so the slots past each sample are computed and thrown away.
+    rows = None if r.selection == "exact" else padded_rows(len(collected.samples), trainer.rows)
+    batch = pack(collected.samples, rows=rows, row_multiple=trainer.rows)
+    real = int(batch.input_mask.sum())
+    print(f"train batch: {batch.shape[0]} rows of {batch.shape[1]:,} slots, {real:,} tokens in them: "
+          f"{real / batch.tokens.size:.0%} of the slots the train step computes")
 
 
 def has_program(sampler, calls, prompt, sp: SamplingParams, rows: int) -> bool:

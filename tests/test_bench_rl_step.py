@@ -86,6 +86,11 @@ def test_rollout_only_counts_what_decoding_reads_and_its_floor_at_another_shape(
     assert steps > 0 and rows >= 1 and slot_tokens >= steps * rows, line[0]
     assert np.isclose(weights, steps * four_b.num_params * 2 / 4.8e12, atol=0.051), line[0]
     assert np.isclose(floor, weights + slot_tokens * 147456 / 4.8e12, atol=0.11), line[0]
+    packed = re.search(r"^train batch: (\d+) rows of ([\d,]+) slots, ([\d,]+) tokens in them: (\d+)% of the slots",
+                       result.stdout, re.M)
+    assert packed, result.stdout
+    rows, slots, tokens, share = (int(x.replace(",", "")) for x in packed.groups())
+    assert rows == 16 and 0 < tokens <= rows * slots and share == round(100 * tokens / (rows * slots)), packed[0]
 
 
 @pytest.mark.slow
