@@ -206,12 +206,12 @@ def main():
               f"cache copies a step in each loop (a scanned prefill, the decode stages): "
               f"{[stage['cache copy'] for stage in stages]}; "
               f"temporaries {compiled.memory_analysis().temp_size_in_bytes / 2**30:.2f} GiB")
+        body = re.search(r"body=%?([\w.\-]+)", loops[-1]).group(1)
         if platform == "gpu":
-            body = re.search(r"body=%?([\w.\-]+)", loops[-1]).group(1)
             branches = sum(1 for line in comps[body] if opcode(line) == "conditional")
             print(f"  conditionals a decode step: {branches} (XLA:GPU runs each from the host, reading its "
                   f"predicate back: a sync that splits the step's CUDA graph, beside the loop's own condition)")
-        cycles = step_kernels(comps, re.search(r"body=%?([\w.\-]+)", loops[-1]).group(1), cycles=True)
+        cycles = step_kernels(comps, body, cycles=True)
         if sum(cycles.values()):
             print(f"  the compiler's cost model: {sum(cycles.values()) / 1e6:.2f} M cycles a decode step, "
                   f"{cycles['cache copy'] / sum(cycles.values()):.0%} of them cache copies (its estimate covers "

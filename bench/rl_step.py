@@ -67,7 +67,6 @@ from spiral_jax.models import ModelConfig
 from spiral_jax.models import transformer
 from spiral_jax.models.shapes import QWEN3
 from spiral_jax.run import Trainer
-from spiral_jax.rl.samples import pack, padded_rows
 from spiral_jax.rl.train_step import make_compute_logprobs, make_train_step
 from spiral_jax.run.setup import run_spec
 from spiral_jax.sampling import SamplingParams
@@ -593,13 +592,11 @@ def print_decode(trainer, c, probes, params, bandwidth, reads) -> float:
     rollout's decoding (the sampler's calls of "rounds", the engines' decode calls of "continuous");
     returns the batch-1 ratio."""
     cfg, r, devices = trainer.cfg, c.rollout, jax.device_count()
-    size = jnp.dtype(cfg.compute_dtype).itemsize
-    weights, kv = cfg.num_params * size, 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * size
+    weights, kv = read_sizes(cfg, jnp.dtype(cfg.compute_dtype).itemsize)
 
     def floor(rows, prompt_bucket, steps):
         """Seconds of `steps` decode steps that read the weights and the filled cache once each."""
-        cache = rows * kv * (steps * prompt_bucket + steps * (steps + 1) / 2)
-        return (steps * weights + cache) / (bandwidth * devices)
+        return (steps * weights + kv * cache_read(rows, prompt_bucket, steps)) / (bandwidth * devices)
 
     prompt = next(t.prompt_ids for g in probes.played.games for t in g.model_turns)
     # No stop ids: every step decodes. The rollout's new-token budget, so that the program is the one
@@ -644,6 +641,17 @@ def print_decode(trainer, c, probes, params, bandwidth, reads) -> float:
     return step / least_one
 
 
+def read_sizes(cfg: ModelConfig, itemsize: int) -> tuple[int, int]:
+    """Bytes a decode step reads for the weights, and for each cache slot-token (keys and values)."""
+    return cfg.num_params * itemsize, 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize
+
+
+def cache_read(rows: int, prompt_bucket: int, steps: int) -> float:
+    """Slot-tokens of cache that `steps` decode steps of `rows` rows read: each row its prompt bucket
+    and the tokens so far, every step."""
+    return rows * (steps * prompt_bucket + steps * (steps + 1) / 2)
+
+
 def decode_reads(schedule: str, probes) -> tuple[int, float, float, float]:
     """What the last rollout's decoding read, whatever the model: (decode steps, rows a step on average,
     slot-tokens of cache read over all steps, seconds). "rounds": each call's padded rows read their
@@ -651,7 +659,7 @@ def decode_reads(schedule: str, probes) -> tuple[int, float, float, float]:
     cache they filled (its idle slots are not counted)."""
     if schedule == "rounds":
         calls = probes.calls.calls
-        read = sum(k["rows"] * (k["steps"] * k["prompt_bucket"] + k["steps"] * (k["steps"] + 1) / 2) for k in calls)
+        read = sum(cache_read(k["rows"], k["prompt_bucket"], k["steps"]) for k in calls)
         seconds = sum(k["seconds"] - k.get("prefill", 0.0) for k in calls)
     else:
         calls = probes.engines.decodes
@@ -666,21 +674,19 @@ def print_rollout_reads(trainer, c, probes, shape: str, bandwidth: float) -> Non
     games, r = probes.played.games, c.rollout
     tokens = sum(len(t.response_ids) for g in games for t in g.model_turns)
     steps, rows, slot_tokens, _ = decode_reads(r.schedule, probes)
-    cfg = ModelConfig(**SHAPES[shape])
-    weights, kv = cfg.num_params * 2, 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
+    weights, kv = read_sizes(ModelConfig(**SHAPES[shape]), 2)
+    least = (steps * weights + kv * slot_tokens) / bandwidth
     schedule = r.schedule + (f", {r.max_in_flight} slots" if r.schedule == "continuous" else
                              f", {len(probes.calls.calls)} calls")
     print(f"rollout ({schedule}): {len(games)} games, {sum(len(g.model_turns) for g in games)} moves, "
           f"{tokens:,} tokens in {seconds - compiled:.1f} s (and {compiled:.1f} s making programs)")
     print(f"decode reads: {steps:,} steps of {rows:.1f} rows on average, {slot_tokens:,.0f} slot-tokens of cache; "
           f"floor at {shape}'s bf16 sizes ({weights / 1e9:.3g} GB of weights, {kv / 1e3:.0f} KB of cache a token) "
-          f"and {bandwidth / 1e12:.3g} TB/s: {(steps * weights + kv * slot_tokens) / bandwidth:.1f} s, of which "
-          f"weights {steps * weights / bandwidth:.1f} s; {(steps * weights + kv * slot_tokens) / bandwidth / tokens * 1e3:.2f} "
-          f"s per 1k tokens")
-    # The step's training batch, packed as the trainer packs it: one sample a row, every row as long as
-    # the longest sample's bucket, so the slots past each sample are computed and thrown away.
-    rows = None if r.selection == "exact" else padded_rows(len(collected.samples), trainer.rows)
-    batch = pack(collected.samples, rows=rows, row_multiple=trainer.rows)
+          f"and {bandwidth / 1e12:.3g} TB/s: {least:.1f} s, of which weights {steps * weights / bandwidth:.1f} s; "
+          f"{least / tokens * 1e3:.2f} s per 1k tokens")
+    # The step's training batch as the trainer packs it: one sample a row, every row as long as the
+    # longest sample's bucket, so the slots past each sample are computed and thrown away.
+    batch = trainer.pack_samples(collected.samples)
     real = int(batch.input_mask.sum())
     print(f"train batch: {batch.shape[0]} rows of {batch.shape[1]:,} slots, {real:,} tokens in them: "
           f"{real / batch.tokens.size:.0%} of the slots the train step computes")

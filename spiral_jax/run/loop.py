@@ -195,6 +195,12 @@ class Trainer:
         opponent = "frozen" if self.frozen else self.spec.rollout.opponent
         return collect(self.spec, self.rollout, policies, s.step, s.rae, s.pool_steps, opponent)
 
+    def pack_samples(self, samples):
+        """A step's samples as the train step's batch (on the host): exactly samples_per_step rows
+        under "exact" selection, else a bucketed row count, in whole micro-batches."""
+        rows = None if self.spec.rollout.selection == "exact" else padded_rows(len(samples), self.rows)
+        return pack(samples, rows=rows, row_multiple=self.rows)
+
     def train_step(self) -> dict:
         """One RL step on the state; returns the step's scalars."""
         s, r = self.state, self.spec.rollout
@@ -206,9 +212,8 @@ class Trainer:
         s.rae = collected.rae
         t_rollout = time.perf_counter() - t0 - t_handover
 
-        t1, samples = time.perf_counter(), collected.samples
-        rows = None if r.selection == "exact" else padded_rows(len(samples), self.rows)
-        batch = shard_batch(pack(samples, rows=rows, row_multiple=self.rows), self.mesh)
+        t1 = time.perf_counter()
+        batch = shard_batch(self.pack_samples(collected.samples), self.mesh)
         s.train, epochs = self.update(s.train, batch, self._kl_reference(), self.weights)
         update = jax.device_get(epochs[-1])
         t_update = time.perf_counter() - t1
