@@ -67,6 +67,7 @@ from spiral_jax.models import ModelConfig
 from spiral_jax.models import transformer
 from spiral_jax.models.shapes import QWEN3
 from spiral_jax.run import Trainer
+from spiral_jax.rl.samples import pack
 from spiral_jax.rl.train_step import make_compute_logprobs, make_train_step
 from spiral_jax.run.setup import run_spec
 from spiral_jax.sampling import SamplingParams
@@ -293,9 +294,8 @@ class TimedUpdate:
 
     def __call__(self, state, batch, ref_params=None, frozen=None):
         weights = () if frozen is None else (frozen,)  # LoRA's frozen weights, as make_update takes them
-        tokens, response = jax.device_get((batch.input_mask.sum(1), batch.loss_mask.sum(1)))
-        self.rows = [(int(n), int(r)) for n, r in zip(tokens, response) if n]
-        self.slots = batch.tokens.size
+        self.samples = sample_sizes(*jax.device_get((batch.segment_ids, batch.loss_mask)))
+        self.slots, self.n_rows = batch.tokens.size, batch.shape[0]
         self.batch, self.weights = batch, weights  # for a trace of the old log-probs pass (print_train)
         self.seconds = {}
         if not self.tc.on_policy:
@@ -360,13 +360,20 @@ def device_rates(args, dtype) -> tuple[float, float, str]:
 # ------------------------------------------------------------------------------------ FLOPs
 
 
-def train_flops(cfg: ModelConfig, rows, passes: int, attention: bool = True) -> float:
-    """Model FLOPs of `passes` (3: forward + backward, 1: forward) over rows of (tokens, response tokens);
-    without `attention`, those of the weights' products alone."""
+def sample_sizes(segment_ids, loss_mask) -> list[tuple[int, int]]:
+    """(tokens, response tokens) of each sample of a packed batch: its segments, row by row."""
+    return [(int(np.sum(ids == j)), int(np.sum(loss[ids == j]))) for ids, loss in zip(segment_ids, loss_mask)
+            for j in range(1, int(ids.max()) + 1)]
+
+
+def train_flops(cfg: ModelConfig, samples, passes: int, attention: bool = True) -> float:
+    """Model FLOPs of `passes` (3: forward + backward, 1: forward) over samples of (tokens, response
+    tokens); without `attention`, those of the weights' products alone. Attention counts each
+    sample's own causal scores, which is all a packed row's kernel needs."""
     unembed = cfg.vocab_size * cfg.hidden_size
     body = cfg.num_params - unembed * (1 if cfg.tie_word_embeddings else 2)
-    scores = 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * attention  # x n(n+1) per row, causal
-    return passes * sum(2 * body * n + 2 * unembed * r + scores * n * (n + 1) for n, r in rows)
+    scores = 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * attention  # x n(n+1) per sample, causal
+    return passes * sum(2 * body * n + 2 * unembed * r + scores * n * (n + 1) for n, r in samples)
 
 
 # ------------------------------------------------------------------------------------ the run
@@ -387,6 +394,8 @@ def bench_config(args):
     r.max_new_tokens = sizes.get("max_new_tokens", r.max_new_tokens)
     r.games_per_batch = sizes.get("games", r.games_per_batch)
     c.optim.micro_batch_size = sizes.get("micro_batch", c.optim.micro_batch_size)
+    if args.samples_per_row is not None:
+        c.optim.samples_per_row = args.samples_per_row
     if args.schedule:
         r.schedule = args.schedule
     if args.max_in_flight is not None:
@@ -410,6 +419,8 @@ def main():
     parser.add_argument("--mean_tokens", type=float, help="mean response length before the cap (default cap/4)")
     parser.add_argument("--games", type=int, help="rollout.games_per_batch")
     parser.add_argument("--micro_batch", type=int, help="optim.micro_batch_size")
+    parser.add_argument("--samples_per_row", type=int, help="optim.samples_per_row: the most samples packed "
+                        "into a training row (1: a row each; default: the config's, auto)")
     parser.add_argument("--schedule", choices=["rounds", "continuous"], help="rollout.schedule")
     parser.add_argument("--max_in_flight", type=int, help="rollout.max_in_flight")
     parser.add_argument("--compile_ahead", type=int, help="compile_ahead: threads compiling the sampler's "
@@ -684,12 +695,18 @@ def print_rollout_reads(trainer, c, probes, shape: str, bandwidth: float) -> Non
           f"floor at {shape}'s bf16 sizes ({weights / 1e9:.3g} GB of weights, {kv / 1e3:.0f} KB of cache a token) "
           f"and {bandwidth / 1e12:.3g} TB/s: {least:.1f} s, of which weights {steps * weights / bandwidth:.1f} s; "
           f"{least / tokens * 1e3:.2f} s per 1k tokens")
-    # The step's training batch as the trainer packs it: one sample a row, every row as long as the
-    # longest sample's bucket, so the slots past each sample are computed and thrown away.
-    batch = trainer.pack_samples(collected.samples)
-    real = int(batch.input_mask.sum())
-    print(f"train batch: {batch.shape[0]} rows of {batch.shape[1]:,} slots, {real:,} tokens in them: "
-          f"{real / batch.tokens.size:.0%} of the slots the train step computes")
+    # The step's training batch as the trainer packs it (`--samples_per_row`), and one sample a row:
+    # every row is as long as the longest sample's bucket, so the slots no sample fills are computed
+    # and thrown away.
+    n = len(collected.samples)
+    layouts = [(trainer.samples_per_row, trainer.pack_samples(collected.samples))]
+    if trainer.samples_per_row > 1:
+        layouts.append((1, pack(collected.samples, row_multiple=trainer.rows)))
+    for per_row, batch in layouts:
+        real = int(np.sum(batch.segment_ids > 0))
+        print(f"train batch, at most {per_row} sample{'s' * (per_row > 1)} a row: {n} samples in {batch.shape[0]} "
+              f"rows of {batch.shape[1]:,} slots, {real:,} tokens in them: {real / batch.tokens.size:.0%} of the "
+              f"slots the train step computes")
 
 
 def has_program(sampler, calls, prompt, sp: SamplingParams, rows: int) -> bool:
@@ -705,11 +722,12 @@ def print_train(cfg, c, update, peak, params) -> float:
     """The epochs' model FLOPs over their time and the devices' peak: returns the MFU. On a GPU, the
     old log-probs pass (the forward the epochs run, over the same batch) is traced too."""
     devices = jax.device_count()
-    epoch = train_flops(cfg, update.rows, 3)
+    epoch = train_flops(cfg, update.samples, 3)
     train_s, logprob_s = update.seconds["train"], update.seconds.get("old log-probs", 0.0)
     mfu = c.optim.epochs * epoch / (train_s * peak * devices)
-    tokens, response = (sum(x) for x in zip(*update.rows))
-    line = (f"train: {len(update.rows)} rows, {tokens:,} tokens ({tokens / update.slots:.0%} of the batch's "
+    tokens, response = (sum(x) for x in zip(*update.samples))
+    line = (f"train: {len(update.samples)} samples in {update.n_rows} rows, {tokens:,} tokens "
+            f"({tokens / update.slots:.0%} of the batch's "
             f"slots; {response:,} response), {c.optim.epochs} epochs of {epoch:.3g} FLOP in {train_s:.2f} s: "
             f"MFU {mfu:.0%}")
     if logprob_s:
@@ -717,7 +735,7 @@ def print_train(cfg, c, update, peak, params) -> float:
     print(line)
     if logprob_s and jax.default_backend() == "gpu":
         print_pass_kernels("the old log-probs pass (the epochs' forward)", lambda: jax.block_until_ready(
-            update.logprobs(params, update.batch, *update.weights)), logprob_s, train_flops(cfg, update.rows, 1, False))
+            update.logprobs(params, update.batch, *update.weights)), logprob_s, train_flops(cfg, update.samples, 1, False))
     return mfu
 
 

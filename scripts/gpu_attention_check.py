@@ -6,8 +6,10 @@
    against `transformer.attention` in bf16, outputs and input gradients, on left-padded (prompt),
    right-padded (training row) and full rows, at Qwen3's head layout (32 query heads over 8 key/value
    heads, 128 wide). Tolerances are bf16's: both paths round the same fp32 softmax differently.
-2. The decoder: the logits of a 4-layer Qwen3-shaped model with attention="cudnn" against "xla".
-3. Memory and time of one layer's attention forward + backward at the paper's row of 6144 slots:
+2. Packed rows (`rl.samples`, optim.samples_per_row > 1): cuDNN's packed layout (`segments` > 1)
+   against the XLA path's segment mask, outputs and gradients, on rows of one to four segments.
+3. The decoder: the logits of a 4-layer Qwen3-shaped model with attention="cudnn" against "xla".
+4. Memory and time of one layer's attention forward + backward at the paper's row of 6144 slots:
    the compiled temporaries of both paths, and their step times.
 
 Exit status 1 if a parity check fails. Needs JAX with CUDA (pip install -e '.[cuda]').
@@ -62,6 +64,32 @@ def parity(b=4, t=1000) -> bool:
     return ok
 
 
+def packed_parity(b=4, t=1024, segments=4) -> bool:
+    q, k, v, _ = qkv(b, t)
+    ids = np.zeros((b, t), np.int32)
+    ids[0, :300], ids[0, 300:700], ids[0, 700:1000] = 1, 2, 3  # three samples, then padding
+    ids[1, :] = 1
+    ids[2, :100], ids[2, 100:101], ids[2, 101:900], ids[2, 900:] = 1, 2, 3, 4
+    ids[3, :512] = 1
+    ids = jnp.asarray(ids)
+    real = np.asarray(ids > 0)[..., None, None]
+    cudnn = lambda q, k, v: fused_attention.cudnn_attention(q, k, v, ids, segments=segments)  # noqa: E731
+    xla = lambda q, k, v: xla_attention(q, k, v, ids)  # noqa: E731
+    out_f, out_x = (np.asarray(jax.jit(fn)(q, k, v), np.float32) for fn in (cudnn, xla))
+    err = np.abs(np.where(real, out_f - out_x, 0)).max()
+    print(f"packed attention output, bf16, {b}x{t}, up to {segments} segments a row: max |cudnn - xla| = "
+          f"{err:.4f} (bound 0.03)")
+    ok = bool(err < 0.03) and bool(np.isfinite(out_f).all())
+    loss = lambda fn: lambda *a: jnp.sum(jnp.where(real, fn(*a).astype(jnp.float32), 0) ** 2)  # noqa: E731
+    grads = [jax.jit(jax.grad(loss(fn), argnums=(0, 1, 2)))(q, k, v) for fn in (cudnn, xla)]
+    for name, gf, gx in zip("qkv", *grads):
+        gf, gx = np.asarray(gf, np.float32), np.asarray(gx, np.float32)
+        rel = np.abs(gf - gx).max() / np.abs(gx).max()
+        print(f"packed gradient d{name}: max |cudnn - xla| / max |xla| = {rel:.4f} (bound 0.02)")
+        ok &= bool(rel < 0.02) and bool(np.isfinite(gf).all())
+    return ok
+
+
 def decoder_parity() -> bool:
     cfg = ModelConfig(model_type="qwen3", vocab_size=4096, hidden_size=1024, intermediate_size=3072, num_layers=4,
                       num_heads=16, num_kv_heads=8, head_dim=128, max_position_embeddings=2048,
@@ -100,6 +128,11 @@ def main() -> int:
         print("no GPU: this check needs JAX on an NVIDIA GPU")
         return 1
     ok = parity()
+    try:
+        ok &= packed_parity()
+    except Exception as e:  # the packed layout needs a Hopper GPU and a recent cuDNN
+        print(f"packed attention: {type(e).__name__}: {str(e)[:400]}")
+        ok = False
     ok &= decoder_parity()
     memory_and_time()
     print("cudnn attention:", "OK" if ok else "MISMATCH")

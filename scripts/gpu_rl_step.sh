@@ -25,13 +25,16 @@
 #      whether the presets should use it (CONTINUOUS_S, 240 s: the engine makes about six decode
 #      programs, one per attention window met, 10.5 s each without a GPU, and about thirteen inserts;
 #      run after part small in the same call, the train step loads from the compilation cache).
+#   packed: part small with up to 16 samples packed into each training row (--samples_per_row 16:
+#      cuDNN's packed attention layout), whose train MFU against part small's says whether the GPU
+#      presets should pack (PACKED_S, 240 s; run part attention first, which checks that layout).
 #   medium: part small at the Qwen3-1.7B shape (MEDIUM_S, 210 s).
 #   full: the preset at the paper's full lengths (up to 4096 new tokens, mean 1005), two steps if they
 #      fit (FULL_S, 560 s: about four times part preset's tokens; a call of its own).
 #   attention: scripts/gpu_attention_check.py, cuDNN fused attention against XLA's (ATTENTION_S, 60 s).
 # A session's 15 minutes of device time take two calls at most, the second at once (a machine idle
 # for 30 s is given back, and a fresh one compiles everything again): first the default with
-# timeout_s 590, then the parts it skipped (or PARTS="medium attention") with the time left.
+# timeout_s 590, then the parts it skipped (or PARTS="attention packed medium") with the time left.
 # Logs go to $OUT (default /tmp/gpu_rl_step), one per part, and
 # summary.txt collects each bench's last line (appended to); NEW_TOKENS changes the cap. Run from the
 # repository root with spiral_jax importable (pip install -e '.[cuda]', or PYTHONPATH=. where the
@@ -99,6 +102,10 @@ for part in ${PARTS:-preset small continuous}; do
       s=$(limit continuous "${CONTINUOUS_S:-240}")
       [ "$s" -gt 0 ] && run qwen3_0p6b_continuous "$s" --shape 0.6b --max_new_tokens "$NEW_TOKENS" --steps 1 \
         --schedule continuous --max_in_flight 16;;
+    packed)
+      s=$(limit packed "${PACKED_S:-240}")
+      [ "$s" -gt 0 ] && run qwen3_0p6b_packed "$s" --shape 0.6b --max_new_tokens "$NEW_TOKENS" --steps 1 \
+        --samples_per_row 16;;
     medium)
       s=$(limit medium "${MEDIUM_S:-210}")
       [ "$s" -gt 0 ] && run qwen3_1p7b "$s" --shape 1.7b --max_new_tokens "$NEW_TOKENS" --steps 1;;
@@ -110,7 +117,7 @@ for part in ${PARTS:-preset small continuous}; do
       section "scripts/gpu_attention_check.py"
       timeout "${ATTENTION_S:-60}" python3 scripts/gpu_attention_check.py 2>&1 | tee "$OUT/attention.log" | tail -30
       echo "attention check: exit ${PIPESTATUS[0]}";;
-    *) echo "unknown part $part: preset, small, continuous, medium, full or attention" >&2; exit 2;;
+    *) echo "unknown part $part: preset, small, continuous, packed, medium, full or attention" >&2; exit 2;;
   esac
 done
 

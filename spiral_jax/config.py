@@ -66,12 +66,13 @@ def base_config() -> ConfigDict:
     c.rae = ConfigDict(dict(enabled=True, decay=0.95, drop_zero=True, games_per_shard=0))
     # Fields of spiral_jax.rl.TrainConfig (optimiser, loss, micro-batching). kl_coef > 0: a KL penalty
     # to the policy RL started from (after any bootstrap), kept frozen and checkpointed: one more copy
-    # of the parameters. The reference recipe has none.
+    # of the parameters. The reference recipe has none. samples_per_row: the most samples packed into
+    # one training row (1: a row each; 0: auto, rl.samples.per_row: 16, or 1 under cuDNN attention).
     c.optim = ConfigDict(dict(
         learning_rate=1e-6, schedule="constant", warmup_steps=0, decay_steps=0, final_lr_fraction=0.0,
         b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, max_grad_norm=1.0, epochs=1, clip=0.2,
         normaliser="constant", normaliser_constant=4096.0, tis_cap=0.0, kl_coef=0.0,
-        micro_batch_size=0, logprob_chunk=512))
+        micro_batch_size=0, samples_per_row=0, logprob_chunk=512))
     # max_skipped_in_a_row: updates skipped for a non-finite loss/gradients that stop the run (0: never).
     # eval_every 0: the step-0 and final evaluations only; checkpoint_every 0: the final checkpoint only.
     c.train = ConfigDict(dict(steps=400, eval_every=16, checkpoint_every=16, keep=3,

@@ -195,6 +195,29 @@ def test_fused_kernels_match_the_xla_path_and_its_gradients(kernel):
         np.testing.assert_allclose(got, want, atol=1e-4)
 
 
+def test_packed_rows_attend_within_their_segments_alone():
+    """Segment ids (packed training rows): each segment's outputs are those it has alone in a row, on
+    the XLA path and splash's; cuDNN's packed layout gets each segment's start and length."""
+    q, k, v, _ = _qkv()
+    segments = np.zeros((3, 40), np.int32)
+    segments[0, :12], segments[0, 12:30], segments[0, 30:37] = 1, 2, 3  # three samples, then padding
+    segments[1, :40] = 1
+    segments[2, :5], segments[2, 5:20] = 1, 2
+    segments = jnp.asarray(segments)
+    xla = transformer.attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), jnp.arange(40), segments)
+    for row, seg in ((0, 2), (0, 3), (2, 2)):
+        span = np.flatnonzero(np.asarray(segments[row]) == seg)
+        alone = transformer.attention(*(x[row:row + 1, span] for x in (q,)), *(x[row:row + 1, span].swapaxes(1, 2)
+                                      for x in (k, v)), jnp.arange(len(span)), jnp.ones((1, len(span)), bool))
+        np.testing.assert_allclose(xla[row, span], alone[0], atol=1e-5)
+    splash = fused_attention.splash_attention(q, k, v, segments, interpret=True)
+    real = np.asarray(segments > 0)[..., None, None]
+    np.testing.assert_allclose(np.where(real, splash, 0), np.where(real, xla, 0), atol=2e-5)
+    starts, lengths = fused_attention.segment_bounds(segments, 4)
+    np.testing.assert_array_equal(starts, [[0, 12, 30, -1], [0, -1, -1, -1], [0, 5, -1, -1]])
+    np.testing.assert_array_equal(lengths, [[12, 18, 7, -1], [40, -1, -1, -1], [5, 15, -1, -1]])
+
+
 @pytest.mark.parametrize("kernel", sorted(KERNELS))
 def test_the_decoder_with_a_fused_kernel_scores_and_samples_as_the_xla_path(kernel, monkeypatch):
     """Through the real decoder: training/scoring logits of left- and right-padded rows, and the

@@ -73,7 +73,8 @@ def test_tiny_step_prints_its_breakdown_and_the_summary_line():
 def test_rollout_only_counts_what_decoding_reads_and_its_floor_at_another_shape():
     """--rollout_only plays one rollout and prices its reads at Qwen3-4B's sizes: the floor printed is
     the steps' weights plus the cache's slot-tokens over the bandwidth given."""
-    result = _run_tiny_bench("--rollout_only", "4b", "--bandwidth_tbs", "4.8")
+    result = _run_tiny_bench("--rollout_only", "4b", "--bandwidth_tbs", "4.8", "--micro_batch", "2",
+                             "--max_new_tokens", "512")  # answers long enough beside the prompts to share rows
     assert "step 1 of" not in result.stdout and "rl step" not in result.stdout, result.stdout  # no training
     assert re.search(r"^rollout \(rounds, \d+ calls\): \d+ games, \d+ moves, [\d,]+ tokens in ", result.stdout, re.M)
     line = re.search(r"^decode reads: ([\d,]+) steps of ([\d.]+) rows on average, ([\d,]+) slot-tokens of cache; "
@@ -86,11 +87,15 @@ def test_rollout_only_counts_what_decoding_reads_and_its_floor_at_another_shape(
     assert steps > 0 and rows >= 1 and slot_tokens >= steps * rows, line[0]
     assert np.isclose(weights, steps * four_b.num_params * 2 / 4.8e12, atol=0.051), line[0]
     assert np.isclose(floor, weights + slot_tokens * 147456 / 4.8e12, atol=0.11), line[0]
-    packed = re.search(r"^train batch: (\d+) rows of ([\d,]+) slots, ([\d,]+) tokens in them: (\d+)% of the slots",
-                       result.stdout, re.M)
-    assert packed, result.stdout
-    rows, slots, tokens, share = (int(x.replace(",", "")) for x in packed.groups())
-    assert rows == 16 and 0 < tokens <= rows * slots and share == round(100 * tokens / (rows * slots)), packed[0]
+    # The trainer's packing (on CPU up to 16 samples a row) beside one sample a row: the same tokens.
+    layouts = re.findall(r"^train batch, at most (\d+) samples? a row: (\d+) samples in (\d+) rows of ([\d,]+) "
+                         r"slots, ([\d,]+) tokens in them: (\d+)% of the slots", result.stdout, re.M)
+    assert [int(x[0]) for x in layouts] == [16, 1], result.stdout
+    (_, n, rows, slots, tokens, share), (_, _, rows1, slots1, tokens1, share1) = (
+        [int(x.replace(",", "")) for x in layout] for layout in layouts)
+    assert rows1 == n == 16 and tokens1 == tokens and slots1 == slots, layouts
+    assert 0 < tokens <= rows * slots and share == round(100 * tokens / (rows * slots)), layouts
+    assert rows < rows1 and share > share1, layouts
 
 
 @pytest.mark.slow

@@ -10,12 +10,14 @@ long-row train step.
   platform a program is compiled for ahead of time).
 
 The decoder's rule is that a query at slot s sees the keys at slots <= s whose kv_mask is set. For a
-block that starts at slot 0 that is causal attention within segments, with segment id = kv_mask: a
-real query sees exactly the real keys at or before it, and a padding query sees padding keys (at least
-itself), so no row is ever fully masked. Splash takes those segment ids as they are. cuDNN takes
-per-row lengths instead, so each row's real tokens, which every caller keeps contiguous (left-padded
-prompts, right-padded training rows), are first rotated to the row's start; RoPE has already been
-applied, so the rotation changes nothing but where they sit.
+block that starts at slot 0 that is causal attention within segments, with segment id = kv_mask (a
+bool mask, or the segment ids of packed training rows, 0 on padding): a real query sees exactly the
+real keys of its segment at or before it, and a padding query sees padding keys (at least itself),
+so no row is ever fully masked. Splash takes those segment ids as they are. cuDNN takes per-row
+lengths instead. A row of one segment (left-padded prompts, right-padded training rows: real tokens
+contiguous) is first rotated to the row's start; RoPE has already been applied, so the rotation
+changes nothing but where its tokens sit. Rows of several segments take cuDNN's packed layout: each
+segment's start and length, and the kernel runs each segment as its own causal sequence.
 """
 from __future__ import annotations
 
@@ -114,10 +116,23 @@ def _rotate(x, shift):
     return jnp.take_along_axis(x, idx.reshape(*idx.shape, *([1] * (x.ndim - 2))), axis=1)
 
 
-def cudnn_attention(q, k, v, kv_mask, implementation: str = "cudnn"):
-    """q [B,T,H,hd]; k, v [B,T,KV,hd]; kv_mask [B,T] with each row's real slots contiguous -> [B,T,H,hd].
+def segment_bounds(segment_ids, segments: int):
+    """(starts, lengths), each [B, segments]: where each row's segments 1 .. `segments` begin and how
+    many slots they hold, -1 where a row holds fewer (cuDNN's packed layout). Segments are contiguous."""
+    member = segment_ids[:, None, :] == jnp.arange(1, segments + 1, dtype=segment_ids.dtype)[None, :, None]
+    lengths = jnp.sum(member, axis=-1, dtype=jnp.int32)
+    starts = jnp.argmax(member, axis=-1).astype(jnp.int32)
+    return jnp.where(lengths > 0, starts, -1), jnp.where(lengths > 0, lengths, -1)
 
-    implementation="xla" runs jax's reference path with the same lengths (for tests on CPU)."""
+
+def cudnn_attention(q, k, v, kv_mask, segments: int = 1, implementation: str = "cudnn"):
+    """q [B,T,H,hd]; k, v [B,T,KV,hd]; kv_mask [B,T]: a bool mask or segment ids, each segment's slots
+    contiguous, at most `segments` a row -> [B,T,H,hd], 0 on padding.
+
+    implementation="xla" runs jax's reference path with the same lengths (for tests on CPU; one
+    segment a row only: the packed layout is cuDNN's alone)."""
+    if segments > 1:
+        return _cudnn_packed(q, k, v, kv_mask, segments)
     mask = kv_mask.astype(bool)
     lengths = jnp.sum(mask, axis=1).astype(jnp.int32)
     start = jnp.argmax(mask, axis=1).astype(jnp.int32)  # the row's first real slot
@@ -128,11 +143,24 @@ def cudnn_attention(q, k, v, kv_mask, implementation: str = "cudnn"):
     return _rotate(jnp.where(real[..., None, None], out, 0).astype(q.dtype), -start)  # padding rows: 0
 
 
-def fused_attention(implementation: str, rules: Rules | None, q, k, v, kv_mask):
+def _cudnn_packed(q, k, v, segment_ids, segments: int):
+    """cuDNN flash attention over rows of several segments, each its own causal sequence. JAX exposes
+    the packed layout (per-segment offsets and lengths) only below `jax.nn`; it needs a Hopper GPU."""
+    from jax._src.cudnn.fused_attention_stablehlo import MaskType, dot_product_attention
+
+    starts, lengths = segment_bounds(segment_ids, segments)
+    offsets = jnp.pad(starts, ((0, 0), (0, 1)), constant_values=-1)  # [B, segments + 1], as cuDNN takes them
+    out = dot_product_attention(q, k, v, q_seqlen=lengths, kv_seqlen=lengths, q_offsets=offsets, kv_offsets=offsets,
+                                scale=q.shape[-1] ** -0.5, mask_type=MaskType.PADDING_CAUSAL)
+    return jnp.where((segment_ids > 0)[..., None, None], out, 0).astype(q.dtype)
+
+
+def fused_attention(implementation: str, rules: Rules | None, q, k, v, kv_mask, segments: int = 1):
     """Self-attention of a block from slot 0 by the `resolve`d kernel; None where that is "xla" or
-    the kernel cannot take this sharding (the caller then runs the XLA path)."""
-    kernel = {"splash": splash_attention, "cudnn": cudnn_attention}.get(resolve(implementation, platform(rules),
-                                                                                 q.dtype, q.shape[-1]))
+    the kernel cannot take this sharding (the caller then runs the XLA path). kv_mask: a bool mask,
+    or segment ids of at most `segments` a row."""
+    kernel = {"splash": splash_attention, "cudnn": functools.partial(cudnn_attention, segments=segments)}.get(
+        resolve(implementation, platform(rules), q.dtype, q.shape[-1]))
     if kernel is None:
         return None
     return _per_device(kernel, rules, q, k, v, kv_mask)

@@ -91,15 +91,22 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
 
 
 def _allowed(kv_mask, q_slots):
-    """Which key slots each query may attend: real tokens (kv_mask [B, S]) at or before the query's own
-    slot (q_slots [T], or [B, T] when rows sit at different slots) -> [B, T, S]."""
+    """Which key slots each query may attend: real tokens at or before the query's own slot (q_slots
+    [T], or [B, T] when rows sit at different slots) -> [B, T, S].
+
+    kv_mask [B, S]: bool, which slots hold real tokens; or, for a block that attends to itself from
+    slot 0 (S = T), int segment ids (0: padding), and then a query sees its own segment's keys only."""
     q_slots = q_slots if q_slots.ndim == 2 else q_slots[None]
-    return kv_mask[:, None, :] & (jnp.arange(kv_mask.shape[1])[None, None, :] <= q_slots[:, :, None])
+    causal = jnp.arange(kv_mask.shape[1])[None, None, :] <= q_slots[:, :, None]
+    if kv_mask.dtype == jnp.bool_:
+        return kv_mask[:, None, :] & causal
+    keys = kv_mask[:, None, :]
+    return (keys > 0) & (keys == kv_mask[:, :, None]) & causal
 
 
 def attention(q, k, v, q_slots, kv_mask):
     """GQA attention. q [B,T,H,hd]; k, v [B,KV,S,hd] (heads first, as the cache holds them); q_slots [T]
-    or [B,T]; kv_mask [B,S] -> [B,T,H,hd].
+    or [B,T]; kv_mask [B,S] (see `_allowed`) -> [B,T,H,hd].
 
     Both products are plain batched matmuls over (row, KV head), the softmax over the keys, the minor
     axis. For one query per row (a decode step) on CPU the keys lead the score product instead, which
@@ -198,7 +205,7 @@ def _cache_write(cfg: ModelConfig, rules: Rules | None, cache: KVCache, layer, k
     return jax.lax.fori_loop(0, k.shape[0], write, cache)
 
 
-def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positions, kv_mask, cache,
+def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positions, kv_mask, segments, cache,
            cache_start, cache_rows, kv_len, last_only):
     """One pre-norm decoder layer. Returns the new residual stream and (possibly updated) cache.
 
@@ -230,7 +237,7 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
     # A block that attends only to itself from slot 0 (training, scoring, a prefill into an empty
     # cache) may run a fused kernel (`fused_attention`); everything else takes the XLA path.
     from_start = cache is None or (isinstance(cache_start, int) and cache_start == 0 and kv_len is None)
-    fused = fused_attention(cfg.attention, rules, q, k, v, kv_mask[:, :x.shape[1]]) if from_start else None
+    fused = fused_attention(cfg.attention, rules, q, k, v, kv_mask[:, :x.shape[1]], segments) if from_start else None
     if cache is None:
         out = attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), q_slots, kv_mask) if fused is None else fused
     else:
@@ -273,7 +280,7 @@ def _per_layer(stack, num_layers: int) -> list:
 
 def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache | None = None,
             cache_start=0, rules: Rules | None = None, kv_len: int | None = None, last_only: bool = False,
-            cache_rows: jax.Array | None = None):
+            cache_rows: jax.Array | None = None, segments: int = 1):
     """Run the layer stack on `tokens` [B, T]; returns (final-normed hidden [B, T, D], cache). The
     layers run as the parameters hold them: stacked (scan_layers) under `lax.scan`, a per-layer list
     unrolled. A decode step (one token a row, with a cache) on a GPU runs a stack unrolled too, each
@@ -283,7 +290,9 @@ def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache
     stays scanned: its copies come once a call, and unrolling it would only lengthen the compile.
 
     positions [B, T]: RoPE positions. kv_mask [B, S]: which key slots hold real tokens, where S = T
-    without a cache and S = cache slots with one (the caller marks the new block's slots too).
+    without a cache and S = cache slots with one (the caller marks the new block's slots too). Without
+    a cache it may hold int segment ids instead (0: padding; packed training rows): a query then
+    attends within its own segment only, and `segments` (static) is the most a row holds.
     cache_start (with a cache): the slot of the block's first token, one for all rows, or a [B] array
     of per-row slots (the decode engine's rows each sit at their own length).
     cache_rows (with per-row slots): [B] the cache row each block row writes and attends over, for a
@@ -302,12 +311,13 @@ def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache
     embed = constrain(params["embed"], rules, ("vocab", None))
     x = jnp.take(embed, tokens, axis=0).astype(dt)
     x = constrain(x, rules, ACT)
-    kv_mask = kv_mask.astype(bool)
+    segmented = cache is None and jnp.issubdtype(kv_mask.dtype, jnp.integer)
+    kv_mask = kv_mask.astype(jnp.int32 if segmented else bool)
     inv_freq = rope_inv_freq(cfg)
 
     def block(x, p, layer, cache, last_only):
-        return _block(cfg, rules, inv_freq, x, p, layer, positions, kv_mask, cache, cache_start, cache_rows,
-                      kv_len, last_only)
+        return _block(cfg, rules, inv_freq, x, p, layer, positions, kv_mask, segments, cache, cache_start,
+                      cache_rows, kv_len, last_only)
 
     if cfg.remat:
         block = jax.checkpoint(block, static_argnums=(4,))

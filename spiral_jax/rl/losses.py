@@ -24,7 +24,8 @@ DRIFT_RANGE = (0.9, 1.1)  # learner/sampler probability ratios outside this coun
 def token_logprobs(params, cfg: ModelConfig, batch: Batch, chunk: int, rules: Rules | None = None):
     """(log p(targets), entropy) per slot, both fp32 [B, T] and 0 off the response; entropy carries
     no gradient. Logits are formed only at `batch.response_slots`, `chunk` slots at a time."""
-    hidden, _ = decoder(params, cfg, batch.tokens, batch.positions, batch.input_mask, rules=rules)
+    hidden, _ = decoder(params, cfg, batch.tokens, batch.positions, batch.segment_ids, rules=rules,
+                        segments=batch.segments)
     b, t, d = hidden.shape
     slots = batch.response_slots
     r = slots.shape[1]
@@ -54,18 +55,28 @@ def token_logprobs(params, cfg: ModelConfig, batch: Batch, chunk: int, rules: Ru
     return unsplit(logp), unsplit(entropy)
 
 
-def token_weights(loss_mask: jax.Array, normaliser: str, constant: float = 4096.0) -> jax.Array:
-    """Per-token weights that turn a sum of token losses into the configured mean.
+def sample_mask(batch: Batch) -> jax.Array:
+    """[B, S]: which of `batch.advantages`' entries are samples (a row's segments 1 .. its last)."""
+    return jnp.arange(batch.segments)[None, :] < jnp.max(batch.segment_ids, axis=1)[:, None]
 
-    "constant": each sequence's token losses summed and divided by `constant` (the reference uses the
-    generation limit, 4096), then averaged over the real sequences. "token_mean": the mean over all
+
+def slot_advantages(batch: Batch) -> jax.Array:
+    """[B, T]: each slot's sample's advantage (padding slots read the row's first; their loss is 0)."""
+    return jnp.take_along_axis(batch.advantages, jnp.maximum(batch.segment_ids - 1, 0), axis=1)
+
+
+def token_weights(batch: Batch, normaliser: str, constant: float = 4096.0) -> jax.Array:
+    """Per-token weights [B, T] that turn a sum of token losses into the configured mean.
+
+    "constant": each sample's token losses summed and divided by `constant` (the reference uses the
+    generation limit, 4096), then averaged over the samples. "token_mean": the mean over all
     response tokens of the batch.
     """
+    mask = batch.loss_mask
     if normaliser == "constant":
-        rows = jnp.sum(jnp.any(loss_mask > 0, axis=-1))
-        return loss_mask / (constant * jnp.maximum(rows, 1))
+        return mask / (constant * jnp.maximum(jnp.sum(sample_mask(batch)), 1))
     if normaliser == "token_mean":
-        return loss_mask / jnp.maximum(jnp.sum(loss_mask), 1.0)
+        return mask / jnp.maximum(jnp.sum(mask), 1.0)
     raise ValueError(f"unknown normaliser {normaliser!r}; use one of {NORMALISERS}")
 
 
@@ -102,7 +113,7 @@ def token_loss(logp, batch: Batch, *, on_policy: bool, clip: float | None, tis_c
     """
     logp = jnp.where(batch.loss_mask > 0, logp, 0.0)
     old = behaviour_logprobs(logp, batch, on_policy)
-    adv = batch.advantages[:, None]
+    adv = slot_advantages(batch)
     clipped = jnp.zeros(logp.shape, bool)
     if on_policy:  # REINFORCE: the value is the log-likelihood objective, the gradient A grad log p
         surrogate = adv * logp
@@ -123,25 +134,25 @@ def token_loss(logp, batch: Batch, *, on_policy: bool, clip: float | None, tis_c
 
 def loss_metrics(logp, entropy, clipped, batch: Batch, *, on_policy: bool, tis_cap: float | None,
                  kl_coef: float):
-    """Token-mean statistics over the response tokens (and row statistics over the real rows)."""
+    """Token-mean statistics over the response tokens (and sample statistics over the samples)."""
     mask = batch.loss_mask
     n_tokens = jnp.maximum(jnp.sum(mask), 1.0)
     mean = lambda x: jnp.sum(jnp.where(mask > 0, x, 0.0)) / n_tokens  # noqa: E731
-    rows = jnp.any(mask > 0, axis=-1)
+    samples = sample_mask(batch)
     adv = batch.advantages
     drift = jnp.where(mask > 0, logp - batch.sampler_logprobs, 0.0)
     ratio = jnp.exp(drift)
     metrics = {
         "entropy": mean(entropy),
         "clip_fraction": mean(clipped),
-        "advantage_mean": jnp.sum(jnp.where(rows, adv, 0.0)) / jnp.maximum(jnp.sum(rows), 1),
-        "advantage_min": jnp.min(jnp.where(rows, adv, jnp.inf)),
-        "advantage_max": jnp.max(jnp.where(rows, adv, -jnp.inf)),
+        "advantage_mean": jnp.sum(jnp.where(samples, adv, 0.0)) / jnp.maximum(jnp.sum(samples), 1),
+        "advantage_min": jnp.min(jnp.where(samples, adv, jnp.inf)),
+        "advantage_max": jnp.max(jnp.where(samples, adv, -jnp.inf)),
         "drift_mean": mean(jnp.abs(drift)),
         "drift_max": jnp.max(jnp.abs(drift)),
         "drift_outside": mean((ratio < DRIFT_RANGE[0]) | (ratio > DRIFT_RANGE[1])),
         "response_tokens": jnp.sum(mask),
-        "rows": jnp.sum(rows).astype(jnp.float32),
+        "samples": jnp.sum(samples).astype(jnp.float32),
         "nonfinite_logprobs": jnp.sum(~jnp.isfinite(jnp.where(mask > 0, logp, 0.0))).astype(jnp.float32),
     }
     if tis_cap is not None:

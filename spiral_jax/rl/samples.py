@@ -1,20 +1,26 @@
 """Turn samples and their packing into padded, bucketed arrays for the train step.
 
 Every turn of every player is one sample: the templated observation (prompt) and the model's whole
-response, stop token included. Packing lays each sample out as one row, *right-padded*:
+response, stop token included. Packing lays samples out in rows, one after another and
+*right-padded*; a row holds one sample, or with `samples_per_row` > 1 several (first-fit, longest
+first), which fills long rows with real tokens instead of padding:
 
-    tokens    = prompt + response + pad            positions = 0, 1, 2, ... (RoPE)
-    targets   = tokens shifted left by one         (targets[t] is the token predicted at slot t)
-    loss_mask = 1 where targets[t] is a response token of a real row, else 0
+    tokens      = prompt + response (+ prompt + response ...) + pad
+    positions   = 0, 1, 2, ... restarting at each sample (RoPE)
+    segment_ids = 1 on the row's first sample, 2 on its second, ...; 0 on padding
+    targets     = tokens shifted left by one       (targets[t] is the token predicted at slot t)
+    loss_mask   = 1 where targets[t] is a response token of the slot's own sample, else 0
 
 so `log p(targets[t] | tokens[:t+1])` is read at slot t and the loss covers exactly the response
-tokens. `response_slots` [B, R] lists, per row, the slots that predict its response tokens (R is the
-longest response, bucketed), so logits are only ever formed there: with short answers after long
-prompts (most game turns) that skips almost all of the unembedding. Right padding keeps positions
-trivial; the decoder's key mask makes the padding invisible, so a row's log-probs equal those the
-(left-padded) sampler saw. Lengths are bucketed in quarter octaves (64, 80, 96, 112, 128, 160, ...: a
-72-token TicTacToe turn costs 80 slots, not 128) and the row count is padded with all-zero rows (loss_mask 0, advantage 0), so the jitted step compiles
-once per bucket and padding never changes the loss.
+tokens. The decoder attends within a segment only, so a sample's log-probs are those it would have
+alone in a row, which equal those the (left-padded) sampler saw. `advantages` [B, S] holds each
+row's samples' advantages in segment order (S: the most samples a row holds, bucketed).
+`response_slots` [B, R] lists, per row, the slots that predict its response tokens (R is the longest
+row's response tokens, bucketed), so logits are only ever formed there: with short answers after
+long prompts (most game turns) that skips almost all of the unembedding. Lengths are bucketed in
+quarter octaves (64, 80, 96, 112, 128, 160, ...: a 72-token TicTacToe turn costs 80 slots, not 128)
+and the row count is padded with all-zero rows (segment 0, loss_mask 0, advantage 0), so the jitted
+step compiles once per bucket and padding never changes the loss.
 """
 from __future__ import annotations
 
@@ -25,7 +31,11 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from spiral_jax.models import ModelConfig
+from spiral_jax.models.fused_attention import resolve as resolve_attention
 from spiral_jax.sampling.sampler import bucket_length
+
+PACKED_PER_ROW = 16  # the most samples a row holds where packing is on by default (`per_row`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,11 +68,11 @@ class Batch(NamedTuple):
     """
 
     tokens: np.ndarray  # int32
-    positions: np.ndarray  # int32
-    input_mask: np.ndarray  # bool: real (prompt or response) tokens
+    positions: np.ndarray  # int32: restarting at 0 on each sample
+    segment_ids: np.ndarray  # int32: the slot's sample within its row, from 1; 0 on padding
     targets: np.ndarray  # int32
     loss_mask: np.ndarray  # float32
-    advantages: np.ndarray  # float32 [B]
+    advantages: np.ndarray  # float32 [B, S]: the row's samples' advantages, in segment order
     sampler_logprobs: np.ndarray  # float32
     old_logprobs: np.ndarray  # float32
     ref_logprobs: np.ndarray  # float32
@@ -72,49 +82,99 @@ class Batch(NamedTuple):
     def shape(self) -> tuple[int, int]:
         return self.tokens.shape
 
+    @property
+    def segments(self) -> int:
+        """The most samples a row may hold (static: the advantages' width)."""
+        return self.advantages.shape[1]
+
+
+def rows_of(lengths: Sequence[int], length: int, per_row: int) -> list[list[int]]:
+    """Sample indices per row: first-fit over the samples longest first, at most `per_row` to a row of
+    `length` slots. First-fit decreasing fills rows to within a few percent of the token count, and
+    sorting is deterministic, so one list of samples always packs the same way."""
+    rows, free = [], []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        row = next((r for r, f in enumerate(free) if f >= lengths[i] and len(rows[r]) < per_row), None)
+        if row is None:
+            rows.append([])
+            free.append(length)
+            row = len(rows) - 1
+        rows[row].append(i)
+        free[row] -= lengths[i]
+    return rows
+
 
 def pack(samples: Sequence[TurnSample], *, rows: int | None = None, row_multiple: int = 1,
-         min_length: int = 16, max_length: int | None = None) -> Batch:
+         bucket_rows: bool = False, samples_per_row: int = 1, min_length: int = 16,
+         max_length: int | None = None) -> Batch:
     """Pack samples into a right-padded Batch (see the module docstring).
 
-    rows: the exact row count (e.g. a fixed 128 per step, so the step compiles once); by default the
-    sample count rounded up to `row_multiple` (the micro-batch size, a multiple of the batch shards).
+    samples_per_row: the most samples one row holds (1: a row each). rows: the exact row count (e.g. a
+    fixed 128 per step, so the step compiles once); by default the rows the samples fill, rounded up to
+    `row_multiple` (the micro-batch size, a multiple of the batch shards), and with bucket_rows to a
+    bucketed count in whole multiples (`padded_rows`: few shapes, few compiles).
     """
     if not samples:
         raise ValueError("pack() needs at least one sample")
-    n_rows = rows if rows is not None else -(-len(samples) // row_multiple) * row_multiple
-    if n_rows < len(samples) or n_rows % row_multiple:
-        raise ValueError(f"rows={n_rows} must hold {len(samples)} samples and be a multiple of "
-                         f"row_multiple={row_multiple}")
-    longest = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
-    length = bucket_length(longest, min_length, per_octave=4)
+    if samples_per_row < 1:
+        raise ValueError(f"samples_per_row={samples_per_row} must be at least 1")
+    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    length = bucket_length(max(lengths), min_length, per_octave=4)
     if max_length is not None and length > max_length:
-        raise ValueError(f"a {longest}-token sample needs a {length}-slot bucket, above "
+        raise ValueError(f"a {max(lengths)}-token sample needs a {length}-slot bucket, above "
                          f"max_length={max_length}; raise max_length or cap the response length")
+    placed = rows_of(lengths, length, samples_per_row) if samples_per_row > 1 else [[i] for i in range(len(samples))]
+    if rows is not None:
+        n_rows = rows
+    elif bucket_rows:  # packed rows are long: pad them to quarter octaves, not powers of two
+        n_rows = padded_rows(len(placed), row_multiple, 4 if samples_per_row > 1 else 1)
+    else:
+        n_rows = -(-len(placed) // row_multiple) * row_multiple
+    if n_rows < len(placed) or n_rows % row_multiple:
+        raise ValueError(f"rows={n_rows} must hold {len(placed)} rows of samples and be a multiple of "
+                         f"row_multiple={row_multiple}")
 
     tokens = np.zeros((n_rows, length), np.int32)
+    positions = np.zeros((n_rows, length), np.int32)
+    segment_ids = np.zeros((n_rows, length), np.int32)
     loss_mask = np.zeros((n_rows, length), np.float32)
     sampler_logprobs = np.zeros((n_rows, length), np.float32)
-    input_mask = np.zeros((n_rows, length), bool)
-    advantages = np.zeros((n_rows,), np.float32)
-    response_slots = np.zeros((n_rows, bucket_length(max(len(s.response_ids) for s in samples), 1)),
-                              np.int32)
-    for row, s in enumerate(samples):
-        p, r = len(s.prompt_ids), len(s.response_ids)
-        tokens[row, :p] = s.prompt_ids
-        tokens[row, p:p + r] = s.response_ids
-        input_mask[row, :p + r] = True
-        # Slot t predicts token t+1, so the response tokens are predicted at slots p-1 .. p+r-2.
-        loss_mask[row, p - 1:p + r - 1] = 1.0
-        sampler_logprobs[row, p - 1:p + r - 1] = s.sampler_logprobs
-        response_slots[row, :r] = np.arange(p - 1, p + r - 1)
-        advantages[row] = s.advantage
+    advantages = np.zeros((n_rows, bucket_length(max(map(len, placed)), 1)), np.float32)
+    response_slots = np.zeros((n_rows, bucket_length(max(sum(len(samples[i].response_ids) for i in row)
+                                                          for row in placed), 1)), np.int32)
+    for row, members in enumerate(placed):
+        start, answered = 0, 0
+        for segment, i in enumerate(members):
+            s = samples[i]
+            p, r = len(s.prompt_ids), len(s.response_ids)
+            end = start + p + r
+            tokens[row, start:start + p] = s.prompt_ids
+            tokens[row, start + p:end] = s.response_ids
+            positions[row, start:end] = np.arange(p + r)
+            segment_ids[row, start:end] = segment + 1
+            # Slot t predicts token t+1, so the response tokens are predicted at slots p-1 .. p+r-2
+            # of the sample (the sample's last slot predicts the next sample's first token: no loss).
+            predict = np.arange(start + p - 1, end - 1)
+            loss_mask[row, predict] = 1.0
+            sampler_logprobs[row, predict] = s.sampler_logprobs
+            response_slots[row, answered:answered + r] = predict
+            advantages[row, segment] = s.advantage
+            start, answered = end, answered + r
     targets = np.zeros_like(tokens)
     targets[:, :-1] = tokens[:, 1:]
-    positions = np.broadcast_to(np.arange(length, dtype=np.int32), tokens.shape).copy()
     zeros = np.zeros((n_rows, length), np.float32)
-    return Batch(tokens, positions, input_mask, targets, loss_mask, advantages, sampler_logprobs,
+    return Batch(tokens, positions, segment_ids, targets, loss_mask, advantages, sampler_logprobs,
                  zeros, zeros.copy(), response_slots)
+
+
+def per_row(setting: int | None, cfg: ModelConfig, platform: str) -> int:
+    """The most samples the trainer packs into one row: `optim.samples_per_row` when set, else
+    PACKED_PER_ROW where the training attention kernel runs packed rows on any device of the
+    platform (XLA's, splash on TPU), and 1 under cuDNN, whose packed layout needs a Hopper GPU."""
+    if setting is not None:
+        return setting
+    kernel = resolve_attention(cfg.attention, platform, cfg.compute_dtype, cfg.head_dim)
+    return 1 if kernel == "cudnn" else PACKED_PER_ROW
 
 
 def row_multiple(micro_batch_size: int | None, shards: int, samples_per_step: int | None = None) -> int:
@@ -129,9 +189,9 @@ def row_multiple(micro_batch_size: int | None, shards: int, samples_per_step: in
     return micro
 
 
-def padded_rows(n: int, multiple: int) -> int:
-    """Rows to pack `n` samples into: a bucketed count (few shapes, few compiles), in whole multiples."""
-    return -(-bucket_length(n, 1) // multiple) * multiple
+def padded_rows(n: int, multiple: int, per_octave: int = 1) -> int:
+    """`n` rows padded to a bucketed count (few shapes, few compiles), in whole multiples."""
+    return -(-bucket_length(n, 1, per_octave) // multiple) * multiple
 
 
 def batch_shardings(mesh: Mesh) -> Batch:

@@ -56,6 +56,7 @@ class TrainConfig:
     kl_coef: float = 0.0  # KL to a frozen reference (make_update's ref_params)
     # Execution.
     micro_batch_size: int | None = None  # rows per micro-batch (a multiple of the batch shards)
+    samples_per_row: int | None = None  # the most samples packed into one row; None: `samples.per_row`
     logprob_chunk: int = 512  # sequence slots unembedded at a time (a power of two)
 
     def __post_init__(self):
@@ -67,7 +68,7 @@ class TrainConfig:
             raise ValueError(f"unknown normaliser {self.normaliser!r}; use one of {losses.NORMALISERS}")
         if self.epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {self.epochs}")
-        for name in ("tis_cap", "micro_batch_size"):
+        for name in ("tis_cap", "micro_batch_size", "samples_per_row"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, or None for off / the whole batch")
 
@@ -172,7 +173,7 @@ def loss_and_grads(params, batch: Batch, cfg: ModelConfig, tc: TrainConfig, rule
     """(loss, fp32 grads of `params`, (logp, entropy, clipped) [B, T]) summed over micro-batches.
     frozen: the weights beside LoRA adapters `params` (None without LoRA)."""
     n = _micro_batches(batch, tc, rules)
-    weights = losses.token_weights(batch.loss_mask, tc.normaliser, tc.normaliser_constant)
+    weights = losses.token_weights(batch, tc.normaliser, tc.normaliser_constant)
     micro = jax.tree.map(lambda x: _split(x, n), (batch, weights))
     row_axes = lambda x: constrain(x, rules, ("batch",) + (None,) * (x.ndim - 1))  # noqa: E731
 
@@ -204,9 +205,9 @@ def make_train_step(cfg: ModelConfig, tc: TrainConfig, mesh=None):
     """jit((state, batch) -> (state, metrics)); the state is donated. See the module docstring.
 
     Metrics (replicated fp32 scalars): loss, grad_norm (before clipping), learning_rate, entropy and
-    clip_fraction (token means), advantage_mean/min/max (real rows), drift_mean/max/outside (|learner -
+    clip_fraction (token means), advantage_mean/min/max (over the samples), drift_mean/max/outside (|learner -
     sampler| log-prob over response tokens, and the share with probability ratio outside [0.9, 1.1];
-    on a batch's first epoch the learner's parameters are the sampler's), response_tokens, rows,
+    on a batch's first epoch the learner's parameters are the sampler's), response_tokens, samples,
     nonfinite_loss/grads/logprobs, skipped (this step) and skipped_total; tis_weight and kl when on.
     """
     rules = Rules.create(mesh, "train")

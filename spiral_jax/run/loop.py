@@ -32,7 +32,7 @@ from spiral_jax.models import CheckpointError, load_policy_weights, lora
 from spiral_jax.paths import run_path
 from spiral_jax.policies import PolicySpec, kind
 from spiral_jax.rl.reshard import make_policy, make_reshard, sample_config, split_frozen
-from spiral_jax.rl.samples import pack, padded_rows, row_multiple, shard_batch
+from spiral_jax.rl.samples import pack, per_row, row_multiple, shard_batch
 from spiral_jax.rl.train_step import init_train_state, make_update
 from spiral_jax.rollout import Rollout
 from spiral_jax.run.collect import Collected, collect
@@ -76,6 +76,7 @@ class Trainer:
         self.tokenizer = tokenizer or build_tokenizer(spec, self.cfg)
         self.rows = row_multiple(spec.train.micro_batch_size, batch_shards(self.mesh),
                                  r.samples_per_step if r.selection == "exact" else None)
+        self.samples_per_row = per_row(spec.train.samples_per_row, self.cfg, self.mesh.devices.flat[0].platform)
         # With LoRA the weights are frozen and the adapters trained; the sampler, evaluation and
         # opponents see `sample_cfg`: the merged model, or the adapters beside the weights.
         self.weights, params = split_frozen(self.cfg, params, self.mesh)
@@ -196,10 +197,11 @@ class Trainer:
         return collect(self.spec, self.rollout, policies, s.step, s.rae, s.pool_steps, opponent)
 
     def pack_samples(self, samples):
-        """A step's samples as the train step's batch (on the host): exactly samples_per_step rows
-        under "exact" selection, else a bucketed row count, in whole micro-batches."""
-        rows = None if self.spec.rollout.selection == "exact" else padded_rows(len(samples), self.rows)
-        return pack(samples, rows=rows, row_multiple=self.rows)
+        """A step's samples as the train step's batch (on the host), `samples_per_row` at most to a
+        row: one row per sample under "exact" selection (exactly samples_per_step rows), else a
+        bucketed row count, in whole micro-batches."""
+        exact = self.spec.rollout.selection == "exact" and self.samples_per_row == 1
+        return pack(samples, row_multiple=self.rows, bucket_rows=not exact, samples_per_row=self.samples_per_row)
 
     def train_step(self) -> dict:
         """One RL step on the state; returns the step's scalars."""

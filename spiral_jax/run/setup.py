@@ -170,6 +170,7 @@ def train_config(optim: ConfigDict, **changes) -> TrainConfig:
     fields = {**optim.to_dict(), **changes}
     fields["tis_cap"] = fields["tis_cap"] or None  # 0 = off in config files
     fields["micro_batch_size"] = fields["micro_batch_size"] or None
+    fields["samples_per_row"] = fields.get("samples_per_row") or None  # 0 = auto
     return TrainConfig(**fields)
 
 

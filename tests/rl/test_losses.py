@@ -45,7 +45,7 @@ def _direct_logprobs(params, samples, length=32):
 def test_chunked_logprobs_and_entropy_equal_full_logits(params, chunk):
     batch = pack(SAMPLES, min_length=32)
     logp, entropy = jax.jit(losses.token_logprobs, static_argnums=(1, 3))(params, TINY, batch, chunk)
-    logits = jax.jit(forward, static_argnums=1)(params, TINY, batch.tokens, batch.input_mask,
+    logits = jax.jit(forward, static_argnums=1)(params, TINY, batch.tokens, batch.segment_ids > 0,
                                                 batch.positions)
     full = jax.nn.log_softmax(logits, axis=-1)
     want_logp = np.take_along_axis(np.asarray(full), batch.targets[..., None], -1)[..., 0]
@@ -56,14 +56,18 @@ def test_chunked_logprobs_and_entropy_equal_full_logits(params, chunk):
     np.testing.assert_allclose(np.asarray(entropy)[on], want_entropy[on], atol=1e-5)
 
 
-def test_gradient_equals_autodiff_of_direct_per_token_sum(params):
-    """The reference's objective written out sample by sample, without packing, chunks or masks."""
+@pytest.mark.parametrize("per_row", [1, 3, 6])
+def test_gradient_equals_autodiff_of_direct_per_token_sum(params, per_row):
+    """The reference's objective written out sample by sample, without packing, chunks or masks; the
+    packed batch holds one sample a row, or several (each attending to itself alone)."""
     def direct_loss(params):
         logps = _direct_logprobs(params, SAMPLES)
         return sum(-s.advantage * jnp.sum(lp) / 4096.0 for s, lp in zip(SAMPLES, logps)) / len(SAMPLES)
 
     want_loss, want_grads = jax.jit(jax.value_and_grad(direct_loss))(params)
-    loss, grads, _ = _grads(params, pack(SAMPLES, rows=8), TrainConfig())
+    batch = pack(SAMPLES, samples_per_row=per_row, row_multiple=2, min_length=64)
+    assert batch.segment_ids.max() == min(per_row, 4)  # 64 slots hold 4 of these samples at most
+    loss, grads, _ = _grads(params, batch, TrainConfig())
     np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
     assert_trees_close(grads, want_grads)
 
@@ -90,7 +94,8 @@ def test_gradient_equals_finite_differences(params):
 def test_padding_bucket_and_micro_batches_do_not_change_loss_or_gradient(params):
     loss, grads, _ = _grads(params, pack(SAMPLES, rows=8), TrainConfig())
     for batch, tc in [(pack(SAMPLES, rows=16, min_length=64), TrainConfig()),  # more padding
-                      (pack(SAMPLES, rows=8), TrainConfig(micro_batch_size=4))]:  # 2 micro-batches
+                      (pack(SAMPLES, rows=8), TrainConfig(micro_batch_size=4)),  # 2 micro-batches
+                      (pack(SAMPLES, rows=4, samples_per_row=4, min_length=64), TrainConfig(micro_batch_size=2))]:
         other_loss, other_grads, _ = _grads(params, batch, tc)
         np.testing.assert_allclose(other_loss, loss, rtol=1e-5)
         assert_trees_close(other_grads, grads)
@@ -120,7 +125,8 @@ def _synthetic(ratios, adv, **fields):
     n = len(ratios)
     logp = jnp.full((n, 1), -2.0)
     base = pack(random_samples(n, max_prompt=2, max_response=1), min_length=1)
-    batch = base._replace(loss_mask=np.ones((n, 1), np.float32), advantages=np.asarray(adv, np.float32),
+    batch = base._replace(loss_mask=np.ones((n, 1), np.float32), segment_ids=np.ones((n, 1), np.int32),
+                          advantages=np.asarray(adv, np.float32)[:, None],
                           old_logprobs=np.asarray(-2.0 - np.log(ratios), np.float32)[:, None],
                           **fields)
     return logp, batch
@@ -165,12 +171,16 @@ def test_kl_to_reference_and_masked_overflow():
 
 
 def test_token_weights():
-    mask = np.zeros((4, 8), np.float32)
-    mask[0, 2:5] = mask[1, 1:2] = mask[2, 3:8] = 1.0  # row 3 is padding
-    w = np.asarray(losses.token_weights(mask, "constant", 4096.0))
-    np.testing.assert_allclose(w.sum(-1), np.array([3, 1, 5, 0]) / (4096.0 * 3))
-    w = np.asarray(losses.token_weights(mask, "token_mean"))
-    np.testing.assert_allclose(w[mask > 0], 1 / 9)
-    assert w.sum() == pytest.approx(1.0)
+    """"constant" divides by the samples, however they are packed into rows; "token_mean" by the tokens."""
+    samples = random_samples(4, seed=5)
+    for per_row in (1, 4):
+        batch = pack(samples, rows=4, samples_per_row=per_row, min_length=64)
+        mask = batch.loss_mask
+        w = np.asarray(losses.token_weights(batch, "constant", 4096.0))
+        np.testing.assert_allclose(w.sum(), mask.sum() / (4096.0 * 4), rtol=1e-6)
+        np.testing.assert_allclose(w[mask > 0], 1 / (4096.0 * 4), rtol=1e-6)
+        w = np.asarray(losses.token_weights(batch, "token_mean"))
+        np.testing.assert_allclose(w[mask > 0], 1 / mask.sum(), rtol=1e-6)
+        assert w.sum() == pytest.approx(1.0)
     with pytest.raises(ValueError, match="normaliser"):
-        losses.token_weights(mask, "sum")
+        losses.token_weights(batch, "sum")

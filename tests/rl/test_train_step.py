@@ -69,7 +69,7 @@ def test_nan_in_a_batch_skips_the_update(host_params, step):
     state = _state(host_params)
     before = _host(state)
     poisoned = batch._replace(advantages=batch.advantages.copy())
-    poisoned.advantages[1] = np.nan
+    poisoned.advantages[1, 0] = np.nan
     state, metrics = step(state, shard_batch(poisoned, None))
     after = _host(state)
     for a, b in zip(jax.tree.leaves(after.params) + jax.tree.leaves(after.opt_state),
