@@ -129,6 +129,10 @@ def cudnn_attention(q, k, v, kv_mask, segments: int = 1, implementation: str = "
     """q [B,T,H,hd]; k, v [B,T,KV,hd]; kv_mask [B,T]: a bool mask or segment ids, each segment's slots
     contiguous, at most `segments` a row -> [B,T,H,hd], 0 on padding.
 
+    The kernel's inputs are zeroed past the real slots, which leaves their gradients 0 there whatever
+    the kernel's backward writes to slots outside every sequence (they would reach the projections'
+    weight gradients).
+
     implementation="xla" runs jax's reference path with the same lengths (for tests on CPU; one
     segment a row only: the packed layout is cuDNN's alone)."""
     if segments > 1:
@@ -136,11 +140,11 @@ def cudnn_attention(q, k, v, kv_mask, segments: int = 1, implementation: str = "
     mask = kv_mask.astype(bool)
     lengths = jnp.sum(mask, axis=1).astype(jnp.int32)
     start = jnp.argmax(mask, axis=1).astype(jnp.int32)  # the row's first real slot
-    rows = lambda x: _rotate(x, start)  # noqa: E731
+    real = (jnp.arange(q.shape[1])[None, :] < lengths[:, None])[..., None, None]
+    rows = lambda x: jnp.where(real, _rotate(x, start), 0)  # noqa: E731
     out = jax.nn.dot_product_attention(rows(q), rows(k), rows(v), is_causal=True, query_seq_lengths=lengths,
                                        key_value_seq_lengths=lengths, implementation=implementation)
-    real = jnp.arange(q.shape[1])[None, :] < lengths[:, None]
-    return _rotate(jnp.where(real[..., None, None], out, 0).astype(q.dtype), -start)  # padding rows: 0
+    return _rotate(jnp.where(real, out, 0).astype(q.dtype), -start)  # padding rows: 0
 
 
 def _cudnn_packed(q, k, v, segment_ids, segments: int):
@@ -150,9 +154,11 @@ def _cudnn_packed(q, k, v, segment_ids, segments: int):
 
     starts, lengths = segment_bounds(segment_ids, segments)
     offsets = jnp.pad(starts, ((0, 0), (0, 1)), constant_values=-1)  # [B, segments + 1], as cuDNN takes them
+    real = (segment_ids > 0)[..., None, None]
+    q, k, v = (jnp.where(real, x, 0) for x in (q, k, v))
     out = dot_product_attention(q, k, v, q_seqlen=lengths, kv_seqlen=lengths, q_offsets=offsets, kv_offsets=offsets,
                                 scale=q.shape[-1] ** -0.5, mask_type=MaskType.PADDING_CAUSAL)
-    return jnp.where((segment_ids > 0)[..., None, None], out, 0).astype(q.dtype)
+    return jnp.where(real, out, 0).astype(q.dtype)
 
 
 def fused_attention(implementation: str, rules: Rules | None, q, k, v, kv_mask, segments: int = 1):
