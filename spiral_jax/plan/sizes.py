@@ -9,6 +9,7 @@ import jax
 from jax.sharding import AbstractMesh
 
 from spiral_jax.policies import SCRIPTED
+from spiral_jax.rl.losses import response_chunk
 from spiral_jax.rl.samples import Batch, TurnSample, pack
 from spiral_jax.sampling import bucket_length
 from spiral_jax.sharding import MESH_AXES, RULE_SETS, Rules, mesh_sizes
@@ -107,7 +108,8 @@ def workload(spec) -> Workload:
     samples = r.samples_per_step
     return Workload(
         samples=samples, micro_batch=spec.train.micro_batch_size or samples, row=row,
-        chunk=min(spec.train.logprob_chunk, row.response_slots.shape[1]), prompt_len=bucket_length(r.max_prompt_len),
+        chunk=response_chunk(spec.train.logprob_chunk, row.response_slots.shape[1]),
+        prompt_len=bucket_length(r.max_prompt_len),
         rollout_games=min(r.games_per_batch, r.eval_in_flight),
         rollout_new=r.sampling.max_new_tokens, eval_games=e.games, final_games=e.final_games,
         eval_new=e.sampling.max_new_tokens,

@@ -10,6 +10,8 @@ loss and padding (weight 0) never changes it.
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -21,6 +23,12 @@ NORMALISERS = ("constant", "token_mean")
 DRIFT_RANGE = (0.9, 1.1)  # learner/sampler probability ratios outside this count as drifted
 
 
+def response_chunk(chunk: int, slots: int) -> int:
+    """The response slots unembedded at a time: at most `chunk`, and a divisor of the row's `slots`
+    (quarter-octave buckets: 1280 slots go 256 at a time under a 512 chunk)."""
+    return math.gcd(min(chunk, slots), slots)
+
+
 def token_logprobs(params, cfg: ModelConfig, batch: Batch, chunk: int, rules: Rules | None = None):
     """(log p(targets), entropy) per slot, both fp32 [B, T] and 0 off the response; entropy carries
     no gradient. Logits are formed only at `batch.response_slots`, `chunk` slots at a time."""
@@ -29,10 +37,7 @@ def token_logprobs(params, cfg: ModelConfig, batch: Batch, chunk: int, rules: Ru
     b, t, d = hidden.shape
     slots = batch.response_slots
     r = slots.shape[1]
-    chunk = min(chunk, r)
-    if r % chunk:
-        raise ValueError(f"response bucket {r} is not a multiple of the log-prob chunk {chunk}; "
-                         f"use power-of-two buckets and chunk sizes")
+    chunk = response_chunk(chunk, r)
     real = jnp.take_along_axis(batch.loss_mask, slots, axis=1) > 0
     hidden = jnp.take_along_axis(hidden, slots[..., None], axis=1)  # [B, R, D]
     hidden = hidden.reshape(b, r // chunk, chunk, d).swapaxes(0, 1)  # [n, B, C, D]

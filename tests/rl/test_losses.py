@@ -72,6 +72,11 @@ def test_gradient_equals_autodiff_of_direct_per_token_sum(params, per_row):
     assert_trees_close(grads, want_grads)
 
 
+def test_response_chunks_divide_the_quarter_octave_buckets():
+    assert [losses.response_chunk(512, r) for r in (64, 512, 1280, 1536, 5120, 7168)] == [64, 512, 256, 512, 512, 512]
+    assert losses.response_chunk(4, 10) == 2
+
+
 def test_gradient_equals_finite_differences(params):
     batch, tc = pack(SAMPLES, rows=8), TrainConfig()
     _, grads, _ = _grads(params, batch, tc)
