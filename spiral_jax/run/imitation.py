@@ -8,7 +8,7 @@ from tqdm import tqdm
 
 from spiral_jax.distributed import is_leader
 from spiral_jax.rl.bootstrap import imitation_samples
-from spiral_jax.rl.samples import pack, padded_rows, row_multiple, shard_batch
+from spiral_jax.rl.samples import pack, row_multiple, shard_batch
 from spiral_jax.rl.train_step import init_train_state, make_update
 from spiral_jax.run.setup import TEACHERS
 from spiral_jax.sampling.scoring import sequence_logprobs
@@ -40,7 +40,8 @@ def imitate(trainer) -> None:
                                     seed=spec.seed * 1_000_003 + i, explore=b.explore, teacher=b.teacher,
                                     score=functools.partial(sequence_logprobs, policy, trainer.sample_cfg),
                                     hash_seed=spec.seed, hash_uniform=b.hash_uniform, targets=b.targets)
-        batch = shard_batch(pack(samples, rows=padded_rows(len(samples), rows), row_multiple=rows), mesh)
+        batch = shard_batch(pack(samples, row_multiple=rows, bucket_rows=True, samples_per_row=trainer.samples_per_row),
+                            mesh)
         s.train, metrics = update(s.train, batch, frozen=trainer.weights)
         if i % 10 == 0 or i == b.steps - 1:
             loss = float(metrics[-1]["loss"])
