@@ -31,7 +31,12 @@
 #   medium: part small at the Qwen3-1.7B shape (MEDIUM_S, 210 s).
 #   full: the preset at the paper's full lengths (up to 4096 new tokens, mean 1005), two steps if they
 #      fit (FULL_S, 560 s: about four times part preset's tokens; a call of its own).
-#   attention: scripts/gpu_attention_check.py, cuDNN fused attention against XLA's (ATTENTION_S, 60 s).
+#   attention: scripts/gpu_attention_check.py, cuDNN fused attention against XLA's, packed rows
+#      included (ATTENTION_S, 60 s). When it fails, PER_ROW is cleared for the parts after it.
+# PER_ROW=N packs up to N samples into each training row in parts preset, full and medium
+# (--samples_per_row; unset: the config's auto, one a row under cuDNN). Run part attention before
+# them, so a failed check of cuDNN's packed layout falls back to one a row: with a session's
+# 15 minutes, PER_ROW=16 PARTS="attention preset" first, then PARTS="small continuous".
 # A session's 15 minutes of device time take two calls at most, the second at once (a machine idle
 # for 30 s is given back, and a fresh one compiles everything again): first the default with
 # timeout_s 590, then the parts it skipped (or PARTS="attention packed medium") with the time left.
@@ -74,6 +79,10 @@ run() {
   fi
 }
 
+PER_ROW=${PER_ROW:-}
+# packing: the --samples_per_row flag of the parts that take PER_ROW (none when it is unset).
+packing() { [ -n "$PER_ROW" ] && echo "--samples_per_row $PER_ROW"; }
+
 PRESET_S=${PRESET_S:-560}
 BUDGET_S=${BUDGET_S:-570}
 began=$(date +%s)
@@ -94,7 +103,7 @@ for part in ${PARTS:-preset small continuous}; do
     preset)
       s=$(limit preset "$PRESET_S")
       [ "$s" -gt 0 ] && run qwen3_4b_1xh200 "$s" --config configs/kuhn_qwen3_4b_1xh200.py \
-        --max_new_tokens "$NEW_TOKENS" --steps 2 --time_limit $(( s - 100 ));;
+        --max_new_tokens "$NEW_TOKENS" --steps 2 --time_limit $(( s - 100 )) $(packing);;
     small)
       s=$(limit small "${SMALL_S:-240}")
       [ "$s" -gt 0 ] && run qwen3_0p6b "$s" --shape 0.6b --max_new_tokens "$NEW_TOKENS" --steps 1;;
@@ -108,15 +117,20 @@ for part in ${PARTS:-preset small continuous}; do
         --samples_per_row 16;;
     medium)
       s=$(limit medium "${MEDIUM_S:-210}")
-      [ "$s" -gt 0 ] && run qwen3_1p7b "$s" --shape 1.7b --max_new_tokens "$NEW_TOKENS" --steps 1;;
+      [ "$s" -gt 0 ] && run qwen3_1p7b "$s" --shape 1.7b --max_new_tokens "$NEW_TOKENS" --steps 1 $(packing);;
     full)
       s=$(limit full "${FULL_S:-560}")
       [ "$s" -gt 0 ] && run qwen3_4b_1xh200_full "$s" --config configs/kuhn_qwen3_4b_1xh200.py --steps 2 \
-        --time_limit $(( s - 100 ));;
+        --time_limit $(( s - 100 )) $(packing);;
     attention)
       section "scripts/gpu_attention_check.py"
       timeout "${ATTENTION_S:-60}" python3 scripts/gpu_attention_check.py 2>&1 | tee "$OUT/attention.log" | tail -30
-      echo "attention check: exit ${PIPESTATUS[0]}";;
+      status=${PIPESTATUS[0]}
+      echo "attention check: exit $status" | tee -a "$OUT/summary.txt"
+      if [ "$status" -ne 0 ] && [ -n "$PER_ROW" ]; then
+        echo "attention check failed: the parts after it train one sample a row (PER_ROW cleared)" | tee -a "$OUT/summary.txt"
+        PER_ROW=
+      fi;;
     *) echo "unknown part $part: preset, small, continuous, packed, medium, full or attention" >&2; exit 2;;
   esac
 done
