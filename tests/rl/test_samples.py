@@ -49,7 +49,7 @@ def test_packed_rows_hold_several_samples_each_with_its_own_positions():
     # Slot 4 (sample 0's stop token) would predict sample 1's first token: never a target of the loss.
     np.testing.assert_array_equal(batch.loss_mask[0], [0, 0, 1, 1, 0, 1, 0, 0])
     np.testing.assert_array_equal(batch.sampler_logprobs[0], [0, 0, -0.5, -1.5, 0, -0.5, 0, 0])
-    np.testing.assert_array_equal(batch.response_slots, [[2, 3, 5], [1, 2, 3]])
+    np.testing.assert_array_equal(batch.response_slots, [[2, 3, 5, 0], [1, 2, 3, 0]])
     np.testing.assert_array_equal(batch.advantages, [[0.5, -1.0], [2.0, 0.0]])
     np.testing.assert_array_equal(batch.tokens[1, :5], [7, 8, 5, 5, stop])
     assert batch.loss_mask.sum() == sum(len(s.response_ids) for s in samples)
@@ -59,6 +59,8 @@ def test_packed_rows_hold_several_samples_each_with_its_own_positions():
     # bucket_rows pads packed rows to quarter octaves.
     assert pack([_sample([1] * 7, [stop])] * 9, samples_per_row=2, bucket_rows=True).shape == (5, 16)
     assert pack([_sample([1] * 7, [stop])] * 33, samples_per_row=1, bucket_rows=True).shape[0] == 64
+    # A packed row's response slots are bucketed, but never more than the row's slots.
+    assert pack([_sample([1], [2] * 9)] * 2, samples_per_row=2, min_length=20).response_slots.shape == (1, 20)
     with pytest.raises(ValueError, match="samples_per_row=0"):
         pack(samples, samples_per_row=0)
 
