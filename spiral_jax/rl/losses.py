@@ -25,7 +25,7 @@ DRIFT_RANGE = (0.9, 1.1)  # learner/sampler probability ratios outside this coun
 
 def response_chunk(chunk: int, slots: int) -> int:
     """The response slots unembedded at a time: at most `chunk`, and a divisor of the row's `slots`
-    (a packed row's, as long as a quarter-octave row: 1280 slots go 256 at a time under a 512 chunk)."""
+    (a power of two, or a packed row's quarter-octave length: 1280 go 256 at a time under 512)."""
     return math.gcd(min(chunk, slots), slots)
 
 

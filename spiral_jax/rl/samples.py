@@ -16,8 +16,9 @@ tokens. The decoder attends within a segment only, so a sample's log-probs are t
 alone in a row, which equal those the (left-padded) sampler saw. `advantages` [B, S] holds each
 row's samples' advantages in segment order (S: the most samples a row holds, bucketed).
 `response_slots` [B, R] lists, per row, the slots that predict its response tokens (R is the most
-response tokens of a row, bucketed, at most the row's length), so logits are only ever formed there: with short answers after
-long prompts (most game turns) that skips almost all of the unembedding. Lengths are bucketed in
+response tokens of a row, bucketed, at most the row's length), so logits are only ever formed
+there: with short answers after long prompts (most game turns) that skips almost all of the
+unembedding. Lengths are bucketed in
 quarter octaves (64, 80, 96, 112, 128, 160, ...: a 72-token TicTacToe turn costs 80 slots, not 128)
 and the row count is padded with all-zero rows (segment 0, loss_mask 0, advantage 0), so the jitted
 step compiles once per bucket and padding never changes the loss.

@@ -198,8 +198,8 @@ class Trainer:
 
     def pack_samples(self, samples):
         """A step's samples as the train step's batch (on the host), `samples_per_row` at most to a
-        row: one row per sample under "exact" selection (exactly samples_per_step rows), else a
-        bucketed row count, in whole micro-batches."""
+        row, in whole micro-batches: one a row under "exact" selection is exactly samples_per_step
+        rows; otherwise the rows they fill, in a bucketed count."""
         exact = self.spec.rollout.selection == "exact" and self.samples_per_row == 1
         return pack(samples, row_multiple=self.rows, bucket_rows=not exact, samples_per_row=self.samples_per_row)
 
