@@ -263,3 +263,21 @@ def test_a_continuous_schedule_compiles_its_decode_engines(v5p):
     train, insert, decode = results
     assert decode.total < insert.total
     _planner_agrees([train, insert])
+
+
+def test_the_gpu_attention_check_runs_its_references_on_cpu(monkeypatch):
+    """scripts/gpu_attention_check.py, with jax's reference path in cuDNN's place (and the XLA path
+    in its packed layout's): its references take the kernels' layout, so on a GPU the only thing
+    left to differ is the kernel."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_attention_check",
+                                                  CONFIGS.parent / "scripts" / "gpu_attention_check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    reference = functools.partial(fused_attention.cudnn_attention, implementation="xla")
+    monkeypatch.setattr(fused_attention, "cudnn_attention", reference)
+    monkeypatch.setattr(fused_attention, "_cudnn_packed",
+                        lambda q, k, v, ids, segments: check.xla_attention(q, k, v, ids))
+    assert check.parity(b=3, t=64)
+    assert check.packed_parity()
