@@ -18,10 +18,10 @@ row's samples' advantages in segment order (S: the most samples a row holds, buc
 `response_slots` [B, R] lists, per row, the slots that predict its response tokens (R is the most
 response tokens of a row, bucketed, at most the row's length), so logits are only ever formed
 there: with short answers after long prompts (most game turns) that skips almost all of the
-unembedding. Lengths are bucketed in
-quarter octaves (64, 80, 96, 112, 128, 160, ...: a 72-token TicTacToe turn costs 80 slots, not 128)
-and the row count is padded with all-zero rows (segment 0, loss_mask 0, advantage 0), so the jitted
-step compiles once per bucket and padding never changes the loss.
+unembedding. Lengths are bucketed in quarter octaves (64, 80, 96, 112, 128, 160, ...: a 72-token
+TicTacToe turn costs 80 slots, not 128) and the row count is padded with all-zero rows (segment 0,
+loss_mask 0, advantage 0), so the jitted step compiles once per bucket and padding never changes
+the loss.
 """
 from __future__ import annotations
 
@@ -91,8 +91,11 @@ class Batch(NamedTuple):
 
 def rows_of(lengths: Sequence[int], length: int, per_row: int) -> list[list[int]]:
     """Sample indices per row: first-fit over the samples longest first, at most `per_row` to a row of
-    `length` slots. First-fit decreasing fills rows to within a few percent of the token count, and
-    sorting is deterministic, so one list of samples always packs the same way."""
+    `length` slots (per_row 1: a row each, in the samples' order). First-fit decreasing fills rows to
+    within a few percent of the token count, and sorting is deterministic, so one list of samples
+    always packs the same way."""
+    if per_row == 1:
+        return [[i] for i in range(len(lengths))]
     rows, free = [], []
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
         row = next((r for r, f in enumerate(free) if f >= lengths[i] and len(rows[r]) < per_row), None)
@@ -124,7 +127,7 @@ def pack(samples: Sequence[TurnSample], *, rows: int | None = None, row_multiple
     if max_length is not None and length > max_length:
         raise ValueError(f"a {max(lengths)}-token sample needs a {length}-slot bucket, above "
                          f"max_length={max_length}; raise max_length or cap the response length")
-    placed = rows_of(lengths, length, samples_per_row) if samples_per_row > 1 else [[i] for i in range(len(samples))]
+    placed = rows_of(lengths, length, samples_per_row)
     if rows is not None:
         n_rows = rows
     elif bucket_rows:  # packed rows are long: pad them to quarter octaves, not powers of two

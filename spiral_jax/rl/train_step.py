@@ -57,7 +57,7 @@ class TrainConfig:
     # Execution.
     micro_batch_size: int | None = None  # rows per micro-batch (a multiple of the batch shards)
     samples_per_row: int | None = None  # the most samples packed into one row; None: `samples.per_row`
-    logprob_chunk: int = 512  # sequence slots unembedded at a time (a power of two)
+    logprob_chunk: int = 512  # response slots unembedded at a time, at most (`losses.response_chunk`)
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
