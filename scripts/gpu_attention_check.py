@@ -7,7 +7,8 @@
    right-padded (training row) and full rows, at Qwen3's head layout (32 query heads over 8 key/value
    heads, 128 wide). Tolerances are bf16's: both paths round the same fp32 softmax differently.
 2. Packed rows (`rl.samples`, optim.samples_per_row > 1): cuDNN's packed layout (`segments` > 1)
-   against the XLA path's segment mask, outputs and gradients, on rows of one to four segments.
+   against the XLA path's segment mask, outputs and gradients, on rows of one to four segments; it
+   says whether this JAX takes k and v as they are or repeated to one head per query head.
 3. The decoder: the logits of a 4-layer Qwen3-shaped model with attention="cudnn" against "xla".
 4. Memory and time of one layer's attention forward + backward at the paper's row of 6144 slots:
    the compiled temporaries of both paths, and their step times.
@@ -129,6 +130,9 @@ def main() -> int:
         print("no GPU: this check needs JAX on an NVIDIA GPU")
         return 1
     ok = parity()
+    repeated = not fused_attention.packed_keys_strided_by_kv_heads()
+    kv = "k and v repeated to one head per query head" if repeated else "k and v as they are"
+    print(f"jax {jax.__version__}: packed rows take {kv} (fused_attention.packed_keys_strided_by_kv_heads)")
     try:
         ok &= packed_parity()
     except Exception as e:  # the packed layout needs a Hopper GPU and a recent cuDNN

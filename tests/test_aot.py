@@ -218,6 +218,54 @@ def test_packed_rows_attend_within_their_segments_alone():
     np.testing.assert_array_equal(lengths, [[12, 18, 7, -1], [40, -1, -1, -1], [5, 15, -1, -1]])
 
 
+def _packed_kernel_as_the_gpu_reads_it(query, key, value, q_seqlen, kv_seqlen, q_offsets, kv_offsets, *, scale,
+                                       mask_type):
+    """cuDNN's packed layout as its kernel reads memory: JAX's own arithmetic turns the offsets into
+    element offsets into the flat q, k and v buffers (`_fix_seqlen_offsets`), and each segment found
+    there attends causally to itself alone."""
+    from jax._src.cudnn import fused_attention_stablehlo as fa
+
+    lengths, _, q_at, kv_at = (np.asarray(x).reshape(-1) for x in fa._fix_seqlen_offsets(
+        q_seqlen, kv_seqlen, q_offsets, kv_offsets, query, key))
+    (_, _, h, hd), kv = query.shape, key.shape[2]
+    q, k, v = (np.asarray(x, np.float64).reshape(-1) for x in (query, key, value))
+    out = np.zeros_like(q)
+    for n, qo, ko in zip(lengths, q_at, kv_at):
+        if n <= 0:
+            continue
+        assert ko + n * kv * hd <= k.size, "the kernel would read keys past the end of the buffer"
+        qs = q[qo:qo + n * h * hd].reshape(n, h, hd)
+        ks, vs = (np.repeat(x[ko:ko + n * kv * hd].reshape(n, kv, hd), h // kv, axis=1) for x in (k, v))
+        scores = np.einsum("qhd,khd->hqk", qs, ks) * scale + np.where(np.tri(n, dtype=bool), 0, -np.inf)
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        weights /= weights.sum(-1, keepdims=True)
+        out[qo:qo + n * h * hd] = np.einsum("hqk,khd->qhd", weights, vs).reshape(-1)
+    return jnp.asarray(out.reshape(query.shape), query.dtype)
+
+
+def test_cudnn_packed_rows_read_each_segments_own_keys_under_grouped_query_attention(monkeypatch):
+    """Rows of several segments with fewer key/value heads than query heads, through the offsets JAX
+    hands cuDNN: each segment attends to its own keys, as the XLA path does. Releases of JAX before
+    0.11.1 stride the key offsets by the query heads; on those `_cudnn_packed` repeats the key/value
+    heads, and without that the segments after a row's first read the wrong keys."""
+    from jax._src.cudnn import fused_attention_stablehlo as fa
+
+    monkeypatch.setattr(fa, "dot_product_attention", _packed_kernel_as_the_gpu_reads_it)
+    q, k, v, _ = _qkv()
+    segments = np.zeros((3, 40), np.int32)
+    segments[0, :12], segments[0, 12:30], segments[0, 30:37] = 1, 2, 3
+    segments[1, :40] = 1
+    segments[2, :5], segments[2, 5:20] = 1, 2
+    segments = jnp.asarray(segments)
+    real = np.asarray(segments > 0)[..., None, None]
+    xla = np.where(real, transformer.attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), jnp.arange(40), segments), 0)
+    np.testing.assert_allclose(fused_attention._cudnn_packed(q, k, v, segments, 4), xla, atol=1e-5)
+    if not fused_attention.packed_keys_strided_by_kv_heads():  # this JAX has the stride of the query heads
+        monkeypatch.setattr(fused_attention, "packed_keys_strided_by_kv_heads", lambda: True)
+        with pytest.raises(AssertionError):
+            np.testing.assert_allclose(fused_attention._cudnn_packed(q, k, v, segments, 4), xla, atol=1e-5)
+
+
 @pytest.mark.parametrize("kernel", sorted(KERNELS))
 def test_the_decoder_with_a_fused_kernel_scores_and_samples_as_the_xla_path(kernel, monkeypatch):
     """Through the real decoder: training/scoring logits of left- and right-padded rows, and the

@@ -147,15 +147,39 @@ def cudnn_attention(q, k, v, kv_mask, segments: int = 1, implementation: str = "
     return _rotate(jnp.where(real, out, 0).astype(q.dtype), -start)  # padding rows: 0
 
 
+@functools.cache
+def packed_keys_strided_by_kv_heads() -> bool:
+    """Whether JAX turns the packed layout's key offsets into element offsets with the key/value head
+    count. Releases before jax 0.11.1 use the query head count for both, so under grouped-query
+    attention each segment after a row's first reads keys from the wrong place, with no error. Asked
+    of JAX's own offset arithmetic on a two-segment row of 2 query heads over 1 key/value head; False
+    where that cannot be asked (the repeated heads are right either way)."""
+    try:
+        from jax._src.cudnn.fused_attention_stablehlo import _fix_seqlen_offsets
+
+        # Evaluated now on the host's CPU, also when first asked while a program is traced.
+        with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
+            lengths, offsets = jnp.array([[2, 2]]), jnp.array([[0, 2, -1]])
+            q, k = jnp.zeros((1, 4, 2, 1)), jnp.zeros((1, 4, 1, 1))
+            kv_offsets = _fix_seqlen_offsets(lengths, lengths, offsets, offsets, q, k)[3]
+            return int(kv_offsets[0, 1]) == 2  # the second segment: 2 tokens of 1 head x 1 wide in
+    except Exception:
+        return False
+
+
 def _cudnn_packed(q, k, v, segment_ids, segments: int):
     """cuDNN flash attention over rows of several segments, each its own causal sequence. JAX exposes
-    the packed layout (per-segment offsets and lengths) only below `jax.nn`; it needs a Hopper GPU."""
+    the packed layout (per-segment offsets and lengths) only below `jax.nn`; it needs a Hopper GPU.
+    Where JAX strides the key offsets by the query heads (`packed_keys_strided_by_kv_heads`), k and v
+    go in with one head per query head, the layout in which that stride is right."""
     from jax._src.cudnn.fused_attention_stablehlo import MaskType, dot_product_attention
 
     starts, lengths = segment_bounds(segment_ids, segments)
     offsets = jnp.pad(starts, ((0, 0), (0, 1)), constant_values=-1)  # [B, segments + 1], as cuDNN takes them
     real = (segment_ids > 0)[..., None, None]
     q, k, v = (jnp.where(real, x, 0) for x in (q, k, v))
+    if k.shape[2] != q.shape[2] and not packed_keys_strided_by_kv_heads():
+        k, v = (jnp.repeat(x, q.shape[2] // x.shape[2], axis=2) for x in (k, v))
     out = dot_product_attention(q, k, v, q_seqlen=lengths, kv_seqlen=lengths, q_offsets=offsets, kv_offsets=offsets,
                                 scale=q.shape[-1] ** -0.5, mask_type=MaskType.PADDING_CAUSAL)
     return jnp.where(real, out, 0).astype(q.dtype)
