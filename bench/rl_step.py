@@ -35,7 +35,9 @@ a step, the time they keep the GPU busy against the step's time (the rest is lau
 work), and the kernels that take the most; and so is the old log-probs pass, the forward the epochs
 run: its busy time by kind of kernel (matmul, attention, other) and the matmuls' rate, for an MFU
 that misses. Bandwidth and peak FLOP/s come from a table of data sheets by device kind, else from
-flags, else (CPU) measured here.
+flags, else (CPU) measured here. As a step goes, a line stamped with the seconds since the start
+says each sampler call's rows, steps and seconds, the rollout's end, the old log-probs pass and the
+epochs, so a run its time limit cuts short still says how far it got.
 
     python bench/rl_step.py --shape tiny                                    # CPU, seconds
     python bench/rl_step.py --config configs/kuhn_qwen3_4b_1xh200.py --hardware 1xH200   # Qwen3-4B
@@ -185,6 +187,13 @@ class CompileSeconds:
 
 
 COMPILES = CompileSeconds()
+STARTED = time.perf_counter()
+
+
+def progress(message: str) -> None:
+    """A line as a step goes, stamped with the seconds since the bench started: a run cut short by its
+    time limit still says how far it got and where its time went."""
+    print(f"  [{time.perf_counter() - STARTED:5.0f} s] {message}", flush=True)
 
 
 def run_timed(fn, *args, **kwargs):
@@ -203,10 +212,13 @@ class SamplerCalls:
         s.generate = self._generate
 
     def _generate(self, params, prompts, sp, seed=0, row_ids=None):
-        out, seconds, _ = run_timed(self.generate, params, prompts, sp, seed=seed, row_ids=row_ids)
-        self.calls.append(dict(prompts=prompts, sampling=sp, seconds=seconds,
-                               rows=out.batch_rows, steps=max(map(len, out.tokens)) - 1,
-                               prompt_bucket=self.sampler._buckets(prompts, sp)[0]))
+        out, seconds, compiled = run_timed(self.generate, params, prompts, sp, seed=seed, row_ids=row_ids)
+        call = dict(prompts=prompts, sampling=sp, seconds=seconds, rows=out.batch_rows,
+                    steps=max(map(len, out.tokens)) - 1, prompt_bucket=self.sampler._buckets(prompts, sp)[0])
+        self.calls.append(call)
+        progress(f"sampler call {len(self.calls)}: {len(prompts)} prompts in {call['rows']} rows (prompt bucket "
+                 f"{call['prompt_bucket']}), {call['steps']} decode steps, {seconds:.1f} s"
+                 + (f" and {compiled:.1f} s making programs" if compiled >= 0.05 else ""))
         return out
 
 
@@ -275,8 +287,11 @@ class Played:
         trainer.collect = self._collect
 
     def _collect(self, params=None):
-        collected, _, self.compiled = run_timed(self.collect, params)
+        collected, seconds, self.compiled = run_timed(self.collect, params)
         self.games = collected.games
+        tokens = sum(len(t.response_ids) for g in self.games for t in g.model_turns if t.response_ids)
+        progress(f"rollout: {len(self.games)} games, {tokens:,} tokens generated, {seconds:.1f} s and "
+                 f"{self.compiled:.1f} s making programs")
         return collected
 
 
@@ -299,9 +314,11 @@ class TimedUpdate:
         self.batch, self.weights = batch, weights  # for a trace of the old log-probs pass (print_train)
         self.seconds = {}
         if not self.tc.on_policy:
-            old, self.seconds["old log-probs"], _ = run_timed(
+            old, self.seconds["old log-probs"], compiled = run_timed(
                 lambda: jax.block_until_ready(self.logprobs(state.params, batch, *weights)))
             batch = batch._replace(old_logprobs=old)
+            progress(f"old log-probs: {self.n_rows} rows of {batch.tokens.shape[1]} slots, "
+                     f"{self.seconds['old log-probs']:.1f} s and {compiled:.1f} s making programs")
 
         def epochs(state):
             metrics = []
@@ -310,7 +327,8 @@ class TimedUpdate:
                 metrics.append(m)
             return jax.block_until_ready((state, metrics))
 
-        (state, metrics), self.seconds["train"], _ = run_timed(epochs, state)
+        (state, metrics), self.seconds["train"], compiled = run_timed(epochs, state)
+        progress(f"train: {self.tc.epochs} epochs, {self.seconds['train']:.1f} s and {compiled:.1f} s making programs")
         return state, metrics
 
 
@@ -446,7 +464,6 @@ def main():
     mean_tokens = args.mean_tokens or r.max_new_tokens / 4
     if mean_tokens <= 1:
         parser.error("--mean_tokens must be above 1")
-    started = time.perf_counter()
     with tempfile.TemporaryDirectory() as out, stop_probability(c.model.random.vocab_size - 1, mean_tokens):
         c.out_dir = out
         tokenizer = StandInTokenizer(c.model.random.vocab_size, game_moves(c.games.env_ids))
@@ -484,7 +501,7 @@ def main():
                   + (f"; {len(background)} of the programs compiled ahead on background threads, "
                      f"{sum(background):.1f} s of XLA's compiling there" if background else "") + ")")
             expected = metrics["time/step"] - compiled
-            if step < args.steps and not fits(time.perf_counter() - started, expected, args.time_limit):
+            if step < args.steps and not fits(time.perf_counter() - STARTED, expected, args.time_limit):
                 print(f"stopping after step {step}: another (about {expected:.0f} s) would end past "
                       f"--time_limit {args.time_limit:g} s")
                 break

@@ -54,6 +54,14 @@ def test_tiny_step_prints_its_breakdown_and_the_summary_line():
     assert re.search(r"^stopping after step 1: another \(about \d+ s\) would end past --time_limit 1 s$",
                      result.stdout, re.M), result.stdout
     assert "step 2 of 2" not in result.stdout
+    # Lines as the step goes, stamped with the seconds since the start, so that a run cut short still
+    # says how far it got: each sampler call, the rollout's end, PPO's old log-probs, the epochs.
+    went = re.findall(r"^  \[ *(\d+) s\] (sampler call \d+|rollout|old log-probs|train): ", result.stdout, re.M)
+    calls = [name for _, name in went[:-3]]
+    assert [name for _, name in went[-3:]] == ["rollout", "old log-probs", "train"], result.stdout
+    assert calls and calls == [f"sampler call {i}" for i in range(1, len(calls) + 1)], result.stdout
+    stamps = [int(t) for t, _ in went]
+    assert stamps == sorted(stamps) and result.stdout.index(went[-1][1] + ": ") < result.stdout.index("step 1 of 2")
     # The rollout's first call (8 games) compiled the 2-row program ahead: the report times it too.
     two = re.search(r"^decode step at batch 2: (\d+\.\d\d) ms, HBM floor (\d+\.\d\d) ms: (\d+\.\d\d)x; "
                     r"(\d+\.\d\d)x the batch-1 step$", result.stdout, re.M)
