@@ -157,8 +157,12 @@ def packed_keys_strided_by_kv_heads() -> bool:
     try:
         from jax._src.cudnn.fused_attention_stablehlo import _fix_seqlen_offsets
 
-        # Evaluated now on the host's CPU, also when first asked while a program is traced.
-        with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
+        try:
+            host = jax.devices("cpu")[0]
+        except RuntimeError:  # JAX_PLATFORMS without cpu: the default device answers as well
+            host = None
+        # Evaluated now, also when first asked while a program is traced.
+        with jax.ensure_compile_time_eval(), jax.default_device(host):
             lengths, offsets = jnp.array([[2, 2]]), jnp.array([[0, 2, -1]])
             q, k = jnp.zeros((1, 4, 2, 1)), jnp.zeros((1, 4, 1, 1))
             kv_offsets = _fix_seqlen_offsets(lengths, lengths, offsets, offsets, q, k)[3]
