@@ -3,6 +3,7 @@ against their hardware, evaluation in chunks of games_per_batch, the suggestion 
 does not fit, and the CLI."""
 import dataclasses
 import gc
+import re
 from pathlib import Path
 
 import jax
@@ -320,3 +321,49 @@ def test_lora_counts_frozen_weights_in_the_compute_dtype_and_optimizer_state_for
     c.model.lora.sample = "adapters"
     assert "sampler_params" not in P.plan(planned(c), H.hardware("v5e-8")).parts
     assert lora.phases["train step"] < full.phases["train step"] - 4 * P.GiB
+
+
+def _documented_plans() -> list[tuple[list[str], str]]:
+    """docs/memory.md's printed plans: (the command's arguments, its output as printed), from a code
+    block that opens with `$ spiral-jax plan ...` or follows a line naming that command."""
+    text = (CONFIGS.parent / "docs" / "memory.md").read_text()
+    found = []
+    for block in re.finditer(r"^```\w*\n(.*?)^```$", text, re.S | re.M):
+        named = re.search(r"`(spiral-jax plan [^`]+)`:\n\n$", text[:block.start()])
+        typed = re.match(r"\$ (spiral-jax plan [^\n]+)\n", block[1])
+        command = typed[1] if typed else named[1] if named else None
+        if command and "--compile" not in command:
+            found.append((command.split(), block[1][typed.end():] if typed else block[1]))
+    return found
+
+
+# The Qwen3-4B presets tabulated in docs/memory.md, and the hardware each is planned for.
+TABULATED = {"kuhn_qwen3_4b_v4_8": "v4-8", "kuhn_qwen3_4b_v5e_8": "v5e-8", "kuhn_qwen3_4b_v5p_8": "v5p-8",
+             "kuhn_qwen3_4b_v6e_8": "v6e-8", "kuhn_qwen3_4b_8xh100": "8xH100", "mesh_tpu_v4_8": "v4-8",
+             "mesh_gpu_8x": "8xH100"}
+
+
+def test_the_plans_printed_in_docs_are_what_the_planner_prints_now(capsys, monkeypatch):
+    """docs/memory.md shows `spiral-jax plan` for the single-card and LoRA presets, and tabulates every
+    Qwen3-4B preset's peaks: both must be the planner's current output, not an older one's."""
+    monkeypatch.chdir(CONFIGS.parent)
+    plans = _documented_plans()
+    assert len(plans) >= 4, plans
+    for argv, printed in plans:
+        assert cli.main(argv) == 0, argv
+        assert capsys.readouterr().out == printed, f"docs/memory.md's output of {' '.join(argv)} is stale"
+    table = (CONFIGS.parent / "docs" / "memory.md").read_text()
+    rows = re.findall(r"^\| `(\w+)\.py` \| [^|]+ \| (\d+), (\d+), (\d+) \| (\d+) \| (\d+) \| ([\d.]+) \| ([\d.]+) \| "
+                      r"([\d.]+) of ([\d.]+) \((\d+)%\) \|$", table, re.M)
+    assert sorted(name for name, *_ in rows) == sorted(TABULATED), rows
+    for name, *numbers in rows:
+        assert cli.main(["spiral-jax", "plan", "--config", f"configs/{name}.py", "--hardware", TABULATED[name]]) == 0
+        out = capsys.readouterr().out
+        mesh = re.search(r"mesh: data=(\d+) fsdp=(\d+) tensor=(\d+); micro-batch (\d+) row", out).groups()
+        peak, usable, share = re.search(r"^peak: ([\d.]+) GiB per device \(.*?\) of ([\d.]+) GiB usable = (\d+)%",
+                                        out, re.M).groups()
+        now = [*mesh, re.search(r"rollout (\d+) games per call", out)[1],
+               re.search(r"^  train step +([\d.]+)$", out, re.M)[1],
+               re.search(r"^  rollout, eval, final eval \(\d+ games at once\) +([\d.]+)$", out, re.M)[1],
+               peak, f"{float(usable):.1f}", share]
+        assert numbers == now, f"docs/memory.md's row of {name}.py: {numbers}, the planner now: {now}"
