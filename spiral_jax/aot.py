@@ -16,6 +16,7 @@ so each figure is the device's whole footprint in that phase.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -24,14 +25,16 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from spiral_jax import plan as planner
 from spiral_jax.distributed import host_local_mesh
 from spiral_jax.models import abstract_params, cpu, lora, param_shardings
 from spiral_jax.rl.reshard import sample_config
-from spiral_jax.rl.samples import Batch, batch_shardings
+from spiral_jax.rl.samples import Batch, batch_shardings, per_row
 from spiral_jax.rl.train_step import make_compute_logprobs, make_optimizer, make_train_step, state_shardings
 from spiral_jax.sampling import batch_bucket, cache_slots
+from spiral_jax.sampling.buckets import bucket_length
 from spiral_jax.sampling.engine import DecodeEngine
 from spiral_jax.sharding import Rules, make_mesh
 from spiral_jax.hardware import GiB, Hardware, hardware as preset, parse_accelerator
@@ -165,10 +168,14 @@ def _placed(abstract, shardings):
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
 
 
-def abstract_batch(spec, rows: int, mesh) -> Batch:
-    """The packed batch of one update: `rows` of the run's longest row, placed like `shard_batch`."""
+def abstract_batch(spec, rows: int, mesh, samples_per_row: int = 1) -> Batch:
+    """The packed batch of one update: `rows` of the run's longest row, placed like `shard_batch`, with
+    the advantages of as many samples a row as the run packs (`rl.samples.per_row`), so the program is
+    the packed one where the attention kernel has a packed layout of its own (cuDNN)."""
+    longest = planner.longest_row(spec)
+    longest = longest._replace(advantages=np.zeros((1, bucket_length(samples_per_row, 1)), np.float32))
     return Batch(*(jax.ShapeDtypeStruct((rows, *x.shape[1:]), x.dtype, sharding=s)
-                   for x, s in zip(planner.longest_row(spec), batch_shardings(mesh))))
+                   for x, s in zip(longest, batch_shardings(mesh))))
 
 
 def _memory(compiled) -> int:
@@ -189,13 +196,42 @@ def _compile(name: str, lower, resident: int, planned: int, log) -> Compiled:
     return Compiled(name, _memory(compiled), resident, planned, time.perf_counter() - start)
 
 
+@contextlib.contextmanager
+def card_capability(hardware: str):
+    """While compiling for an NVIDIA preset's card without a GPU, JAX's cuDNN attention gets the card's
+    compute capability when it asks (the packed layout of packed training rows needs a Hopper card);
+    it would otherwise ask this machine's GPU, and with none take any card for a pre-Hopper one."""
+    try:
+        card = preset(hardware).card
+    except ValueError:
+        card = None
+    if card is None or jax.default_backend() == "gpu":
+        yield
+        return
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn
+
+    def parse(capability: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in capability.split("."))
+
+    asked = {"check_compute_capability": lambda c: card.compute_capability >= parse(c),
+             "is_cuda_compute_capability_equal": lambda c: card.compute_capability == parse(c)}
+    saved = {name: getattr(cudnn, name) for name in asked}
+    try:
+        for name, answer in asked.items():
+            setattr(cudnn, name, answer)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(cudnn, name, fn)
+
+
 def compile_run(spec, tgt: Target, log=print) -> tuple[list[Compiled], planner.Plan]:
     """Compile every program of a run (`RunSpec`) for `tgt`'s devices; (results, the planner's plan).
 
     The programs are traced as for the target's platform (`cpu.compiling_for`), not this process's
     backend: a TPU or GPU program never takes the CPU layouts.
     """
-    with cpu.compiling_for(tgt.devices[0].platform):
+    with cpu.compiling_for(tgt.devices[0].platform), card_capability(tgt.name):
         return _compile_run(spec, tgt, log)
 
 
@@ -218,9 +254,10 @@ def _compile_run(spec, tgt: Target, log) -> tuple[list[Compiled], planner.Plan]:
     state = _placed(type(shardings)(params, jax.eval_shape(opt.init, params),
                                     jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32)),
                     shardings)
-    batch = abstract_batch(spec, work.samples, mesh)
+    packed = per_row(tc.samples_per_row, cfg, tgt.devices[0].platform)
+    batch = abstract_batch(spec, work.samples, mesh, packed)
     results = [_compile(f"train step ({work.micro_batch}-row micro-batches of {work.samples} rows x "
-                        f"{work.train_len} slots)",
+                        f"{work.train_len} slots, up to {packed} sample{'s' * (packed > 1)} a row)",
                         lambda: make_train_step(cfg, tc, mesh).lower(state, batch, *frozen),
                         parts.get("sampler_params", 0) + others, phases["train step"], log)]
     if not tc.on_policy or tc.kl_coef:

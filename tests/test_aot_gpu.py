@@ -45,3 +45,20 @@ def test_an_nvidia_preset_compiles_with_the_plugin_or_says_how_to_get_it():
 def test_an_unknown_hardware_name_lists_the_known_ones():
     with pytest.raises(ValueError, match="unknown hardware 'h300'.*1xH200"):
         aot.target("h300")
+
+
+def test_compiling_for_a_card_answers_cudnns_capability_questions_with_the_cards():
+    """Without a GPU, JAX's cuDNN attention would take any card for a pre-Hopper one and refuse the
+    packed layout of packed training rows; compiling for a preset it is told the preset's card."""
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn
+
+    asked = cudnn.check_compute_capability
+    assert not cudnn.check_compute_capability("9.0")  # no GPU here
+    with aot.card_capability("1xH200"):
+        assert cudnn.check_compute_capability("9.0") and not cudnn.check_compute_capability("10.0")
+        assert cudnn.is_cuda_compute_capability_equal("9.0")
+    with aot.card_capability("1x4090"):  # Ada, 8.9
+        assert cudnn.check_compute_capability("8.9") and not cudnn.check_compute_capability("9.0")
+    with aot.card_capability("v5p-8"):
+        assert cudnn.check_compute_capability is asked
+    assert cudnn.check_compute_capability is asked
