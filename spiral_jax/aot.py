@@ -31,10 +31,9 @@ from spiral_jax import plan as planner
 from spiral_jax.distributed import host_local_mesh
 from spiral_jax.models import abstract_params, cpu, lora, param_shardings
 from spiral_jax.rl.reshard import sample_config
-from spiral_jax.rl.samples import Batch, batch_shardings, per_row
+from spiral_jax.rl.samples import Batch, advantage_slots, batch_shardings, per_row
 from spiral_jax.rl.train_step import make_compute_logprobs, make_optimizer, make_train_step, state_shardings
 from spiral_jax.sampling import batch_bucket, cache_slots
-from spiral_jax.sampling.buckets import bucket_length
 from spiral_jax.sampling.engine import DecodeEngine
 from spiral_jax.sharding import Rules, make_mesh
 from spiral_jax.hardware import GiB, Hardware, hardware as preset, parse_accelerator
@@ -173,7 +172,7 @@ def abstract_batch(spec, rows: int, mesh, samples_per_row: int = 1) -> Batch:
     the advantages of as many samples a row as the run packs (`rl.samples.per_row`), so the program is
     the packed one where the attention kernel has a packed layout of its own (cuDNN)."""
     longest = planner.longest_row(spec)
-    longest = longest._replace(advantages=np.zeros((1, bucket_length(samples_per_row, 1)), np.float32))
+    longest = longest._replace(advantages=np.zeros((1, advantage_slots(samples_per_row)), np.float32))
     return Batch(*(jax.ShapeDtypeStruct((rows, *x.shape[1:]), x.dtype, sharding=s)
                    for x, s in zip(longest, batch_shardings(mesh))))
 

@@ -89,6 +89,12 @@ class Batch(NamedTuple):
         return self.advantages.shape[1]
 
 
+def advantage_slots(samples_in_row: int) -> int:
+    """The width of `Batch.advantages` for rows of up to `samples_in_row` samples: a bucket, so the
+    train step compiles once per bucket (it reads the width as `Batch.segments`)."""
+    return bucket_length(samples_in_row, 1)
+
+
 def rows_of(lengths: Sequence[int], length: int, per_row: int) -> list[list[int]]:
     """Sample indices per row: first-fit over the samples longest first, at most `per_row` to a row of
     `length` slots (per_row 1: a row each, in the samples' order). First-fit decreasing fills rows to
@@ -143,7 +149,7 @@ def pack(samples: Sequence[TurnSample], *, rows: int | None = None, row_multiple
     segment_ids = np.zeros((n_rows, length), np.int32)
     loss_mask = np.zeros((n_rows, length), np.float32)
     sampler_logprobs = np.zeros((n_rows, length), np.float32)
-    advantages = np.zeros((n_rows, bucket_length(max(map(len, placed)), 1)), np.float32)
+    advantages = np.zeros((n_rows, advantage_slots(max(map(len, placed)))), np.float32)
     answers = max(sum(len(samples[i].response_ids) for i in row) for row in placed)
     response_slots = np.zeros((n_rows, min(bucket_length(answers, 1), length)), np.int32)
     for row, members in enumerate(placed):
