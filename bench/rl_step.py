@@ -25,8 +25,8 @@ generated per second, the decode step against the HBM floor (the weights in the 
 the keys and values of every row's prompt bucket and tokens so far, read once per step, over the
 memory bandwidth) at batch 1, at batch 2 (the rollout's 2-row program, which XLA builds with fewer
 kernels) and at the rollout's batch, the train step's MFU (model FLOPs: 6 x (non-embedding
-parameters x tokens + unembedding x response tokens) plus causal attention, per epoch, over the
-device's peak), and the peak memory against `spiral-jax plan`'s estimate. Every phase is timed less
+parameters x tokens + unembedding x response tokens), 4 x for LoRA's frozen weights, plus causal
+attention, per epoch, over the device's peak), and the peak memory against `spiral-jax plan`'s estimate. Every phase is timed less
 the time JAX spent making programs in it (tracing, lowering, XLA's compiling): the first step
 compiles, and a later one may still meet a new bucket. The figures are the last step's (`--steps`,
 default 2; `--time_limit` skips the steps that would not end in time, so a run on a borrowed machine
@@ -387,11 +387,14 @@ def sample_sizes(segment_ids, loss_mask) -> list[tuple[int, int]]:
 def train_flops(cfg: ModelConfig, samples, passes: int, attention: bool = True) -> float:
     """Model FLOPs of `passes` (3: forward + backward, 1: forward) over samples of (tokens, response
     tokens); without `attention`, those of the weights' products alone. Attention counts each
-    sample's own causal scores, which is all a packed row's kernel needs."""
+    sample's own causal scores, which is all a packed row's kernel needs. With LoRA the backward
+    computes no gradient of the frozen weights, so their products count one pass fewer (the
+    adapters' own products are left out)."""
     unembed = cfg.vocab_size * cfg.hidden_size
     body = cfg.num_params - unembed * (1 if cfg.tie_word_embeddings else 2)
     scores = 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * attention  # x n(n+1) per sample, causal
-    return passes * sum(2 * body * n + 2 * unembed * r + scores * n * (n + 1) for n, r in samples)
+    weight_passes = passes - (passes == 3 and cfg.lora_rank > 0)
+    return sum(weight_passes * (2 * body * n + 2 * unembed * r) + passes * scores * n * (n + 1) for n, r in samples)
 
 
 # ------------------------------------------------------------------------------------ the run
@@ -748,7 +751,7 @@ def print_train(cfg, c, update, peak, params) -> float:
             f"slots; {response:,} response), {c.optim.epochs} epochs of {epoch:.3g} FLOP in {train_s:.2f} s: "
             f"MFU {mfu:.0%}")
     if logprob_s:
-        line += f"; old log-probs {epoch / 3 / (logprob_s * peak * devices):.0%}"
+        line += f"; old log-probs {train_flops(cfg, update.samples, 1) / (logprob_s * peak * devices):.0%}"
     print(line)
     if logprob_s and jax.default_backend() == "gpu":
         print_pass_kernels("the old log-probs pass (the epochs' forward)", lambda: jax.block_until_ready(

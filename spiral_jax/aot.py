@@ -234,14 +234,16 @@ def compile_run(spec, tgt: Target, log=print) -> tuple[list[Compiled], planner.P
         return _compile_run(spec, tgt, log)
 
 
-def _compile_run(spec, tgt: Target, log) -> tuple[list[Compiled], planner.Plan]:
-    mesh = make_mesh(**spec.mesh, devices=tgt.devices)
-    sample_mesh = host_local_mesh(mesh, process=tgt.devices[0].process_index)
+def run_plan(spec, tgt: Target, mesh) -> planner.Plan:
+    """The planner's plan of a run on `tgt`'s devices laid out as `mesh`: the sizes its programs take."""
     hw = Hardware(tgt.name, len(tgt.devices), tgt.memory, platform=tgt.devices[0].platform)
-    p = planner.plan(spec, hw, planner.MeshShape(mesh.shape["data"], mesh.shape["fsdp"], mesh.shape["tensor"]))
-    cfg, tc, work, parts, phases = p.cfg, spec.train, p.work, p.parts, p.phases
-    others = parts.get("kl_reference", 0) + parts.get("snapshots", 0)
+    return planner.plan(spec, hw, planner.MeshShape(mesh.shape["data"], mesh.shape["fsdp"], mesh.shape["tensor"]))
 
+
+def train_inputs(spec, p: planner.Plan, mesh, platform: str):
+    """Abstract arguments of the run's train step on `mesh`, at the plan's sizes: (train state, batch,
+    the frozen weights beside LoRA adapters as a tuple of none or one, samples packed a row)."""
+    cfg, tc = p.cfg, spec.train
     shardings = state_shardings(cfg, tc, mesh)
     opt = make_optimizer(tc)
     params, frozen = abstract_params(cfg), ()
@@ -253,8 +255,17 @@ def _compile_run(spec, tgt: Target, log) -> tuple[list[Compiled], planner.Plan]:
     state = _placed(type(shardings)(params, jax.eval_shape(opt.init, params),
                                     jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32)),
                     shardings)
-    packed = per_row(tc.samples_per_row, cfg, tgt.devices[0].platform)
-    batch = abstract_batch(spec, work.samples, mesh, packed)
+    packed = per_row(tc.samples_per_row, cfg, platform)
+    return state, abstract_batch(spec, p.work.samples, mesh, packed), frozen, packed
+
+
+def _compile_run(spec, tgt: Target, log) -> tuple[list[Compiled], planner.Plan]:
+    mesh = make_mesh(**spec.mesh, devices=tgt.devices)
+    sample_mesh = host_local_mesh(mesh, process=tgt.devices[0].process_index)
+    p = run_plan(spec, tgt, mesh)
+    cfg, tc, work, parts, phases = p.cfg, spec.train, p.work, p.parts, p.phases
+    others = parts.get("kl_reference", 0) + parts.get("snapshots", 0)
+    state, batch, frozen, packed = train_inputs(spec, p, mesh, tgt.devices[0].platform)
     results = [_compile(f"train step ({work.micro_batch}-row micro-batches of {work.samples} rows x "
                         f"{work.train_len} slots, up to {packed} sample{'s' * (packed > 1)} a row)",
                         lambda: make_train_step(cfg, tc, mesh).lower(state, batch, *frozen),

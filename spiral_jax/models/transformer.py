@@ -396,8 +396,33 @@ def unembed(params, cfg: ModelConfig, hidden: jax.Array, table_t: jax.Array | No
         return jnp.dot(hidden, table_t.astype(hidden.dtype), preferred_element_type=jnp.float32)
     table = unembed_table(params, cfg).astype(hidden.dtype)
     if cpu.layouts():  # the vocabulary leads the product at any row count: faster for prefill and decode
-        return cpu.dense(hidden, table, weight_major=True, preferred_element_type=jnp.float32, local=local)
-    return dense(hidden, table, preferred_element_type=jnp.float32)
+        product = functools.partial(cpu.dense, weight_major=True, local=local)
+    else:
+        product = dense
+    return _fp32_logits(product, hidden, table)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fp32_logits(product, hidden, table):
+    """`product(hidden, table)` accumulated into fp32 logits, with a backward pass in the operands'
+    dtype. JAX's own transpose multiplies the fp32 cotangent by the bf16 operands cast to fp32, an
+    fp32 product the size of the forward's twice per chunk of logits (and an fp32 copy of the table),
+    which tensor cores run at a fraction of bf16's rate. Here the cotangent is cast to the compute
+    dtype first, as every other layer's backward runs; in fp32 compute nothing changes."""
+    return product(hidden, table, preferred_element_type=jnp.float32)
+
+
+def _fp32_logits_fwd(product, hidden, table):
+    return _fp32_logits(product, hidden, table), (hidden, table)
+
+
+def _fp32_logits_bwd(product, residuals, g):
+    hidden, table = residuals
+    _, pullback = jax.vjp(product, hidden, table)
+    return pullback(g.astype(hidden.dtype))
+
+
+_fp32_logits.defvjp(_fp32_logits_fwd, _fp32_logits_bwd)
 
 
 def positions_from_mask(attention_mask: jax.Array) -> jax.Array:

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from spiral_jax.models import cpu
-from spiral_jax.models.transformer import dense
+from spiral_jax.models import ModelConfig
+from spiral_jax.models.transformer import dense, unembed
 
 # (row shape, weight shape, n_in): one row (batch-1 decode, grouped on CPU), a few rows (decode,
 # weight first on CPU), many rows (prefill, training); several out axes (q) and in axes (o); an out
@@ -63,3 +64,39 @@ def test_programs_compiled_for_an_accelerator_take_its_layouts():
     with cpu.compiling_for("tpu"):
         assert cpu.platform() == "tpu" and not cpu.layouts() and _dot_batch_dims(x, w) == [()]
     assert cpu.layouts() and _dot_batch_dims(x, w) == [(0,)]
+
+
+def _dot_operand_dtypes(fn, *args) -> list[tuple[str, ...]]:
+    """The operand dtypes of every dot_general `fn` traces to."""
+    return [tuple(str(v.aval.dtype) for v in e.invars) for e in jax.make_jaxpr(fn)(*args).eqns
+            if e.primitive.name == "dot_general"]
+
+
+def test_the_logits_backward_runs_in_the_compute_dtype(layouts):
+    """fp32 logits from bf16 operands, and a backward of bf16 products: JAX's own transpose multiplies
+    the fp32 cotangent by a bf16 operand, which XLA runs as an fp32 product. In fp32 it is autodiff's
+    gradient."""
+    params = {"embed": jax.random.normal(jax.random.key(1), (40, 16))}
+    cfg = ModelConfig(model_type="qwen3", vocab_size=40, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+                      num_kv_heads=1, head_dim=8, tie_word_embeddings=True)
+    hidden = jax.random.normal(jax.random.key(2), (3, 5, 16))
+    cotangent = jax.random.normal(jax.random.key(3), (3, 5, 40))
+
+    def grads(hidden, params, fn):
+        return jax.grad(lambda h, p: jnp.sum(fn(p, h) * cotangent), argnums=(0, 1))(hidden, params)
+
+    def autodiff(p, h):  # the same product, differentiated by JAX
+        table = p["embed"].astype(h.dtype)
+        return jnp.einsum("btd,vd->btv", h, table, preferred_element_type=jnp.float32)
+
+    ours = lambda p, h: unembed(p, cfg, h)  # noqa: E731
+    got, want = grads(hidden, params, ours), grads(hidden, params, autodiff)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), got, want)
+
+    h16 = hidden.astype(jnp.bfloat16)
+    assert ("float32", "bfloat16") in _dot_operand_dtypes(lambda h, p: grads(h, p, autodiff), h16, params)
+    assert all("float32" not in dtypes for dtypes in _dot_operand_dtypes(lambda h, p: grads(h, p, ours), h16, params))
+    d_hidden, d_params = grads(h16, params, ours)
+    assert d_hidden.dtype == jnp.bfloat16 and d_params["embed"].dtype == jnp.float32
+    np.testing.assert_allclose(d_hidden.astype(jnp.float32), want[0], rtol=0.05, atol=0.05 * np.abs(want[0]).max())
+    np.testing.assert_allclose(d_params["embed"], want[1]["embed"], rtol=0.05, atol=0.05 * np.abs(want[1]["embed"]).max())
