@@ -92,6 +92,82 @@ def product_flops(hlo: str, vocab: int, devices: int = 1) -> collections.Counter
     return flops
 
 
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f32": 4}
+LAUNCHES = ("fusion", "copy", "custom-call", "reduce", "transpose", "scatter", "gather", "sort")
+
+
+def _bytes(type_text: str) -> int:
+    return sum(DTYPE_BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(",") if d)
+               for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", type_text))
+
+
+def _operands(rhs: str) -> list[str]:
+    """The instruction names an instruction's right-hand side takes, in order."""
+    result = rhs[:rhs.find(")") + 1] if rhs.startswith("(") else rhs.split(" ")[0]
+    return re.findall(r"%([\w.\-]+)", rhs[len(result):].split("(", 1)[1].split(")")[0])
+
+
+def _moved(lines: list[str], operand_bytes: list[int], result_bytes: int) -> int:
+    """Bytes a fusion of computation `lines` reads and writes: each operand whole, but one read only
+    by slices at those slices' size, and one updated in place (a dynamic-update-slice's target) not
+    at all, its update written in place of the whole result."""
+    params, sliced, in_place, uses = {}, collections.Counter(), set(), collections.Counter()
+    root_updates = 0
+    for line in lines:
+        name, rhs = line.split(" = ", 1)
+        name = name.replace("ROOT ", "").lstrip("%")
+        found = re.search(r"parameter\((\d+)\)", rhs)
+        if found:
+            params[name] = int(found.group(1))
+            continue
+        args, op = _operands(rhs), opcode(line)
+        for a in args:
+            uses[a] += 1
+        if args and args[0] in params and op in ("dynamic-slice", "slice"):
+            sliced[args[0]] += _bytes(rhs.split(" ")[0])
+        elif args and args[0] in params and op == "dynamic-update-slice":
+            in_place.add(args[0])
+            root_updates += _bytes(next((l.split(" = ", 1)[1].split(" ")[0] for l in lines
+                                         if l.split(" = ")[0].replace("ROOT ", "").lstrip("%") == args[1]), ""))
+    moved = root_updates if in_place else result_bytes
+    for name, index in params.items():
+        if name in in_place:
+            continue
+        slice_uses = sum(1 for line in lines for a in _operands(line.split(" = ", 1)[1])[:1]
+                         if a == name and opcode(line) in ("dynamic-slice", "slice"))
+        moved += sliced[name] if sliced[name] and slice_uses == uses[name] else operand_bytes[index]
+    return moved
+
+
+def other_traffic(hlo: str) -> tuple[int, int]:
+    """(kernels, bytes they read and write) of one run of the module's kernels other than products
+    and attention (gemm fusions, custom calls), each counted as often as its loops run it: operands
+    and results at their HLO types' sizes, where a fusion reads an operand only by slices at theirs,
+    and where it updates one in place at the update's."""
+    comps = computations(hlo)
+    entry = re.search(r"^ENTRY %?([\w.\-]+)", hlo, re.M).group(1)
+    runs = multiplicities(comps, entry)
+    launching = {entry} | {re.search(r"body=%?([\w.\-]+)", line).group(1) for lines in comps.values()
+                           for line in lines if opcode(line) == "while"}
+    kernels = total = 0
+    for name in launching:
+        types = {line.split(" = ")[0].replace("ROOT ", "").lstrip("%"): line.split(" = ", 1)[1].split(" ")[0]
+                 for line in comps[name]}
+        for line in comps[name]:
+            instruction, rhs = line.split(" = ", 1)
+            op = opcode(line)
+            if op not in LAUNCHES or op == "custom-call" or "gemm" in instruction:
+                continue
+            result = _bytes(rhs[:rhs.find(")") + 1] if rhs.startswith("(") else rhs.split(" ")[0])
+            operands = [_bytes(types.get(a, "")) for a in _operands(rhs)]
+            called = re.search(r"calls=%?([\w.\-]+)", line) if op == "fusion" else None
+            moved = (_moved(comps[called.group(1)], operands, result) if called and called.group(1) in comps
+                     else result + sum(operands))
+            kernels += runs[name]
+            total += moved * runs[name]
+    return kernels, total
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default=str(ROOT / "configs" / "kuhn_qwen3_4b_1xh200.py"))
@@ -130,7 +206,8 @@ def main():
           f"sample{'s' * (packed > 1)} a row; compiled in {seconds:.1f} s, peak "
           f"{compiled.memory_analysis().peak_memory_in_bytes / 2**30:.2f} GiB a device")
 
-    flops = product_flops(compiled.as_text(), cfg.vocab_size, len(tgt.devices))
+    hlo = compiled.as_text()
+    flops = product_flops(hlo, cfg.vocab_size, len(tgt.devices))
     total = sum(flops.values())
     print(f"\nthe step's matrix products, TFLOP (all devices: {len(tgt.devices)} x what one computes):")
     for (part, step, dtypes), f in sorted(flops.items(), key=lambda kv: (kv[0][0], PASSES.index(kv[0][1]), kv[0][2])):
@@ -140,6 +217,12 @@ def main():
     model = train_flops(cfg, [(slots, response)] * rows, passes=3, attention=False)
     print(f"  {'all':36s} {computed / 1e12:9.1f}")
     print(f"\nproducts with an fp32 operand: {fp32 / total:.1%} of the FLOPs")
+    kernels, moved = other_traffic(hlo)
+    card = hardware(args.hardware).card
+    print(f"its other kernels (elementwise, norms, slices, copies; attention left out): {kernels:,} a step, "
+          f"{moved * len(tgt.devices) / 1e12:.2f} TB read and written: {moved / card.bandwidth:.2f} s at the "
+          f"{card.kind}'s {card.bandwidth / 1e12:.1f} TB/s, against {total / card.bf16_flops:.2f} s for the "
+          f"products at its {card.bf16_flops / 1e12:.0f} TFLOP/s")
     print(f"MFU's model FLOPs of this batch, every slot real: {model / 1e12:.1f} TFLOP, {model / computed:.0%} of what "
           f"the step computes; a run's MFU is at most {model / computed:.2f} x the share of peak at which it runs "
           f"them, times the share of its slots that are real")

@@ -1,6 +1,7 @@
 """bench/train_program.py's reading of a compiled train step, on a hand-written program shaped as XLA:GPU
 prints one: each product's FLOPs counted as often as its loops run it, split by part, pass and operand
-dtypes, the unembedding found by its vocabulary axis whole or split over devices."""
+dtypes, the unembedding found by its vocabulary axis whole or split over devices; and the bytes the
+other kernels move."""
 import importlib.util
 import sys
 from pathlib import Path
@@ -27,7 +28,9 @@ def _gemm(name: str, lhs: str, rhs: str, out: str, contract: tuple[str, str], ja
 
 def _program(vocab_share: int) -> str:
     """A micro-batch loop of 4 trips around a layer loop of 3 (forward, remat's forward again, the
-    backward) and the unembedding of the micro-batch's 8 slots (forward; backward in fp32)."""
+    backward; a layer's weights sliced out of a stack, its gradient written into one in place, and
+    an elementwise product) and the unembedding of the micro-batch's 8 slots (forward; backward in
+    fp32)."""
     table = f"bf16[{vocab_share},16]{{1,0}}"
     return (
         _gemm("fwd", "bf16[8,16]{1,0}", "bf16[32,16]{1,0}", "bf16[8,32]{1,0}", ("1", "1"),
@@ -45,7 +48,35 @@ def _program(vocab_share: int) -> str:
   ROOT %lt = pred[] compare(%a, %b), direction=LT
 }}
 
+%fused_convert (param_0: f32[3,32,16], param_1: s32[]) -> bf16[1,32,16] {{
+  %param_0 = f32[3,32,16]{{2,1,0}} parameter(0)
+  %param_1 = s32[] parameter(1)
+  %dynamic_slice = f32[1,32,16]{{2,1,0}} dynamic-slice(%param_0, %param_1, %param_1, %param_1), dynamic_slice_sizes={{1,32,16}}
+  ROOT %convert = bf16[1,32,16]{{2,1,0}} convert(%dynamic_slice)
+}}
+
+%fused_dus (param_0: f32[3,32,16], param_1: bf16[1,32,16], param_2: s32[]) -> f32[3,32,16] {{
+  %param_0 = f32[3,32,16]{{2,1,0}} parameter(0)
+  %param_1 = bf16[1,32,16]{{2,1,0}} parameter(1)
+  %param_2 = s32[] parameter(2)
+  %convert.2 = f32[1,32,16]{{2,1,0}} convert(%param_1)
+  ROOT %dynamic-update-slice = f32[3,32,16]{{2,1,0}} dynamic-update-slice(%param_0, %convert.2, %param_2, %param_2, %param_2)
+}}
+
+%fused_mul (param_0: bf16[8,32], param_1: bf16[8,32]) -> bf16[8,32] {{
+  %param_0 = bf16[8,32]{{1,0}} parameter(0)
+  %param_1 = bf16[8,32]{{1,0}} parameter(1)
+  ROOT %multiply = bf16[8,32]{{1,0}} multiply(%param_0, %param_1)
+}}
+
 %layer_body (p: (s32[])) -> (s32[]) {{
+  %stack = f32[3,32,16]{{2,1,0}} get-tuple-element(%p), index=1
+  %grads = f32[3,32,16]{{2,1,0}} get-tuple-element(%p), index=2
+  %i = s32[] get-tuple-element(%p), index=0
+  %a = bf16[8,32]{{1,0}} get-tuple-element(%p), index=3
+  %loop_convert_fusion = bf16[1,32,16]{{2,1,0}} fusion(%stack, %i), kind=kLoop, calls=%fused_convert
+  %loop_dynamic_update_slice_fusion = f32[3,32,16]{{2,1,0}} fusion(%grads, %loop_convert_fusion, %i), kind=kLoop, calls=%fused_dus
+  %loop_multiply_fusion = bf16[8,32]{{1,0}} fusion(%a, %a), kind=kLoop, calls=%fused_mul
   %gemm_fusion_dot.1 = bf16[8,32]{{1,0}} fusion(%x, %w), kind=kCustom, calls=%fwd_computation
   %gemm_fusion_dot.2 = bf16[8,32]{{1,0}} fusion(%x, %w), kind=kCustom, calls=%again_computation
   %gemm_fusion_dot.3 = bf16[8,16]{{1,0}} fusion(%g, %w), kind=kCustom, calls=%bwd_computation
@@ -82,3 +113,13 @@ def test_the_unembedding_is_found_by_each_devices_share_of_the_vocabulary():
     shared = bench.product_flops(_program(VOCAB // 4), VOCAB, devices=4)
     assert shared[("unembedding", "forward", "bf16 x bf16")] == 2 * 8 * (VOCAB // 4) * 16 * 4
     assert not any(part == "unembedding" for part, _, _ in bench.product_flops(_program(VOCAB // 4), VOCAB))
+
+
+def test_other_kernels_move_their_operands_and_results_slices_and_in_place_updates_at_the_slices_size():
+    kernels, moved = bench.other_traffic(_program(VOCAB))
+    layer_slice = 32 * 16 * 4  # f32 read out of the stack (the whole stack is 3 layers of it)
+    sliced = layer_slice + layer_slice // 2 + 4  # the slice read, its bf16 copy written, the index
+    updated = layer_slice + layer_slice // 2 + 4  # the f32 update written in place, the bf16 one read
+    product = 3 * 8 * 32 * 2  # two bf16 operands and the result
+    assert kernels == 3 * 3 * 4  # 3 kernels a layer; the gemm fusions are the products'
+    assert moved == (sliced + updated + product) * 3 * 4
