@@ -26,45 +26,7 @@ import re
 
 from spiral_jax import aot
 
-KERNELS = ("fusion", "custom-call", "copy", "sort", "scatter", "gather", "reduce", "transpose")
-
-
-def computations(hlo: str) -> dict[str, list[str]]:
-    """Each computation's instruction lines, by name."""
-    out, name = {}, None
-    for line in hlo.splitlines():
-        head = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
-        if head:
-            name = head.group(1)
-            out[name] = []
-        elif name and line.startswith("  ") and " = " in line:
-            out[name].append(line.strip())
-    return out
-
-
-def opcode(line: str) -> str:
-    """The instruction's opcode: the word before the first '(' after the result's type."""
-    rhs = line.split(" = ", 1)[1]
-    depth, i = 0, 0
-    if rhs.startswith("("):  # a tuple type
-        for i, ch in enumerate(rhs):
-            depth += {"(": 1, ")": -1}.get(ch, 0)
-            if depth == 0:
-                break
-    found = re.match(r"\S*\s+([a-z][\w\-]*)\(", rhs[i + 1:] if rhs.startswith("(") else rhs)
-    return found.group(1) if found else "?"
-
-
-def _result_shapes(line: str) -> list[tuple[int, ...]]:
-    """The dims of the instruction's result, of each element when it is a tuple."""
-    rhs = line.split(" = ", 1)[1]
-    depth, end = 0, rhs.find(" ")
-    if rhs.startswith("("):
-        for end, ch in enumerate(rhs):
-            depth += {"(": 1, ")": -1}.get(ch, 0)
-            if depth == 0:
-                break
-    return [tuple(int(d) for d in dims.split(",") if d) for dims in re.findall(r"\w+\[([\d,]*)\]", rhs[:end + 1])]
+from hlo import KERNELS, computations, condition_bound, kernel_bytes, multiplicities, opcode, result_shapes, result_types
 
 
 def _large(line: str, kind: str, rank: int | None = None) -> bool:
@@ -73,22 +35,14 @@ def _large(line: str, kind: str, rank: int | None = None) -> bool:
     rank: of that result, if given (5: the KV cache's [layers, rows, KV heads, slots, head_dim])."""
     name = line.split(" = ", 1)[0].lstrip("%")
     return kind in name and any(math.prod(dims) >= 2**20 and rank in (None, len(dims))
-                                for dims in _result_shapes(line))
+                                for dims in result_shapes(line))
 
 
 def _out_of_stack(line: str) -> bool:
     """Whether the instruction is a slice kernel whose result is one layer of a stacked weight, its
     leading (layer) axis kept at size 1, a million elements or more: a static slice (an unrolled
     loop's `wrapped_slice`) or a dynamic one (a scanned loop's `dynamic_slice_fusion`)."""
-    return _large(line, "slice") and any(len(dims) in (3, 4) and dims[0] == 1 for dims in _result_shapes(line))
-
-
-def _condition_bound(comps, line: str) -> int:
-    """A loop's trip count read from its condition, `i < N` with one constant N, where the compiler
-    does not state it (TPU); 1 when the condition is anything else."""
-    cond = comps.get(re.search(r"condition=%?([\w.\-]+)", line).group(1), [])
-    bounds = [int(m.group(1)) for text in cond for m in [re.search(r"s32\[\]\S* constant\((\d+)\)", text)] if m]
-    return bounds[0] if len(bounds) == 1 and any("direction=LT" in text for text in cond) else 1
+    return _large(line, "slice") and any(len(dims) in (3, 4) and dims[0] == 1 for dims in result_shapes(line))
 
 
 def _estimated_cycles(line: str) -> int:
@@ -108,7 +62,7 @@ def step_kernels(comps, body: str, cycles: bool = False) -> collections.Counter:
             trips = re.search(r'known_trip_count":\{"n":"(\d+)"', line)
             inner = step_kernels(comps, re.search(r"body=%?([\w.\-]+)", line).group(1), cycles)
             for k, v in inner.items():
-                count[k] += v * (int(trips.group(1)) if trips else _condition_bound(comps, line))
+                count[k] += v * (int(trips.group(1)) if trips else condition_bound(comps, line))
         elif op in KERNELS:
             updates = _large(line, "update_slice") or _large(line, "update-slice")  # in place
             cache = _large(line, "slice", rank=5) or (op == "copy" and _large(line, "copy", rank=5))
@@ -116,6 +70,16 @@ def step_kernels(comps, body: str, cycles: bool = False) -> collections.Counter:
                     "weight copy out of a stack" if _out_of_stack(line) and not updates else op)
             count[kind] += _estimated_cycles(line) if cycles else 1
     return count
+
+
+def step_bytes(comps, body: str) -> int:
+    """Bytes one run of `body` reads and writes in its kernels (`hlo.kernel_bytes`), nested loops (the
+    layers, where scanned) multiplied out."""
+    runs = multiplicities(comps, body)
+    launching = {body} | {re.search(r"body=%?([\w.\-]+)", line).group(1) for name in runs for line in comps.get(name, [])
+                          if opcode(line) == "while"}
+    return sum(kernel_bytes(comps, line, result_types(comps[name])) * runs[name]
+               for name in launching for line in comps[name] if opcode(line) in KERNELS)
 
 
 def engine_decode(sampler, params, slots: int, new_tokens: int, device):
@@ -178,6 +142,8 @@ def main():
             cfg = sample_config(cfg, merged)
     params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), params)
     weight_bytes = cfg.num_params * jnp.dtype(cfg.compute_dtype).itemsize
+    cache_len = args.prompt + args.new_tokens
+    cache_token_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(cfg.compute_dtype).itemsize
     print(f"Qwen3-{args.shape} ({cfg.num_layers} layers, scan_layers {args.scan_layers}), {given}, bf16 "
           f"compute, prompt {args.prompt} + {args.new_tokens} new tokens, compiled for {tgt.name} "
           f"({tgt.devices[0].device_kind}); bf16 weights {weight_bytes / 1e9:.2f} GB")
@@ -207,7 +173,12 @@ def main():
               f"{[stage['cache copy'] for stage in stages]}; "
               f"temporaries {compiled.memory_analysis().temp_size_in_bytes / 2**30:.2f} GiB")
         body = re.search(r"body=%?([\w.\-]+)", loops[-1]).group(1)
-        if platform == "gpu":
+        if platform == "gpu":  # a TPU's Pallas attention takes the whole cache, of which it reads the window
+            floor = weight_bytes + batch * cache_len * cache_token_bytes
+            moved = step_bytes(comps, body)
+            print(f"  bytes a decode step's kernels read and write (the last stage, the whole cache its window): "
+                  f"{moved / 1e9:.3f} GB, {moved / floor:.2f}x its floor ({weight_bytes / 1e9:.2f} GB of weights and "
+                  f"{(floor - weight_bytes) / 1e9:.3f} GB of cache)")
             branches = sum(1 for line in comps[body] if opcode(line) == "conditional")
             print(f"  conditionals a decode step: {branches} (XLA:GPU runs each from the host, reading its "
                   f"predicate back: a sync that splits the step's CUDA graph, beside the loop's own condition)")

@@ -31,33 +31,10 @@ from pathlib import Path
 from spiral_jax import aot
 from spiral_jax.hardware import hardware
 
-from decode_program import _condition_bound, _result_shapes, computations, opcode
+from hlo import KERNELS, computations, entry, kernel_bytes, multiplicities, opcode, result_shapes, result_types
 
 ROOT = Path(__file__).resolve().parents[1]
 PASSES = ("forward", "recomputed", "backward")
-
-
-def multiplicities(comps, entry: str) -> collections.Counter:
-    """How many times each computation runs in one run of `entry`: a loop body its trip count times
-    its caller's count, a fusion's or call's computation as often as the instruction."""
-    runs = collections.Counter()
-
-    def visit(name: str, n: int) -> None:
-        runs[name] += n
-        for line in comps.get(name, []):
-            op = opcode(line)
-            if op == "while":
-                trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
-                body = re.search(r"body=%?([\w.\-]+)", line).group(1)
-                visit(body, n * (int(trips.group(1)) if trips else _condition_bound(comps, line)))
-            elif op == "conditional":  # every branch counted: an upper bound
-                for branch in re.findall(r"%?([\w.\-]+)", re.search(r"branch_computations=\{([^}]*)\}", line).group(1)):
-                    visit(branch, n)
-            elif op in ("fusion", "call"):
-                visit(re.search(r"(?:calls|to_apply)=%?([\w.\-]+)", line).group(1), n)
-
-    visit(entry, 1)
-    return runs
 
 
 def product_flops(hlo: str, vocab: int, devices: int = 1) -> collections.Counter:
@@ -67,12 +44,12 @@ def product_flops(hlo: str, vocab: int, devices: int = 1) -> collections.Counter
     `rematted_computation` inside the transpose)."""
     shares = {f"{vocab // k}" for k in range(1, devices + 1) if devices % k == 0 and vocab % k == 0}
     comps = computations(hlo)
-    runs = multiplicities(comps, re.search(r"^ENTRY %?([\w.\-]+)", hlo, re.M).group(1))
+    runs = multiplicities(comps, entry(hlo))
     flops = collections.Counter()
     for name, lines in comps.items():
         if not runs[name]:
             continue
-        types = {line.split(" = ")[0].replace("ROOT ", "").lstrip("%"): line.split(" = ", 1)[1] for line in lines}
+        types = result_types(lines)
         for line in lines:
             if opcode(line) != "dot":
                 continue
@@ -80,91 +57,34 @@ def product_flops(hlo: str, vocab: int, devices: int = 1) -> collections.Counter
             (lhs_type, lhs_dims), (rhs_type, _) = (re.match(r"(\w+)\[([\d,]*)\]", o).groups() for o in operands[:2])
             lhs = [int(d) for d in lhs_dims.split(",") if d]
             contracted = [int(d) for d in re.search(r"lhs_contracting_dims=\{([\d,]*)\}", line).group(1).split(",") if d]
-            result = _result_shapes(line)[0]
             jax_name = re.search(r'op_name="([^"]*)"', line)
             jax_name = jax_name.group(1) if jax_name else ""
             step = ("recomputed" if "rematted_computation" in jax_name else
                     "backward" if "transpose(" in jax_name else "forward")
             axes = set(re.findall(r"\d+", " ".join(t.split("]")[0] for t in [line.split(" = ", 1)[1], *operands])))
             part = "unembedding" if axes & shares else "layers"
-            flops[(part, step, f"{lhs_type} x {rhs_type}")] += 2 * math.prod(result) * math.prod(
+            flops[(part, step, f"{lhs_type} x {rhs_type}")] += 2 * math.prod(result_shapes(line)[0]) * math.prod(
                 lhs[i] for i in contracted) * runs[name]
     return flops
 
 
-DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f32": 4}
-LAUNCHES = ("fusion", "copy", "custom-call", "reduce", "transpose", "scatter", "gather", "sort")
-
-
-def _bytes(type_text: str) -> int:
-    return sum(DTYPE_BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(",") if d)
-               for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", type_text))
-
-
-def _operands(rhs: str) -> list[str]:
-    """The instruction names an instruction's right-hand side takes, in order."""
-    result = rhs[:rhs.find(")") + 1] if rhs.startswith("(") else rhs.split(" ")[0]
-    return re.findall(r"%([\w.\-]+)", rhs[len(result):].split("(", 1)[1].split(")")[0])
-
-
-def _moved(lines: list[str], operand_bytes: list[int], result_bytes: int) -> int:
-    """Bytes a fusion of computation `lines` reads and writes: each operand whole, but one read only
-    by slices at those slices' size, and one updated in place (a dynamic-update-slice's target) not
-    at all, its update written in place of the whole result."""
-    params, sliced, in_place, uses = {}, collections.Counter(), set(), collections.Counter()
-    root_updates = 0
-    for line in lines:
-        name, rhs = line.split(" = ", 1)
-        name = name.replace("ROOT ", "").lstrip("%")
-        found = re.search(r"parameter\((\d+)\)", rhs)
-        if found:
-            params[name] = int(found.group(1))
-            continue
-        args, op = _operands(rhs), opcode(line)
-        for a in args:
-            uses[a] += 1
-        if args and args[0] in params and op in ("dynamic-slice", "slice"):
-            sliced[args[0]] += _bytes(rhs.split(" ")[0])
-        elif args and args[0] in params and op == "dynamic-update-slice":
-            in_place.add(args[0])
-            root_updates += _bytes(next((l.split(" = ", 1)[1].split(" ")[0] for l in lines
-                                         if l.split(" = ")[0].replace("ROOT ", "").lstrip("%") == args[1]), ""))
-    moved = root_updates if in_place else result_bytes
-    for name, index in params.items():
-        if name in in_place:
-            continue
-        slice_uses = sum(1 for line in lines for a in _operands(line.split(" = ", 1)[1])[:1]
-                         if a == name and opcode(line) in ("dynamic-slice", "slice"))
-        moved += sliced[name] if sliced[name] and slice_uses == uses[name] else operand_bytes[index]
-    return moved
-
-
 def other_traffic(hlo: str) -> tuple[int, int]:
     """(kernels, bytes they read and write) of one run of the module's kernels other than products
-    and attention (gemm fusions, custom calls), each counted as often as its loops run it: operands
-    and results at their HLO types' sizes, where a fusion reads an operand only by slices at theirs,
-    and where it updates one in place at the update's."""
+    and attention (gemm fusions, custom calls), each counted as often as its loops run it
+    (`hlo.kernel_bytes`)."""
     comps = computations(hlo)
-    entry = re.search(r"^ENTRY %?([\w.\-]+)", hlo, re.M).group(1)
-    runs = multiplicities(comps, entry)
-    launching = {entry} | {re.search(r"body=%?([\w.\-]+)", line).group(1) for lines in comps.values()
-                           for line in lines if opcode(line) == "while"}
+    runs = multiplicities(comps, entry(hlo))
+    launching = {entry(hlo)} | {re.search(r"body=%?([\w.\-]+)", line).group(1) for lines in comps.values()
+                                for line in lines if opcode(line) == "while"}
     kernels = total = 0
     for name in launching:
-        types = {line.split(" = ")[0].replace("ROOT ", "").lstrip("%"): line.split(" = ", 1)[1].split(" ")[0]
-                 for line in comps[name]}
+        types = result_types(comps[name])
         for line in comps[name]:
-            instruction, rhs = line.split(" = ", 1)
             op = opcode(line)
-            if op not in LAUNCHES or op == "custom-call" or "gemm" in instruction:
+            if op not in KERNELS or op == "custom-call" or "gemm" in line.split(" = ", 1)[0]:
                 continue
-            result = _bytes(rhs[:rhs.find(")") + 1] if rhs.startswith("(") else rhs.split(" ")[0])
-            operands = [_bytes(types.get(a, "")) for a in _operands(rhs)]
-            called = re.search(r"calls=%?([\w.\-]+)", line) if op == "fusion" else None
-            moved = (_moved(comps[called.group(1)], operands, result) if called and called.group(1) in comps
-                     else result + sum(operands))
             kernels += runs[name]
-            total += moved * runs[name]
+            total += kernel_bytes(comps, line, types) * runs[name]
     return kernels, total
 
 

@@ -2,12 +2,15 @@
 the TPU compiler print them: the kernels a decode step launches, layer loops multiplied out, and the
 copies it names (of the KV cache, of weights out of a stack), but never the in-place cache writes."""
 import importlib.util
+import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "decode_program.py"
-_spec = importlib.util.spec_from_file_location("decode_program", BENCH)
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))  # the bench reads HLO with bench/hlo.py
+_spec = importlib.util.spec_from_file_location("decode_program", BENCH / "decode_program.py")
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
+sys.path.remove(str(BENCH))
 
 CACHE = "bf16[28,32,8,1280,128]{4,3,2,1,0}"
 GPU = f"""
@@ -68,7 +71,7 @@ def test_gpu_step_counts_the_layer_loop_and_names_its_copies():
 def test_tpu_loops_take_their_trip_count_from_the_condition():
     comps = bench.computations(TPU)
     line = next(text for text in comps["decode_body"] if " while(" in text)
-    assert bench._condition_bound(comps, line) == 28
+    assert bench.condition_bound(comps, line) == 28
     count = bench.step_kernels(comps, "decode_body")
     # Per layer: a window sliced out of the cache, and the whole cache copied into another layout (the
     # TPU scatter's); a small copy is only a copy.
@@ -81,7 +84,7 @@ def test_tpu_loops_take_their_trip_count_from_the_condition():
 
 def test_result_shapes_read_tuples_and_layouts():
     line = "  %loop_dynamic_slice_fusion.7 = (bf16[1,2,8,6144,128]{4,3,2,1,0}, f32[32]{0}) fusion(%a), kind=kCustom"
-    assert bench._result_shapes(line) == [(1, 2, 8, 6144, 128), (32,)]
-    assert bench._result_shapes("  %g = bf16[28,1024]{1,0:T(8,128)(2,1)} fusion(%b)") == [(28, 1024)]
+    assert bench.result_shapes(line) == [(1, 2, 8, 6144, 128), (32,)]
+    assert bench.result_shapes("  %g = bf16[28,1024]{1,0:T(8,128)(2,1)} fusion(%b)") == [(28, 1024)]
     assert bench._large(line, "slice", rank=5) and not bench._large(line, "slice", rank=4)
     assert not bench._large(line, "transpose")  # the kind is read from the instruction's name

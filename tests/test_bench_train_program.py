@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-sys.path.insert(0, str(BENCH))  # the bench reads HLO with decode_program's helpers
+sys.path.insert(0, str(BENCH))  # the bench reads HLO with bench/hlo.py
 _spec = importlib.util.spec_from_file_location("train_program", BENCH / "train_program.py")
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)

@@ -1,0 +1,47 @@
+"""bench/hlo.py: the bytes a fusion moves, read from its computation as XLA:GPU prints it: an operand read
+only through slices or gathers (behind bitcasts) at what those take, an in-place update at its update,
+anything else whole."""
+import importlib.util
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location("hlo", Path(__file__).resolve().parents[1] / "bench" / "hlo.py")
+hlo = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(hlo)
+
+CACHE, TABLE = 4 * 8 * 64 * 16 * 2, 1000 * 32 * 2  # bf16[4,8,64,16], bf16[1000,32]
+
+
+def _lines(text: str) -> list[str]:
+    return [line.strip() for line in text.strip().splitlines()]
+
+
+def test_a_cache_updated_in_place_behind_a_bitcast_moves_its_update_only():
+    lines = _lines("""
+      %param_0 = bf16[4,8,16,64]{2,3,1,0} parameter(0)
+      %bitcast.1 = bf16[4,8,64,16]{3,2,1,0} bitcast(%param_0)
+      %param_1 = bf16[1,8,1,16]{3,2,1,0} parameter(1)
+      %param_2 = s32[] parameter(2)
+      ROOT %dynamic-update-slice.1 = bf16[4,8,64,16]{3,2,1,0} dynamic-update-slice(%bitcast.1, %param_1, %param_2, %param_2, %param_2, %param_2)
+    """)
+    update = 8 * 16 * 2
+    assert hlo.fusion_bytes(lines, [CACHE, update, 4], CACHE) == update + update + 4  # written, read, index
+
+
+def test_an_embedding_lookup_reads_the_rows_it_gathers():
+    lines = _lines("""
+      %param_0 = bf16[1000,32]{1,0} parameter(0)
+      %param_1 = s32[2,1]{1,0} parameter(1)
+      %gather.1 = bf16[2,1,32]{2,1,0} gather(%param_0, %param_1), offset_dims={1,2}, slice_sizes={1,32}
+      ROOT %convert.1 = f32[2,1,32]{2,1,0} convert(%gather.1)
+    """)
+    assert hlo.fusion_bytes(lines, [TABLE, 8], 2 * 32 * 4) == 2 * 32 * 2 + 8 + 2 * 32 * 4
+
+
+def test_an_operand_also_read_whole_counts_whole():
+    lines = _lines("""
+      %param_0 = bf16[1000,32]{1,0} parameter(0)
+      %slice.1 = bf16[1,32]{1,0} slice(%param_0), slice={[0:1], [0:32]}
+      %reduce.1 = bf16[32]{0} reduce(%param_0, %c), dimensions={0}, to_apply=%add
+      ROOT %add.1 = bf16[1,32]{1,0} add(%slice.1, %reduce.1)
+    """)
+    assert hlo.fusion_bytes(lines, [TABLE], 64) == TABLE + 64
