@@ -181,7 +181,7 @@ class RunDir:
                 f"out_dir {self.out_dir} holds files a run writes ({leftover}) but no {MANIFEST_NAME}, so they "
                 f"may not be a run's, and nothing was deleted"
                 + (" (--overwrite deletes only what a run's manifest lists)" if self.overwrite else "")
-                + f". Choose another folder (--config.out_dir=NEW_FOLDER), or move those files yourself"
+                + ". Choose another folder (--config.out_dir=NEW_FOLDER), or move those files yourself"
                 + ("; --resume continues a run whose checkpoints are there" if "checkpoints" in leftover else ""))
         if not self.overwrite:
             raise RunDirError(

@@ -17,6 +17,7 @@ from spiral_jax.models import cpu, fused_attention, init_params, transformer  # 
 from spiral_jax.run.setup import run_spec  # noqa: E402
 from spiral_jax.sampling import Sampler, SamplingParams  # noqa: E402
 from spiral_jax.hardware import GENERATIONS, parse_accelerator  # noqa: E402
+from tests.scripts import load_script  # noqa: E402
 from tests.tiny_models import TINY  # noqa: E402
 
 CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[1] / "configs"
@@ -319,12 +320,7 @@ def test_the_gpu_attention_check_runs_its_references_on_cpu(monkeypatch):
     """scripts/gpu_attention_check.py, with jax's reference path in cuDNN's place (and the XLA path
     in its packed layout's): its references take the kernels' layout, so on a GPU the only thing
     left to differ is the kernel."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_attention_check",
-                                                  CONFIGS.parent / "scripts" / "gpu_attention_check.py")
-    check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check)
+    check = load_script("scripts/gpu_attention_check.py")
     reference = functools.partial(fused_attention.cudnn_attention, implementation="xla")
     monkeypatch.setattr(fused_attention, "cudnn_attention", reference)
     monkeypatch.setattr(fused_attention, "_cudnn_packed",

@@ -1,16 +1,9 @@
 """bench/decode_program.py's reading of compiled HLO, on hand-written programs shaped as XLA:GPU and
 the TPU compiler print them: the kernels a decode step launches, layer loops multiplied out, and the
 copies it names (of the KV cache, of weights out of a stack), but never the in-place cache writes."""
-import importlib.util
-import sys
-from pathlib import Path
+from tests.scripts import load_script
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-sys.path.insert(0, str(BENCH))  # the bench reads HLO with bench/hlo.py
-_spec = importlib.util.spec_from_file_location("decode_program", BENCH / "decode_program.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
-sys.path.remove(str(BENCH))
+bench = load_script("bench/decode_program.py")
 
 CACHE = "bf16[28,32,8,1280,128]{4,3,2,1,0}"
 GPU = f"""

@@ -1,12 +1,9 @@
 """bench/hlo.py: the bytes a fusion moves, read from its computation as XLA:GPU prints it: an operand read
 only through slices or gathers (behind bitcasts) at what those take, an in-place update at its update,
 anything else whole."""
-import importlib.util
-from pathlib import Path
+from tests.scripts import load_script
 
-_spec = importlib.util.spec_from_file_location("hlo", Path(__file__).resolve().parents[1] / "bench" / "hlo.py")
-hlo = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hlo)
+hlo = load_script("bench/hlo.py")
 
 CACHE, TABLE = 4 * 8 * 64 * 16 * 2, 1000 * 32 * 2  # bf16[4,8,64,16], bf16[1000,32]
 

@@ -1,7 +1,6 @@
 """bench/rl_step.py at its tiny shape on CPU: the whole RL step runs, its breakdown adds up to the step,
 and the last line has the promised format with positive, finite figures. Also the stand-in stopping
 rule it relies on: the stop token drawn with the stated probability whatever the weights."""
-import importlib.util
 import os
 import re
 import subprocess
@@ -16,6 +15,7 @@ import pytest
 
 from spiral_jax.models import init_params
 from spiral_jax.sampling import Sampler, SamplingParams
+from tests.scripts import load_script
 from tests.tiny_models import TINY
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "rl_step.py"
@@ -25,10 +25,7 @@ PHASES = ("prefill", "decode", "host and games", "old log-probs", "train", "hand
 
 
 def _bench_module():
-    spec = importlib.util.spec_from_file_location("rl_step", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/rl_step.py")
 
 
 def _run_tiny_bench(*flags: str) -> subprocess.CompletedProcess:

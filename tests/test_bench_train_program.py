@@ -2,16 +2,9 @@
 prints one: each product's FLOPs counted as often as its loops run it, split by part, pass and operand
 dtypes, the unembedding found by its vocabulary axis whole or split over devices; and the bytes the
 other kernels move."""
-import importlib.util
-import sys
-from pathlib import Path
+from tests.scripts import load_script
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-sys.path.insert(0, str(BENCH))  # the bench reads HLO with bench/hlo.py
-_spec = importlib.util.spec_from_file_location("train_program", BENCH / "train_program.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
-sys.path.remove(str(BENCH))
+bench = load_script("bench/train_program.py")
 
 VOCAB = 1000
 

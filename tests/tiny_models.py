@@ -1,7 +1,6 @@
 """The tests' tiny models: random transformers models covering every architecture option spiral_jax
 supports, the tiny spiral_jax model of the tests that need no tokenizer, and the one a run config
 builds with the embedded tokenizer. Tests with other sizes say why next to them."""
-import functools
 
 import jax
 
