@@ -97,8 +97,9 @@ def operands(rhs: str) -> list[str]:
 
 def fusion_bytes(lines: list[str], operand_bytes: list[int], result_bytes: int) -> int:
     """Bytes a fusion of computation `lines` reads and writes: each operand whole, but one read only
-    by slices or gathers (through bitcasts) at what those take, and one updated in place (a
-    dynamic-update-slice's target) not at all, its update written in place of the whole result."""
+    by slices or gathers (through bitcasts) at what those take, and one updated in place (the target
+    of a dynamic-update-slice or a scatter) not at all, its updates written in place of the whole
+    result."""
     params, root, types = {}, {}, {}
     sliced, whole, in_place, updates = collections.Counter(), set(), set(), 0
     for line in lines:
@@ -118,9 +119,9 @@ def fusion_bytes(lines: list[str], operand_bytes: list[int], result_bytes: int) 
                 continue
             if i == 0 and op in ("slice", "dynamic-slice", "gather"):
                 sliced[root[arg]] += nbytes(types[name])
-            elif i == 0 and op == "dynamic-update-slice":
+            elif i == 0 and op in ("dynamic-update-slice", "scatter"):
                 in_place.add(root[arg])
-                updates += nbytes(types.get(args[1], ""))
+                updates += nbytes(types.get(args[1 if op == "dynamic-update-slice" else 2], ""))
             else:
                 whole.add(root[arg])
     moved = updates if in_place else result_bytes

@@ -42,3 +42,15 @@ def test_an_operand_also_read_whole_counts_whole():
       ROOT %add.1 = bf16[1,32]{1,0} add(%slice.1, %reduce.1)
     """)
     assert hlo.fusion_bytes(lines, [TABLE], 64) == TABLE + 64
+
+
+def test_a_scatter_into_a_cache_in_place_moves_its_updates_only():
+    lines = _lines("""
+      %param_0 = bf16[4,8,64,16]{3,2,1,0} parameter(0)
+      %param_1 = s32[4,1]{1,0} parameter(1)
+      %param_2 = bf16[4,8,16]{2,1,0} parameter(2)
+      %bitcast.2 = bf16[4,1,8,1,16]{4,3,2,1,0} bitcast(%param_2)
+      ROOT %scatter.1 = bf16[4,8,64,16]{3,2,1,0} scatter(%param_0, %param_1, %bitcast.2), update_window_dims={1,2,3,4}
+    """)
+    rows = 4 * 8 * 16 * 2  # each row's new key, one slot of its own
+    assert hlo.fusion_bytes(lines, [CACHE, 16, rows], CACHE) == rows + 16 + rows  # written, indices, read
