@@ -1,15 +1,16 @@
-"""The train step as XLA's GPU compiler builds it, without a GPU: what it computes.
+"""The train step as XLA's GPU compiler builds it, without a GPU: what it computes and moves.
 
 Compiles a run's train step (one optimizer step over the plan's rows, its micro-batches accumulated)
 for NVIDIA cards (`spiral_jax.aot`: JAX's CUDA plugin, `pip install -e '.[cuda]'`), as `spiral-jax
-plan --compile` does, and reads the compiled HLO. It prints the FLOPs of
-the step's matrix products, each loop's body counted by its trip count, split by part (the layers,
-the unembedding), by pass (the forward, the forward that remat runs again inside the backward, the
-backward) and by operand dtypes; and beside them the model FLOPs that `bench/rl_step.py`'s MFU counts
-for the same batch with every slot real (attention left out on both sides). A run's MFU is at most
-their ratio times the share of the device's peak at which it runs the step's products, so this says
-what the MFU target asks of the kernels before a GPU measures them. An fp32 product in a bf16 step
-(tensor cores run it at a fraction of the bf16 rate) shows up here too.
+plan --compile` does, and reads the compiled HLO (bench/hlo.py). It prints the FLOPs of the step's
+matrix products, each loop's body counted by its trip count, split by part (the layers, the
+unembedding), by pass (the forward, the forward that remat runs again inside the backward, the
+backward) and by operand dtypes; the bytes its other kernels read and write, against the card's
+bandwidth; and the model FLOPs that `bench/rl_step.py`'s MFU counts for the same batch with every
+slot real (attention left out on both sides). A run's MFU is at most their ratio times the share of
+the device's peak at which it runs the step, so this says what the MFU target asks of the kernels
+before a GPU measures them. An fp32 product in a bf16 step (tensor cores run it at a fraction of the
+bf16 rate) shows up here too.
 
     python bench/train_program.py                                  # Qwen3-4B on 1xH200, 16 samples a row
     python bench/train_program.py --samples_per_row 1              # one sample a row
