@@ -26,7 +26,7 @@ import re
 
 from spiral_jax import aot
 
-from hlo import KERNELS, computations, condition_bound, kernel_bytes, multiplicities, opcode, result_shapes, result_types
+from hlo import KERNELS, computations, condition_bound, kernel_bytes, kernels, opcode, result_shapes
 
 
 def _large(line: str, kind: str, rank: int | None = None) -> bool:
@@ -75,11 +75,7 @@ def step_kernels(comps, body: str, cycles: bool = False) -> collections.Counter:
 def step_bytes(comps, body: str) -> int:
     """Bytes one run of `body` reads and writes in its kernels (`hlo.kernel_bytes`), nested loops (the
     layers, where scanned) multiplied out."""
-    runs = multiplicities(comps, body)
-    launching = {body} | {re.search(r"body=%?([\w.\-]+)", line).group(1) for name in runs for line in comps.get(name, [])
-                          if opcode(line) == "while"}
-    return sum(kernel_bytes(comps, line, result_types(comps[name])) * runs[name]
-               for name in launching for line in comps[name] if opcode(line) in KERNELS)
+    return sum(kernel_bytes(comps, line, types) * runs for line, types, runs in kernels(comps, body))
 
 
 def engine_decode(sampler, params, slots: int, new_tokens: int, device):

@@ -131,6 +131,19 @@ def fusion_bytes(lines: list[str], operand_bytes: list[int], result_bytes: int) 
     return moved
 
 
+def kernels(comps, start: str):
+    """(instruction line, its computation's `result_types`, how often it runs) for each kernel one run of
+    `start` launches: its own and those of the loop bodies it reaches, loops by their trip counts."""
+    runs = multiplicities(comps, start)
+    bodies = [re.search(r"body=%?([\w.\-]+)", line).group(1) for caller in runs for line in comps.get(caller, [])
+              if opcode(line) == "while"]
+    for name in dict.fromkeys([start, *bodies]):  # each once: `runs` already counts every caller
+        types = result_types(comps[name])
+        for line in comps[name]:
+            if opcode(line) in KERNELS:
+                yield line, types, runs[name]
+
+
 def kernel_bytes(comps, line: str, types: dict[str, str]) -> int:
     """Bytes one kernel instruction reads and writes; `types`: the result types of its computation's
     instructions, by name. A fusion's by `fusion_bytes`, anything else its operands and result whole."""

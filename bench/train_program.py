@@ -32,7 +32,7 @@ from pathlib import Path
 from spiral_jax import aot
 from spiral_jax.hardware import hardware
 
-from hlo import KERNELS, computations, entry, kernel_bytes, multiplicities, opcode, result_shapes, result_types
+from hlo import computations, entry, kernel_bytes, kernels, multiplicities, opcode, result_shapes, result_types
 
 ROOT = Path(__file__).resolve().parents[1]
 PASSES = ("forward", "recomputed", "backward")
@@ -74,19 +74,12 @@ def other_traffic(hlo: str) -> tuple[int, int]:
     and attention (gemm fusions, custom calls), each counted as often as its loops run it
     (`hlo.kernel_bytes`)."""
     comps = computations(hlo)
-    runs = multiplicities(comps, entry(hlo))
-    launching = {entry(hlo)} | {re.search(r"body=%?([\w.\-]+)", line).group(1) for lines in comps.values()
-                                for line in lines if opcode(line) == "while"}
-    kernels = total = 0
-    for name in launching:
-        types = result_types(comps[name])
-        for line in comps[name]:
-            op = opcode(line)
-            if op not in KERNELS or op == "custom-call" or "gemm" in line.split(" = ", 1)[0]:
-                continue
-            kernels += runs[name]
-            total += kernel_bytes(comps, line, types) * runs[name]
-    return kernels, total
+    count = total = 0
+    for line, types, runs in kernels(comps, entry(hlo)):
+        if opcode(line) != "custom-call" and "gemm" not in line.split(" = ", 1)[0]:
+            count += runs
+            total += kernel_bytes(comps, line, types) * runs
+    return count, total
 
 
 def main():

@@ -413,7 +413,7 @@ def _fp32_logits(product, hidden, table):
 
 
 def _fp32_logits_fwd(product, hidden, table):
-    return _fp32_logits(product, hidden, table), (hidden, table)
+    return product(hidden, table, preferred_element_type=jnp.float32), (hidden, table)
 
 
 def _fp32_logits_bwd(product, residuals, g):
