@@ -1,13 +1,19 @@
 """Preset: the paper's Kuhn recipe (spiral_kuhn_qwen3_4b.py) with Qwen3-0.6B-Base on one 24-48 GB
 GPU (planned for the smallest, an RTX 4090 with 24 GB; L40S and RTX A6000 have 48 GB).
 
-Qwen3-1.7B does not fit 48 GB: fp32 parameters, AdamW moments and gradients are 32 GiB, above the
-30 GiB the planner allows there (75% usable, JAX's default preallocation, less 10% headroom).
+Qwen3-1.7B does not fit 48 GB: with one row a micro-batch and 8 games a call its train step needs
+35 GiB, above the 30 GiB the planner allows there (75% usable, JAX's default preallocation, less
+10% headroom); its fp32 parameters and AdamW moments alone are 19 GiB.
 Qwen3-0.6B does, at the paper's lengths and sizes otherwise: 128 samples a step, 2 PPO epochs, bf16
 compute, remat. On 24 GB that takes micro-batches of 1 row of 6144 slots (2048 prompt + 4096 new
 tokens) and 8 games per sampler call (rollout.games_per_batch): more micro-batches and more calls
-per step, the same update. On a 48 GB card the planner fits micro-batch 8 and 16 games per call:
-add --config.optim.micro_batch_size=8 --config.rollout.games_per_batch=16.
+per step, the same update. On a 48 GB card the planner fits micro-batch 4 and 16 games per call:
+add --config.optim.micro_batch_size=4 --config.rollout.games_per_batch=16.
+On one GPU the layers run unrolled (model.scan_layers off): XLA:GPU then adds each layer's
+gradients to the accumulator as the backward makes them, instead of holding a whole micro-batch's,
+and reads each layer's weights in place. Remat keeps the MLP's gate and up projections from the
+forward (model.remat_saves), which spares half the products remat would run again; the memory
+that frees pays for them (docs/performance.md).
 `spiral-jax plan` prints the memory (docs/memory.md has the table).
 
     spiral-jax plan  --config configs/kuhn_qwen3_0p6b_1x4090.py --hardware 1x4090
@@ -22,6 +28,7 @@ def get_config():
     c.out_dir = "runs/kuhn_qwen3_0p6b_1x4090"
     c.model.path = "/path/to/Qwen3-0.6B-Base"
     c.model.random.update(**QWEN3["0.6b"])  # the shape, used only when model.path is empty
+    c.model.update(scan_layers=False, remat_saves=("mlp",))
     c.mesh.update(data=1, fsdp=1, tensor=1)
     c.optim.micro_batch_size = 1
     c.rollout.games_per_batch = 8

@@ -4,8 +4,13 @@
 Qwen3-4B does not fit one 80 GB card: its fp32 parameters and AdamW moments alone are 45 GiB of the
 56 GiB the planner counts (75%, JAX's default preallocation), before gradients and activations.
 Qwen3-1.7B is the largest Qwen3 that does, at the paper's lengths and sizes otherwise: 128 samples a
-step, 2 PPO epochs, bf16 compute, remat. Micro-batch 8 rows of 6144 slots (2048 prompt + 4096 new
+step, 2 PPO epochs, bf16 compute, remat. Micro-batch 2 rows of 6144 slots (2048 prompt + 4096 new
 tokens); rollout and evaluation play 32 games per sampler call (rollout.games_per_batch).
+On one GPU the layers run unrolled (model.scan_layers off): XLA:GPU then adds each layer's
+gradients to the accumulator as the backward makes them, instead of holding a whole micro-batch's,
+and reads each layer's weights in place. Remat keeps the MLP's gate and up projections from the
+forward (model.remat_saves), which spares half the products remat would run again; the memory
+that frees pays for them (docs/performance.md).
 `spiral-jax plan` prints the memory (docs/memory.md has the table).
 
     spiral-jax plan  --config configs/kuhn_qwen3_1p7b_1xh100.py --hardware 1xH100
@@ -20,7 +25,8 @@ def get_config():
     c.out_dir = "runs/kuhn_qwen3_1p7b_1xh100"
     c.model.path = "/path/to/Qwen3-1.7B-Base"
     c.model.random.update(**QWEN3["1.7b"])  # the shape, used only when model.path is empty
+    c.model.update(scan_layers=False, remat_saves=("mlp",))
     c.mesh.update(data=1, fsdp=1, tensor=1)
-    c.optim.micro_batch_size = 8
+    c.optim.micro_batch_size = 2
     c.rollout.games_per_batch = 32
     return c

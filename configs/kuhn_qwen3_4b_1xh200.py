@@ -1,10 +1,15 @@
 """Preset: the paper's Kuhn run (spiral_kuhn_qwen3_4b.py) on one NVIDIA H200 (141 GB).
 
-One device: no mesh to choose, the sampler reads the train state. Micro-batch 4 rows of 6144 slots
+One device: no mesh to choose, the sampler reads the train state. Micro-batch 2 rows of 6144 slots
 (2048 prompt + 4096 new tokens); rollout and evaluation play 32 games per sampler call
 (rollout.games_per_batch), so more evaluation games cost time, not memory. Everything else is the
-paper's: 128 samples a step, 2 PPO epochs, bf16 compute, remat. The planner counts 75% of the card
-(JAX's default preallocation); `spiral-jax plan` prints the memory (docs/memory.md has the table).
+paper's: 128 samples a step, 2 PPO epochs, bf16 compute, remat. On one GPU the layers run unrolled (model.scan_layers off): XLA:GPU then adds each layer's
+gradients to the accumulator as the backward makes them, instead of holding a whole micro-batch's,
+and reads each layer's weights in place. Remat keeps the MLP's gate and up projections from the
+forward (model.remat_saves), which spares half the products remat would run again; the memory
+that frees pays for them (docs/performance.md).
+The planner counts 75% of the card (JAX's default preallocation); `spiral-jax plan` prints the
+memory (docs/memory.md has the table).
 
     spiral-jax plan  --config configs/kuhn_qwen3_4b_1xh200.py --hardware 1xH200
     spiral-jax train --config configs/kuhn_qwen3_4b_1xh200.py --config.model.path=/ckpt/Qwen3-4B-Base
@@ -15,7 +20,8 @@ from spiral_jax.config import config_from_file
 def get_config():
     c = config_from_file("spiral_kuhn_qwen3_4b.py", relative_to=__file__)
     c.out_dir = "runs/kuhn_qwen3_4b_1xh200"
+    c.model.update(scan_layers=False, remat_saves=("mlp",))
     c.mesh.update(data=1, fsdp=1, tensor=1)
-    c.optim.micro_batch_size = 4
+    c.optim.micro_batch_size = 2
     c.rollout.games_per_batch = 32
     return c

@@ -32,12 +32,15 @@ def base_config() -> ConfigDict:
     # model.attention: the self-attention kernel of training, scoring and prefill: auto (splash on TPU,
     # cuDNN flash attention on GPU, XLA on CPU), xla, splash or cudnn (spiral_jax/models/fused_attention.py).
     # Where it is Pallas on TPU (auto, splash), decode steps attend in spiral_jax/models/decode_attention.py.
+    # model.remat_saves (with remat): what each layer keeps from its forward rather than compute again in
+    # the backward: "mlp" (the gate and up projections), "qkv" (the q/k/v projections); more memory,
+    # fewer FLOPs. On a GPU, scan_layers off also holds fewer gradients (docs/performance.md).
     # model.lora: rank 0 = full fine-tuning; rank > 0 trains LoRA adapters (scaled alpha / rank) on the
     # `targets` projections and freezes the weights, held in compute_dtype (spiral_jax/models/lora.py).
     # sample: "merged" (the sampler reads the adapters folded into a copy of the weights, once per step)
     # or "adapters" (it applies them in its forward: no second copy, a little more work per token).
     c.model = ConfigDict(dict(
-        path="", compute_dtype="float32", scan_layers=False, remat=True, attention="auto",
+        path="", compute_dtype="float32", scan_layers=False, remat=True, remat_saves=(), attention="auto",
         lora=ConfigDict(dict(rank=0, alpha=16.0, targets=("q", "k", "v", "o", "gate", "up", "down"), dropout=0.0,
                             sample="merged")),
         random=ConfigDict(dict(model_type="qwen3", vocab_size=1024, hidden_size=64, intermediate_size=128,

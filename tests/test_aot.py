@@ -198,6 +198,22 @@ def test_fused_kernels_match_the_xla_path_and_its_gradients(kernel):
         np.testing.assert_allclose(got, want, atol=1e-4)
 
 
+def test_cudnn_attention_takes_segment_ids_of_right_padded_rows_without_rolling_them():
+    """A row of one segment (the train step's rows unpacked) gives what its bool mask gives, values
+    and gradients, and its program holds no gather: right-padded rows need no roll to slot 0."""
+    q, k, v, mask = _qkv()
+    mask = jnp.asarray(np.arange(40)[None, :] < np.array([[30], [12], [40]]))  # right-padded rows
+    ids = mask.astype(jnp.int32)
+    attend = functools.partial(fused_attention.cudnn_attention, implementation="xla")
+    loss = lambda m: lambda q, k, v: jnp.sum(attend(q, k, v, m) ** 2)  # noqa: E731
+    np.testing.assert_allclose(attend(q, k, v, ids), attend(q, k, v, mask), atol=1e-6)
+    for got, want in zip(jax.grad(loss(ids), argnums=(0, 1, 2))(q, k, v),
+                         jax.grad(loss(mask), argnums=(0, 1, 2))(q, k, v)):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+    program = lambda m: str(jax.make_jaxpr(jax.grad(loss(m)))(q, k, v))  # noqa: E731
+    assert "gather" in program(mask) and "gather" not in program(ids)
+
+
 def test_packed_rows_attend_within_their_segments_alone():
     """Segment ids (packed training rows): each segment's outputs are those it has alone in a row, on
     the XLA path and splash's; cuDNN's packed layout gets each segment's start and length."""

@@ -299,6 +299,30 @@ def test_the_kl_reference_is_counted():
     assert after.phases["train step"] == before.phases["train step"] + after.parts["params"]
 
 
+def test_remat_saves_and_unrolled_layers_on_a_gpu_are_counted():
+    """What remat keeps adds its bytes to the activations, one micro-batch's tokens of it a layer. A
+    GPU running the layers unrolled holds the gradient accumulator and a few layers' gradients, not a
+    whole micro-batch's beside it; a scanned stack, or any layout elsewhere, holds both."""
+    c = config_from_file(str(CONFIGS / "kuhn_qwen3_4b_1xh200.py"))
+    c.model.update(remat_saves=(), scan_layers=True)
+    hw = H.hardware("1xH200")
+    base = P.plan(planned(c), hw)
+    assert base.parts["gradients"] == 2 * base.parts["params"]
+    cfg, work = base.cfg, base.work
+    tokens = work.micro_batch * work.train_len
+    for saves, width in ((("mlp",), 2 * cfg.intermediate_size),
+                         (("qkv",), (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim)):
+        c.model.remat_saves = saves
+        kept = P.plan(planned(c), hw).parts["activations"] - base.parts["activations"]
+        assert kept == cfg.num_layers * tokens * width * 2, saves  # bf16
+    c.model.update(remat_saves=(), scan_layers=False)
+    unrolled = P.plan(planned(c), hw).parts
+    assert base.parts["params"] < unrolled["gradients"] < 1.2 * base.parts["params"]
+    c.mesh.update(fsdp=-1)
+    tpu = P.plan(planned(c), H.hardware("v5p-8")).parts
+    assert tpu["gradients"] == 2 * tpu["params"]
+
+
 def test_merged_lora_planned_for_a_gpu_counts_its_per_layer_copy():
     """Planned for a GPU (as `spiral-jax plan --compile` does), the merged copy is a per-layer list
     (`sample_config`); it is the same bytes as the stacked one planned elsewhere."""

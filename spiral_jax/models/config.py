@@ -16,6 +16,9 @@ SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 
 # The projections LoRA adapters may sit on (spiral_jax/models/lora.py).
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+# What a rematerialised layer may keep from its forward for the backward, instead of computing it
+# again (`ModelConfig.remat_saves`): the q/k/v projections' outputs, or the MLP's gate and up.
+REMAT_SAVES = ("qkv", "mlp")
 
 
 class CheckpointError(ValueError):
@@ -59,6 +62,9 @@ class ModelConfig:
     compute_dtype: str = "float32"  # bf16 on TPU/GPU; fp32 is faster on CPU
     scan_layers: bool = False  # stacked layers + lax.scan (TPU compile time) vs a per-layer list
     remat: bool = True  # rematerialise each layer in the backward pass
+    # With remat: the REMAT_SAVES a layer keeps from its forward rather than computes again. "mlp" keeps
+    # 2 x intermediate_size values a token and layer and spares half the recomputed products (Qwen3).
+    remat_saves: tuple[str, ...] = ()
     attention: str = "auto"  # self-attention kernel: auto, xla, splash (TPU), cudnn (GPU); see fused_attention
     # LoRA (models/lora.py): rank 0 = off; else low-rank adapters on the `lora_targets` projections,
     # scaled by lora_alpha / lora_rank, and the weights beside them frozen.
@@ -79,6 +85,10 @@ class ModelConfig:
             raise ValueError(f"attention={self.attention!r}; use auto (splash on TPU, cudnn on GPU, xla on "
                              f"CPU), xla, splash or cudnn")
         object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
+        object.__setattr__(self, "remat_saves", tuple(self.remat_saves))
+        if set(self.remat_saves) - set(REMAT_SAVES):
+            raise ValueError(f"remat_saves={self.remat_saves}: each must be one of {', '.join(REMAT_SAVES)} "
+                             f"(what a rematerialised layer keeps from its forward), or none")
         if self.lora_rank < 0 or (self.lora_rank and not self.lora_targets) or (
                 set(self.lora_targets) - set(LORA_TARGETS)):
             raise ValueError(f"LoRA: rank={self.lora_rank}, targets={self.lora_targets}; the rank must be >= 0 "

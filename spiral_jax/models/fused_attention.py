@@ -129,6 +129,11 @@ def cudnn_attention(q, k, v, kv_mask, segments: int = 1, implementation: str = "
     """q [B,T,H,hd]; k, v [B,T,KV,hd]; kv_mask [B,T]: a bool mask or segment ids, each segment's slots
     contiguous, at most `segments` a row -> [B,T,H,hd], 0 on padding.
 
+    The kernel takes each row's real slots from slot 0 on. Segment ids mark right-padded rows (the
+    train step's), which already start there; rows of a bool mask may be left-padded (a prefill's
+    prompts), so each is rolled to start at slot 0 and back. The roll is a gather of q, k, v and the
+    output in every layer, and a scatter of each in the backward, so rows that need none skip it.
+
     The kernel's inputs are zeroed past the real slots, which leaves their gradients 0 there whatever
     the kernel's backward writes to slots outside every sequence (they would reach the projections'
     weight gradients).
@@ -139,12 +144,16 @@ def cudnn_attention(q, k, v, kv_mask, segments: int = 1, implementation: str = "
         return _cudnn_packed(q, k, v, kv_mask, segments)
     mask = kv_mask.astype(bool)
     lengths = jnp.sum(mask, axis=1).astype(jnp.int32)
-    start = jnp.argmax(mask, axis=1).astype(jnp.int32)  # the row's first real slot
+    if jnp.issubdtype(kv_mask.dtype, jnp.integer):  # right-padded rows
+        to_front = to_place = lambda x: x  # noqa: E731
+    else:
+        start = jnp.argmax(mask, axis=1).astype(jnp.int32)  # the row's first real slot
+        to_front, to_place = (lambda x: _rotate(x, start)), (lambda x: _rotate(x, -start))
     real = (jnp.arange(q.shape[1])[None, :] < lengths[:, None])[..., None, None]
-    rows = lambda x: jnp.where(real, _rotate(x, start), 0)  # noqa: E731
+    rows = lambda x: jnp.where(real, to_front(x), 0)  # noqa: E731
     out = jax.nn.dot_product_attention(rows(q), rows(k), rows(v), is_causal=True, query_seq_lengths=lengths,
                                        key_value_seq_lengths=lengths, implementation=implementation)
-    return _rotate(jnp.where(real, out, 0).astype(q.dtype), -start)  # padding rows: 0
+    return to_place(jnp.where(real, out, 0).astype(q.dtype))  # padding rows: 0
 
 
 @functools.cache

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from spiral_jax.models import cpu, decode_attention
 from spiral_jax.models.config import ModelConfig
@@ -225,7 +226,7 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
         return out
 
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
-    q, k, v = proj("q", h), proj("k", h), proj("v", h)
+    q, k, v = (checkpoint_name(proj(name, h), "qkv") for name in "qkv")
     if cfg.qkv_bias:
         q, k, v = q + w("q_bias"), k + w("k_bias"), v + w("v_bias")
     if cfg.qk_norm:
@@ -268,7 +269,7 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
         attn = attn + w("o_bias")
     x = constrain(x + attn, rules, ACT)
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
-    mlp = jax.nn.silu(proj("gate", h)) * proj("up", h)
+    mlp = jax.nn.silu(checkpoint_name(proj("gate", h), "mlp")) * checkpoint_name(proj("up", h), "mlp")
     x = constrain(x + proj("down", mlp), rules, ACT)
     return x, cache
 
@@ -291,8 +292,9 @@ def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache
 
     positions [B, T]: RoPE positions. kv_mask [B, S]: which key slots hold real tokens, where S = T
     without a cache and S = cache slots with one (the caller marks the new block's slots too). Without
-    a cache it may hold int segment ids instead (0: padding; packed training rows): a query then
-    attends within its own segment only, and `segments` (static) is the most a row holds.
+    a cache it may hold int segment ids instead (0: padding; packed training rows, right-padded, the
+    first segment from slot 0): a query then attends within its own segment only, and `segments`
+    (static) is the most a row holds.
     cache_start (with a cache): the slot of the block's first token, one for all rows, or a [B] array
     of per-row slots (the decode engine's rows each sit at their own length).
     cache_rows (with per-row slots): [B] the cache row each block row writes and attends over, for a
@@ -320,7 +322,8 @@ def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache
                       cache_rows, kv_len, last_only)
 
     if cfg.remat:
-        block = jax.checkpoint(block, static_argnums=(4,))
+        keep = jax.checkpoint_policies.save_only_these_names(*cfg.remat_saves) if cfg.remat_saves else None
+        block = jax.checkpoint(block, static_argnums=(4,), policy=keep)
     layers = params["layers"]
     if isinstance(layers, dict) and cache is not None and tokens.shape[1] == 1 and cpu.platform() == "gpu":
         layers = _per_layer(layers, cfg.num_layers)

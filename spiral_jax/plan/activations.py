@@ -60,7 +60,9 @@ def activations(cfg: ModelConfig, tc: TrainConfig, w: Workload, mesh: MeshShape,
     # Saved for the backward pass: with remat each layer's input; without, every residual of the
     # layer (norm outputs, q/k/v before and after RoPE, fp32 probabilities and their cast, the mask,
     # the MLP's gate/up/activation/product).
-    per_layer = act * cb if cfg.remat else (6 * act * cb + 3 * qkv * cb + 2 * scores + mask + 5 * mlp * cb)
+    # What remat_saves names is kept as well: q/k/v ("qkv"), the MLP's gate and up ("mlp").
+    kept = qkv * ("qkv" in cfg.remat_saves) + 2 * mlp * ("mlp" in cfg.remat_saves)
+    per_layer = (act + kept) * cb if cfg.remat else (6 * act * cb + 3 * qkv * cb + 2 * scores + mask + 5 * mlp * cb)
     saved = cfg.num_layers * per_layer
     # The backward of one layer, recomputed: the fp32 probabilities stay alive through it, next to
     # their gradients, the MLP's gate/up/activation/product and their gradients, and a few
@@ -100,6 +102,17 @@ def weights_in_flight(cfg: ModelConfig, mesh: MeshShape) -> int:
     embed = table * (4 * gathered + cb * (gathered or cast) + 4 * (2 if gathered else 1))
     layer = _layer_elements(cfg, mesh.rules("sample")) * (cb * (gathered or cast) + 4 * gathered)
     return int(embed + 2 * layer)
+
+
+def micro_batch_gradients(cfg: ModelConfig, mesh: MeshShape, hw: Hardware, params: int) -> int:
+    """fp32 gradients of one micro-batch, held beside the accumulator (`params` bytes) they are added
+    to. All of them, except where XLA:GPU runs a per-layer list (scan_layers off): it adds each
+    layer's gradients to the accumulator as the backward produces them, so only the embedding
+    table's and about two layers' exist at once (`spiral-jax plan --compile` shows it)."""
+    if hw.platform != "gpu" or cfg.scan_layers or cfg.lora_rank:
+        return params
+    table = _split(cfg.vocab_size, mesh.tensor) * cfg.hidden_size // mesh.fsdp
+    return int(4 * (table + 2 * _layer_elements(cfg, mesh.rules("train"))))
 
 
 def sampling(cfg: ModelConfig, w: Workload, mesh: MeshShape, games: int, new_tokens: int,

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 from spiral_jax.hardware import HEADROOM, GiB, MiB, Hardware
 from spiral_jax.models import ModelConfig
 from spiral_jax.plan import arrays
-from spiral_jax.plan.activations import activations, fused, logprob_pass, sampling, weights_in_flight
+from spiral_jax.plan.activations import (activations, fused, logprob_pass, micro_batch_gradients, sampling,
+                                         weights_in_flight)
 from spiral_jax.plan.sizes import MeshShape, Workload, workload
 from spiral_jax.rl.samples import row_multiple
 from spiral_jax.sampling import bucket_length
@@ -56,7 +57,7 @@ class Plan:
                 ", memory per device unknown (pass --hardware, or --device_memory_gib)"),
             f"model: {cfg.model_type}, {count} parameters ({cfg.num_layers} layers, "
             f"hidden {cfg.hidden_size}, vocab {cfg.vocab_size}), compute {cfg.compute_dtype}, "
-            f"remat {'on' if cfg.remat else 'off'}, scan_layers {'on' if cfg.scan_layers else 'off'}",
+            f"{_remat(cfg)}, scan_layers {'on' if cfg.scan_layers else 'off'}",
             f"mesh: {self.mesh}; micro-batch {w.micro_batch} row(s), {per_device} per device, x {w.train_len}"
             f" slots (response {w.response_len}, logprob chunk {w.chunk})",
             f"sampling: prompt bucket {w.prompt_len}; rollout {w.rollout_games} games per call; eval "
@@ -79,6 +80,13 @@ class Plan:
         return "\n".join(lines)
 
 
+def _remat(cfg: ModelConfig, on: str = "remat on", off: str = "remat off") -> str:
+    """How the layers are rematerialised, and what they keep from the forward (`remat_saves`)."""
+    if not cfg.remat:
+        return off
+    return f"{on} keeping {' and '.join(cfg.remat_saves)}" if cfg.remat_saves else on
+
+
 def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware) -> Plan:
     """Per-device bytes of a run with this model, optimizer, workload and mesh on `hw`."""
     params, sample_params = arrays.param_bytes(cfg, mesh, "train"), arrays.param_bytes(cfg, mesh, "sample")
@@ -95,7 +103,7 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
         "sampler_params": policy_bytes if (lora_on and merged) or not same_layout else 0,
         "snapshots": work.snapshots * policy_bytes,
         "kl_reference": params if tc.kl_coef else 0,
-        "gradients": 2 * params,
+        "gradients": params + micro_batch_gradients(cfg, mesh, hw, params),
         "weights_in_flight": weights_in_flight(cfg, mesh),
         "activations": activations(cfg, tc, work, mesh, kernel, hw.platform),
         "logprob_pass": logprob_pass(cfg, tc, work, mesh, kernel) if not tc.on_policy or tc.kl_coef else 0,
@@ -112,9 +120,10 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
                            "sampler's copy of the parameters (sample layout)"),
         "snapshots": f"opponent weights ({work.snapshots}: pool or frozen, sample layout)",
         "kl_reference": "the KL penalty's frozen reference policy (train layout)",
-        "gradients": "gradients: one micro-batch's + the fp32 accumulator",
+        "gradients": ("gradients: one micro-batch's + the fp32 accumulator"
+                      if parts["gradients"] == 2 * params else "gradients: the fp32 accumulator + the table's and 2 layers'"),
         "weights_in_flight": "weights all-gathered/cast for compute, their grads",
-        "activations": f"activations of one micro-batch ({'remat' if cfg.remat else 'no remat'}"
+        "activations": f"activations of one micro-batch ({_remat(cfg, 'remat', 'no remat')}"
                        f"{', fused attention' if kernel else ''})",
         "logprob_pass": "PPO's old-log-prob pass: the batch and one micro-batch's forward",
         "weights_cast": f"weights cast to {cfg.compute_dtype} for sampling and old log-probs",

@@ -1,0 +1,52 @@
+"""What a rematerialised layer keeps from its forward (`ModelConfig.remat_saves`)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spiral_jax.models import ModelConfig, decoder, init_params
+
+LAYERS = 2
+
+
+def _config(**runtime) -> ModelConfig:
+    return ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=LAYERS,
+                       num_heads=4, num_kv_heads=2, head_dim=8, **runtime)
+
+
+def _loss(cfg: ModelConfig):
+    tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, cfg.vocab_size)
+    mask = jnp.ones((2, 12), bool)
+    positions = jnp.broadcast_to(jnp.arange(12), (2, 12))
+    return lambda params: jnp.sum(decoder(params, cfg, tokens, positions, mask)[0] ** 2)
+
+
+def _flops(cfg: ModelConfig, params) -> float:
+    """FLOPs of the compiled gradient (a scanned stack's body counted once)."""
+    return jax.jit(jax.grad(_loss(cfg))).lower(params).compile().cost_analysis()["flops"]
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_what_remat_keeps_spares_its_products_and_changes_no_gradient(scan_layers):
+    """Keeping the MLP's gate and up spares remat their products, and q/k/v theirs; the gradients are
+    those of the full recompute and of no remat at all."""
+    cfg = _config(scan_layers=scan_layers)
+    params = init_params(cfg, jax.random.key(0))
+    variants = {saves: cfg.replace(remat_saves=saves) for saves in ((), ("mlp",), ("qkv",))}
+    want = jax.grad(_loss(cfg.replace(remat=False)))(params)
+    for c in variants.values():
+        got = jax.grad(_loss(c))(params)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, want)
+    tokens, d, f = 2 * 12, cfg.hidden_size, cfg.intermediate_size
+    products = {"mlp": 2 * (2 * tokens * d * f),
+                "qkv": 2 * tokens * d * (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim}
+    layers = 1 if scan_layers else LAYERS  # a scanned stack's body is counted once
+    full = _flops(variants[()], params)
+    for name, spared in products.items():
+        assert 0.85 <= (full - _flops(variants[(name,)], params)) / (layers * spared) <= 1.05, name
+
+
+def test_remat_saves_names_what_a_layer_can_keep():
+    assert _config(remat_saves=["mlp"]).remat_saves == ("mlp",)
+    with pytest.raises(ValueError, match="remat_saves=.*one of qkv, mlp"):
+        _config(remat_saves=("attention",))
