@@ -477,7 +477,7 @@ def main():
         d = jax.devices()[0]
         print(f"jax {jax.__version__} on {devices} x {d.platform} ({d.device_kind}); {args.config.name}, "
               f"shape {args.shape}: {cfg.num_params / 1e9:.3f}B parameters, random weights, "
-              f"{cfg.compute_dtype}, remat {'on' if cfg.remat else 'off'}")
+              f"{cfg.compute_dtype}, {cfg.remat_summary}, scan_layers {'on' if cfg.scan_layers else 'off'}")
         print(f"recipe: {r.samples_per_step} samples, up to {r.max_new_tokens} new tokens (stop drawn with "
               f"probability 1/{mean_tokens:g} a token: mean {mean:.0f}, {capped:.1%} at the cap), "
               f"{c.optim.epochs} PPO epochs, {r.games_per_batch} games per call, micro-batch "

@@ -115,8 +115,7 @@ def main():
     rows, slots = batch.tokens.shape
     response = batch.response_slots.shape[1]
     print(f"{Path(args.config).name} on {tgt.name} ({len(tgt.devices)} devices): {cfg.num_params / 1e9:.2f}B "
-          f"parameters, {cfg.compute_dtype} compute, remat {'on' if cfg.remat else 'off'}"
-          f"{' keeping ' + ' and '.join(cfg.remat_saves) if cfg.remat and cfg.remat_saves else ''}, scan_layers "
+          f"parameters, {cfg.compute_dtype} compute, {cfg.remat_summary}, scan_layers "
           f"{'on' if cfg.scan_layers else 'off'}; train step of {rows} "
           f"rows x {slots} slots ({response} unembedded a row), micro-batch {p.work.micro_batch}, up to {packed} "
           f"sample{'s' * (packed > 1)} a row; compiled in {seconds:.1f} s, peak "

@@ -3,8 +3,9 @@
 # in that order (default "preset small continuous"), each within its own limit and within BUDGET_S
 # seconds for the whole script (default 570: a call's 590 s less the machine's start); a part with
 # fewer than 120 s left is skipped and says so, for the next call to run.
-#   preset: Qwen3-4B as the H200 preset (configs/kuhn_qwen3_4b_1xh200.py: micro-batch 4, 32 games per
-#      call; the recipe's micro-batch 8 and 64 games do not fit by the planner), responses capped at
+#   preset: Qwen3-4B as the H200 preset (configs/kuhn_qwen3_4b_1xh200.py: micro-batch 2, layers
+#      unrolled, remat keeping the MLP's gate and up, 32 games per call; the recipe's micro-batch 8
+#      and 64 games do not fit by the planner), responses capped at
 #      1024 new tokens (mean 251), two steps, the targets. Measured on two H200 machines: the
 #      first step took 317 and 409 s, of which 236 and 330 s tracing and compiling 10-11 programs
 #      (one sampler program per batch bucket and prompt bucket, each with its decode step unrolled

@@ -111,6 +111,12 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
     @property
+    def remat_summary(self) -> str:
+        """"remat on", "remat off", or "remat on keeping mlp" and the like, for reports."""
+        kept = f" keeping {' and '.join(self.remat_saves)}" if self.remat and self.remat_saves else ""
+        return f"remat {'on' if self.remat else 'off'}{kept}"
+
+    @property
     def lora_scale(self) -> float:
         return self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
 

@@ -57,7 +57,7 @@ class Plan:
                 ", memory per device unknown (pass --hardware, or --device_memory_gib)"),
             f"model: {cfg.model_type}, {count} parameters ({cfg.num_layers} layers, "
             f"hidden {cfg.hidden_size}, vocab {cfg.vocab_size}), compute {cfg.compute_dtype}, "
-            f"{_remat(cfg)}, scan_layers {'on' if cfg.scan_layers else 'off'}",
+            f"{cfg.remat_summary}, scan_layers {'on' if cfg.scan_layers else 'off'}",
             f"mesh: {self.mesh}; micro-batch {w.micro_batch} row(s), {per_device} per device, x {w.train_len}"
             f" slots (response {w.response_len}, logprob chunk {w.chunk})",
             f"sampling: prompt bucket {w.prompt_len}; rollout {w.rollout_games} games per call; eval "
@@ -78,13 +78,6 @@ class Plan:
                          f"(limit {self.hardware.limit / unit:.2f} {name}, {HEADROOM:.0%} headroom)")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
-
-
-def _remat(cfg: ModelConfig, on: str = "remat on", off: str = "remat off") -> str:
-    """How the layers are rematerialised, and what they keep from the forward (`remat_saves`)."""
-    if not cfg.remat:
-        return off
-    return f"{on} keeping {' and '.join(cfg.remat_saves)}" if cfg.remat_saves else on
 
 
 def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware) -> Plan:
@@ -123,7 +116,7 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
         "gradients": ("gradients: one micro-batch's + the fp32 accumulator"
                       if parts["gradients"] == 2 * params else "gradients: the fp32 accumulator + the table's and 2 layers'"),
         "weights_in_flight": "weights all-gathered/cast for compute, their grads",
-        "activations": f"activations of one micro-batch ({_remat(cfg, 'remat', 'no remat')}"
+        "activations": f"activations of one micro-batch ({cfg.remat_summary}"
                        f"{', fused attention' if kernel else ''})",
         "logprob_pass": "PPO's old-log-prob pass: the batch and one micro-batch's forward",
         "weights_cast": f"weights cast to {cfg.compute_dtype} for sampling and old log-probs",
