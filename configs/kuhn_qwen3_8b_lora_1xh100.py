@@ -4,9 +4,13 @@ GPU (H100 or A100 80 GB; an H200 takes it with room to spare).
 Full fine-tuning of Qwen3-8B needs about 130 GB of fp32 weights, AdamW moments and gradients. LoRA
 freezes the weights in bf16 (15 GiB) and trains rank-32 adapters on every attention and MLP
 projection; the sampler reads the adapters merged into a second bf16 copy. The rest is the paper's
-recipe: 128 samples a step, up to 4096 new tokens, 2 PPO epochs, remat; micro-batches of 4 rows of
-6144 slots, 16 games per sampler call. The learning rate is LoRA's usual order (1e-5): a starting
-point, not tuned. `spiral-jax plan` prints the memory (docs/memory.md).
+recipe: 128 samples a step, up to 4096 new tokens, 2 PPO epochs, remat; micro-batches of 1 row of
+6144 slots, 16 games per sampler call. The layers run unrolled (model.scan_layers off: XLA:GPU
+reads each layer's weights in place rather than copying them out of a stack), and remat keeps the
+MLP's gate and up projections from the forward (model.remat_saves), which spares two thirds of the
+products it would run again; one row a micro-batch makes the room for them (docs/performance.md).
+The learning rate is LoRA's usual order (1e-5): a starting point, not tuned. `spiral-jax plan`
+prints the memory (docs/memory.md).
 
     spiral-jax plan  --config configs/kuhn_qwen3_8b_lora_1xh100.py --hardware 1xH100
     spiral-jax train --config configs/kuhn_qwen3_8b_lora_1xh100.py --config.model.path=/ckpt/Qwen3-8B-Base
@@ -22,7 +26,8 @@ def get_config():
     c.model.random.update(**QWEN3["8b"])  # the shape, used only when model.path is empty
     c.model.lora.update(rank=32, alpha=64.0)
     c.optim.learning_rate = 1e-5
+    c.model.update(scan_layers=False, remat_saves=("mlp",))
     c.mesh.update(data=1, fsdp=1, tensor=1)
-    c.optim.micro_batch_size = 4
+    c.optim.micro_batch_size = 1
     c.rollout.games_per_batch = 16
     return c

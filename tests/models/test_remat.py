@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spiral_jax.models import ModelConfig, decoder, init_params
+from spiral_jax.models import ModelConfig, decoder, init_params, lora
 
 LAYERS = 2
 
@@ -44,6 +44,20 @@ def test_what_remat_keeps_spares_its_products_and_changes_no_gradient(scan_layer
     full = _flops(variants[()], params)
     for name, spared in products.items():
         assert 0.85 <= (full - _flops(variants[(name,)], params)) / (layers * spared) <= 1.05, name
+
+
+def test_a_lora_layer_keeps_its_projections_with_their_adapters():
+    """With LoRA the kept q/k/v and gate/up are the projections with their adapters' products added:
+    the adapters' gradients are those of the full recompute."""
+    cfg = _config(lora_rank=2, lora_alpha=4.0)
+    adapters = lora.init_adapters(cfg, jax.random.key(1))
+    adapters = jax.tree.map(lambda x: 0.1 * jax.random.normal(jax.random.key(2), x.shape), adapters)
+    frozen = init_params(cfg.base(), jax.random.key(0))
+    grads = lambda c: jax.grad(lambda a: _loss(c)(lora.join(frozen, a)))(adapters)  # noqa: E731
+    want = grads(cfg)
+    got = grads(cfg.replace(remat_saves=("qkv", "mlp")))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, want)
+    assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(want))
 
 
 def test_remat_saves_names_what_a_layer_can_keep():
