@@ -28,7 +28,8 @@ from spiral_jax.models.params import PARAM_LAYOUT
 
 
 class LayoutError(ValueError):
-    """A checkpoint written by a version that stored the weights in another layout."""
+    """A checkpoint whose weights this run cannot take as they are: written by a version that stored
+    them in another layout, or by a config that shaped the parameter tree another way."""
 
 
 class DiskFullError(OSError):
@@ -182,7 +183,7 @@ class Checkpointer:
                                           restore_args=jax.tree.map(
                                               lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, dtype=x.dtype),
                                               {"params": like_params}))
-            return self._manager.restore(step, args=ocp.args.Composite(state=item))["state"]["params"], step, meta
+            return self._restore_items(step, dict(state=item))["state"]["params"], step, meta
 
         if step is not None:
             saved = sorted(self._manager.all_steps())
@@ -242,8 +243,29 @@ class Checkpointer:
         items = dict(state=ocp.args.StandardRestore(_abstract(like_state)))
         if meta.get("pool_steps"):
             items["pool"] = ocp.args.StandardRestore([_abstract(like_params)] * len(meta["pool_steps"]))
-        restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        restored = self._restore_items(step, items)
         return restored["state"], list(restored.get("pool") or []), meta
+
+    def _restore_items(self, step: int, items: dict) -> dict:
+        """The checkpoint's `items`. A parameter tree shaped unlike the saved one is a config that
+        differs from the one that wrote it, not a damaged file: a LayoutError saying which setting
+        to change, and the checkpoint left where it is."""
+        try:
+            return self._manager.restore(step, args=ocp.args.Composite(**items))
+        except ValueError as e:
+            if "tree structures do not match" not in str(e) and "Structure mismatch" not in str(e):
+                raise
+            stacked = re.search(r"\blayers:\s+- Source: <class '(list|dict)'>\s+- Target: <class '(list|dict)'>", str(e))
+            if stacked:
+                saved = stacked.group(2) == "dict"
+                raise LayoutError(
+                    f"checkpoint step {step} in {self.directory} holds the layers "
+                    f"{'stacked' if saved else 'one by one'} (model.scan_layers={saved}), this run's config "
+                    f"the other way: resume it with --config.model.scan_layers={saved}") from None
+            raise LayoutError(
+                f"checkpoint step {step} in {self.directory} holds a parameter tree unlike the one this "
+                f"run's config makes (another model, model.lora or model.scan_layers?): resume it with the "
+                f"config that wrote it (out_dir/config.json), or start a new out_dir. {_reason(e)}") from None
 
     def wait(self) -> None:
         with self._background_failure_reported(self._pending):

@@ -21,3 +21,18 @@ def test_old_layout_checkpoint_is_refused(tmp_path):
     meta_file.write_text(json.dumps(old))
     with pytest.raises(ValueError, match=r"older layout.*start a new out_dir"):
         Checkpointer(tmp_path, async_save=False).restore(None, state, None)
+
+
+def test_a_checkpoint_of_other_stacked_layers_is_refused_with_the_setting_and_kept(tmp_path):
+    """Layers saved stacked (model.scan_layers on) and resumed one by one: the error names the
+    setting that differs, and the checkpoint stays where it is (it is not a damaged file)."""
+    stacked = {"layers": {"w": jnp.ones((2, 3))}}
+    ckpt = Checkpointer(tmp_path, async_save=False)
+    ckpt.save(4, stacked, [], {"step": 4})
+    ckpt.wait()
+    one_by_one = {"layers": [{"w": jnp.ones(3)}, {"w": jnp.ones(3)}]}
+    with pytest.raises(ValueError, match=r"holds the layers stacked .*--config\.model\.scan_layers=True"):
+        Checkpointer(tmp_path, async_save=False).restore(None, one_by_one, None)
+    assert (tmp_path / "4").is_dir() and not list(tmp_path.glob("*.unreadable"))
+    restored, _, _ = Checkpointer(tmp_path, async_save=False).restore(None, stacked, None)
+    assert jnp.array_equal(restored["layers"]["w"], stacked["layers"]["w"])
