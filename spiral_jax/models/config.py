@@ -63,7 +63,8 @@ class ModelConfig:
     scan_layers: bool = False  # stacked layers + lax.scan (TPU compile time) vs a per-layer list
     remat: bool = True  # rematerialise each layer in the backward pass
     # With remat: the REMAT_SAVES a layer keeps from its forward rather than computes again. "mlp" keeps
-    # 2 x intermediate_size values a token and layer and spares half the recomputed products (Qwen3).
+    # 2 x intermediate_size values a token and layer and spares two thirds of the recomputed products
+    # (Qwen3).
     remat_saves: tuple[str, ...] = ()
     attention: str = "auto"  # self-attention kernel: auto, xla, splash (TPU), cudnn (GPU); see fused_attention
     # LoRA (models/lora.py): rank 0 = off; else low-rank adapters on the `lora_targets` projections,
