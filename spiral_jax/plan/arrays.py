@@ -6,8 +6,8 @@ outputs of the sampler's lowered program): the parameters the trainer holds (`ab
 `rl.reshard.split_frozen` and `make_policy` for LoRA), optax's state, the KV cache (`KVCache.zeros`),
 and the per-slot outputs of a generate call, of the train step's gradient pass (`loss_and_grads`) and
 of the old-log-prob pass (`make_compute_logprobs`). Those outputs grow with the rows, so they are
-evaluated on one or two rows and scaled by the caller. Every result is cached per model and shape, so
-`suggest`'s search evaluates each program once.
+evaluated on one or two rows and scaled by the caller, and on the model cut to one layer (`_shallow`).
+Every result is cached per model and shape, so `suggest`'s search evaluates each program once.
 """
 from __future__ import annotations
 
@@ -41,6 +41,12 @@ def _per_row(tree, rows: int) -> int:
     leaves = jax.tree.leaves(tree)
     assert all(x.shape[:1] == (rows,) for x in leaves), [x.shape for x in leaves]
     return sum(_bytes(x) for x in leaves) // rows
+
+
+def _shallow(cfg: ModelConfig) -> ModelConfig:
+    """The model cut to one layer, for the per-row outputs of a program: they do not depend on its
+    depth, and one layer traces in a fraction of the time of 36 unrolled ones."""
+    return cfg.replace(num_layers=1)
 
 
 def _trees(cfg: ModelConfig) -> tuple:
@@ -133,7 +139,8 @@ def sampler_row_bytes(cfg: ModelConfig, merged: bool, prompt_len: int, slots: in
     """What a generate call returns per row (new tokens, their log-probs and raw log-probs, the length):
     the outputs of the sampler's own program, lowered here for the model it decodes with (through
     XLA's attention: the outputs are the same with any kernel, and a TPU's is not lowered on a CPU)."""
-    return _sampler_row_bytes(sample_config(cfg, merged).replace(remat=False, attention="xla"), prompt_len, slots)
+    decoding = sample_config(cfg, merged).replace(remat=False, attention="xla")
+    return _sampler_row_bytes(_shallow(decoding), prompt_len, slots)
 
 
 def _whole(tc: TrainConfig) -> TrainConfig:
@@ -144,6 +151,7 @@ def _whole(tc: TrainConfig) -> TrainConfig:
 def train_row_bytes(cfg: ModelConfig, tc: TrainConfig, row: Batch) -> int:
     """The per-slot outputs of the train step's gradient pass for one packed `row`: the log-probs,
     entropies and clip flags `loss_and_grads` returns beside the gradients."""
+    cfg = _shallow(cfg)
     trained, frozen, _ = _trees(cfg)
     _, _, aux = jax.eval_shape(lambda p, b, f: loss_and_grads(p, b, cfg, _whole(tc), None, f), trained, row, frozen)
     return _per_row(aux, 1)
@@ -152,6 +160,7 @@ def train_row_bytes(cfg: ModelConfig, tc: TrainConfig, row: Batch) -> int:
 @functools.lru_cache(maxsize=64)
 def logprob_row_bytes(cfg: ModelConfig, tc: TrainConfig, row: Batch) -> int:
     """The log-probs the old-log-prob pass (`make_compute_logprobs`) returns for one packed `row`."""
+    cfg = _shallow(cfg)
     trained, frozen, _ = _trees(cfg)
     compute = make_compute_logprobs(cfg, _whole(tc))
     return _per_row(jax.eval_shape(compute, trained, row, *(() if frozen is None else (frozen,))), 1)
