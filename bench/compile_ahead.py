@@ -1,14 +1,16 @@
-"""Compiling sampler programs one after another against compiling them on parallel threads.
+"""Compiling programs one after another against compiling them on parallel threads.
 
-Why the sampler compiles its smaller batch buckets ahead (`spiral_jax/sampling/ahead.py`): XLA
-compiles one program on about one core. This lowers the sampler's programs for several batch buckets
-(a Qwen3 shape, one chip of an NVIDIA card or a TPU slice, without the accelerator: `spiral_jax.aot`),
-then compiles them twice from fresh lowerings: one after another, and on one thread each. It prints
-the wall and CPU seconds of both and their ratio. The parallel figure is bounded by this host's
-cores: on a 2-core machine it can be at most 2x.
+Why the sampler compiles its smaller batch buckets ahead, and the learner its train step beside the
+old-log-prob pass (`spiral_jax/sampling/ahead.py`): XLA compiles one program on about one core. This
+lowers the programs without the accelerator (`spiral_jax.aot`), for one chip of an NVIDIA card or a
+TPU slice: the sampler's for several batch buckets (a Qwen3 shape), or with --config that config's
+train step and old-log-prob pass. It then compiles them twice from fresh lowerings, one after
+another and on one thread each, and prints the wall and CPU seconds of both and their ratio. The
+parallel figure is bounded by this host's cores: on a 2-core machine it can be at most 2x.
 
     python bench/compile_ahead.py                                   # Qwen3-0.6B, batch 8 and 16, 1xH200
     python bench/compile_ahead.py --shape 4b --batch 16 8 4 2 1 --hardware 1xH200
+    python bench/compile_ahead.py --config configs/kuhn_qwen3_4b_1xh200.py --hardware 1xH200
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ def main():
     parser.add_argument("--hardware", default="1xH200", help="an NVIDIA card or a TPU slice (spiral_jax/hardware.py)")
     parser.add_argument("--prompt", type=int, default=200, help="prompt tokens (bucketed)")
     parser.add_argument("--new_tokens", type=int, default=1024)
+    parser.add_argument("--config", help="a run config: compile its train step and old-log-prob pass instead")
     args = parser.parse_args()
     aot.prepare(args.hardware)
 
@@ -46,24 +49,43 @@ def main():
 
     tgt = aot.target(args.hardware)
     device = jax.sharding.SingleDeviceSharding(tgt.devices[0])
-    cfg = ModelConfig(**QWEN3[args.shape], compute_dtype="bfloat16")
     platform = tgt.devices[0].platform
-    with cpu.compiling_for(platform):
-        params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32, sharding=device),
-                              abstract_params(cfg))
+    with cpu.compiling_for(platform), aot.card_capability(tgt.name):
+        if args.config:
+            from spiral_jax.config import config_from_file
+            from spiral_jax.rl.train_step import make_compute_logprobs, make_train_step
+            from spiral_jax.run.setup import run_spec
+            from spiral_jax.sharding import make_mesh
 
-        def lowerings():
-            """Fresh lowerings: a new sampler's programs (JAX keeps a lowering's executable with it)."""
-            sampler = Sampler(cfg, max_prompt_len=args.prompt, max_cache_len=2 * args.prompt + args.new_tokens,
-                              compile_ahead=0)
-            return [sampler.lower(params, [[1] * args.prompt] * b, SamplingParams(args.new_tokens))
-                    for b in args.batch]
+            spec = run_spec(config_from_file(args.config), planning=True)
+            mesh = make_mesh(**spec.mesh, devices=tgt.devices)
+            p = aot.run_plan(spec, tgt, mesh)
+            state, batch, frozen, _ = aot.train_inputs(spec, p, mesh, platform)
 
-        print(f"Qwen3-{args.shape} sampler programs, batch {args.batch}, prompt {args.prompt} + "
-              f"{args.new_tokens} new tokens, compiled for {tgt.name} ({tgt.devices[0].device_kind}) on a "
-              f"host of {os.cpu_count()} cores")
+            def lowerings():
+                """Fresh lowerings: new jitted functions (JAX keeps a lowering's executable with it)."""
+                return [make_train_step(p.cfg, spec.train, mesh).lower(state, batch, *frozen),
+                        make_compute_logprobs(p.cfg, spec.train, mesh).lower(state.params, batch, *frozen)]
+
+            what = (f"{args.config}: the train step and the old-log-prob pass ({batch.shape[0]} rows x "
+                    f"{batch.shape[1]} slots)")
+        else:
+            cfg = ModelConfig(**QWEN3[args.shape], compute_dtype="bfloat16")
+            params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32, sharding=device),
+                                  abstract_params(cfg))
+
+            def lowerings():
+                """Fresh lowerings: a new sampler's programs (JAX keeps a lowering's executable with it)."""
+                sampler = Sampler(cfg, max_prompt_len=args.prompt, max_cache_len=2 * args.prompt + args.new_tokens,
+                                  compile_ahead=0)
+                return [sampler.lower(params, [[1] * args.prompt] * b, SamplingParams(args.new_tokens))
+                        for b in args.batch]
+
+            what = (f"Qwen3-{args.shape} sampler programs, batch {args.batch}, prompt {args.prompt} + "
+                    f"{args.new_tokens} new tokens")
+        print(f"{what}, compiled for {tgt.name} ({tgt.devices[0].device_kind}) on a host of {os.cpu_count()} cores")
         times = {}
-        for mode in ("one after another", f"{len(args.batch)} threads"):
+        for mode in ("one after another", "a thread each"):
             lowered = lowerings()
             start, used = time.perf_counter(), cpu_seconds()
             if mode == "one after another":

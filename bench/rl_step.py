@@ -70,7 +70,7 @@ from spiral_jax.models import transformer
 from spiral_jax.models.shapes import QWEN3
 from spiral_jax.run import Trainer
 from spiral_jax.rl.samples import pack
-from spiral_jax.rl.train_step import make_compute_logprobs, make_train_step
+from spiral_jax.rl.train_step import Update
 from spiral_jax.run.setup import run_spec
 from spiral_jax.sampling import SamplingParams
 from spiral_jax.sampling.ahead import WAIT_EVENT
@@ -273,7 +273,8 @@ class Probes:
     def __init__(self, trainer):
         self.calls, self.engines = SamplerCalls(trainer.sampler), EngineCalls(trainer.rollout)
         self.played = Played(trainer)
-        self.update = trainer.update = TimedUpdate(trainer.cfg, trainer.spec.train, trainer.mesh)
+        self.update = trainer.update = TimedUpdate(trainer.cfg, trainer.spec.train, trainer.mesh,
+                                                   trainer.sampler.ahead)
 
     def reset(self):
         self.calls.calls, self.engines.seconds, self.engines.decodes = [], 0.0, []
@@ -295,39 +296,37 @@ class Played:
         return collected
 
 
-class TimedUpdate:
-    """`make_update` of the recipe (no KL term), its parts timed apart: PPO's old log-probs, then the
-    epochs; it also counts the batch's tokens per row for the FLOPs."""
+class TimedUpdate(Update):
+    """The recipe's `Update` (no KL term), its parts timed apart: PPO's old log-probs, then the epochs;
+    it also counts the batch's tokens per row for the FLOPs."""
 
-    def __init__(self, cfg, tc, mesh):
+    def __init__(self, cfg, tc, mesh, ahead):
         if tc.kl_coef:
             raise ValueError("bench/rl_step.py times the recipe's update, which has no KL term; use a "
                              "config with optim.kl_coef=0")
-        self.tc = tc
-        self.logprobs, self.train_step = make_compute_logprobs(cfg, tc, mesh), make_train_step(cfg, tc, mesh)
+        super().__init__(cfg, tc, mesh, ahead)
         self.seconds = {}
 
     def __call__(self, state, batch, ref_params=None, frozen=None):
-        weights = () if frozen is None else (frozen,)  # LoRA's frozen weights, as make_update takes them
         self.samples = sample_sizes(*jax.device_get((batch.segment_ids, batch.loss_mask)))
         self.slots, self.n_rows = batch.tokens.size, batch.shape[0]
-        self.batch, self.weights = batch, weights  # for a trace of the old log-probs pass (print_train)
+        # For a trace of the old log-probs pass (print_train); LoRA's frozen weights as `Update` takes them.
+        self.batch, self.weights = batch, () if frozen is None else (frozen,)
         self.seconds = {}
-        if not self.tc.on_policy:
-            old, self.seconds["old log-probs"], compiled = run_timed(
-                lambda: jax.block_until_ready(self.logprobs(state.params, batch, *weights)))
-            batch = batch._replace(old_logprobs=old)
-            progress(f"old log-probs: {self.n_rows} rows of {batch.tokens.shape[1]} slots, "
-                     f"{self.seconds['old log-probs']:.1f} s and {compiled:.1f} s making programs")
+        return super().__call__(state, batch, ref_params, frozen)
 
-        def epochs(state):
-            metrics = []
-            for _ in range(self.tc.epochs):
-                state, m = self.train_step(state, batch, *weights)
-                metrics.append(m)
-            return jax.block_until_ready((state, metrics))
+    def logprob_passes(self, state, batch, ref_params, weights):
+        if self.tc.on_policy:
+            return batch
+        batch, self.seconds["old log-probs"], compiled = run_timed(
+            lambda: jax.block_until_ready(super(TimedUpdate, self).logprob_passes(state, batch, ref_params, weights)))
+        progress(f"old log-probs: {self.n_rows} rows of {batch.tokens.shape[1]} slots, "
+                 f"{self.seconds['old log-probs']:.1f} s and {compiled:.1f} s making programs")
+        return batch
 
-        (state, metrics), self.seconds["train"], compiled = run_timed(epochs, state)
+    def epochs(self, state, batch, weights):
+        (state, metrics), self.seconds["train"], compiled = run_timed(
+            lambda: jax.block_until_ready(super(TimedUpdate, self).epochs(state, batch, weights)))
         progress(f"train: {self.tc.epochs} epochs, {self.seconds['train']:.1f} s and {compiled:.1f} s making programs")
         return state, metrics
 
@@ -444,7 +443,7 @@ def main():
                         "into a training row (1: a row each; default: the config's, auto)")
     parser.add_argument("--schedule", choices=["rounds", "continuous"], help="rollout.schedule")
     parser.add_argument("--max_in_flight", type=int, help="rollout.max_in_flight")
-    parser.add_argument("--compile_ahead", type=int, help="compile_ahead: threads compiling the sampler's "
+    parser.add_argument("--compile_ahead", type=int, help="compile_ahead: threads compiling the "
                         "next programs in the background (default: the config's; 0 off)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: the "
                         "config's, float32 on CPU)")
@@ -486,7 +485,7 @@ def main():
         reads = measured_bandwidth()
         print(f"device: {bandwidth / 1e12:.3g} TB/s, {peak / 1e12:.3g} TFLOP/s ({rates}); a plain reduction "
               f"reads {reads / 1e12:.3g} TB/s here; {trainer.sampler.ahead.workers} threads compile the "
-              f"sampler's next programs ahead")
+              f"next programs ahead (the sampler's, the train step)")
         probes = Probes(trainer)
         if args.rollout_only:
             print_rollout_reads(trainer, c, probes, args.rollout_only, bandwidth)
@@ -755,7 +754,7 @@ def print_train(cfg, c, update, peak, params) -> float:
     print(line)
     if logprob_s and jax.default_backend() == "gpu":
         print_pass_kernels("the old log-probs pass (the epochs' forward)", lambda: jax.block_until_ready(
-            update.logprobs(params, update.batch, *update.weights)), logprob_s, train_flops(cfg, update.samples, 1, False))
+            update.compute_logprobs(params, update.batch, *update.weights)), logprob_s, train_flops(cfg, update.samples, 1, False))
     return mfu
 
 

@@ -45,7 +45,7 @@ def test_tiny_step_prints_its_breakdown_and_the_summary_line():
     # apart, and none of them is taken out of the phases below.
     result = _run_tiny_bench("--steps", "2", "--time_limit", "1", "--compile_ahead", "2")
     lines = result.stdout.strip().splitlines()
-    assert "2 threads compile the sampler's next programs ahead" in result.stdout, result.stdout
+    assert "2 threads compile the next programs ahead" in result.stdout, result.stdout
     assert re.search(r"^step 1 of 2: .*; \d+ of the programs compiled ahead on background threads", result.stdout,
                      re.M), result.stdout
     assert re.search(r"^stopping after step 1: another \(about \d+ s\) would end past --time_limit 1 s$",

@@ -11,13 +11,14 @@ With LoRA (`cfg.lora_rank > 0`) the trained tree is the adapters alone (`models.
 optimiser and the gradients hold only them, and every function here takes the frozen weights as
 `frozen`, joined with the adapters inside the program.
 
-`epochs == 1` is REINFORCE. `epochs > 1` is the reference's PPO learner: `make_update` recomputes the
+`epochs == 1` is REINFORCE. `epochs > 1` is the reference's PPO learner: `Update` recomputes the
 old log-probs with the current parameters (so epoch 1 is exactly REINFORCE), then takes `epochs`
 clipped steps on the same batch.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import NamedTuple
 
 import jax
@@ -27,6 +28,7 @@ import optax
 from spiral_jax.models import ModelConfig, abstract_params, lora, param_shardings
 from spiral_jax.rl import losses
 from spiral_jax.rl.samples import Batch, batch_shardings
+from spiral_jax.sampling.ahead import CompileAhead
 from spiral_jax.sharding import Rules, batch_shards, constrain
 
 SCHEDULES = ("constant", "linear", "cosine")
@@ -259,32 +261,56 @@ def make_compute_logprobs(cfg: ModelConfig, tc: TrainConfig, mesh=None):
                    out_shardings=batch_shardings(mesh).loss_mask)
 
 
-def make_update(cfg: ModelConfig, tc: TrainConfig, mesh=None):
+class Update:
     """(state, batch, ref_params=None, frozen=None) -> (state, [metrics per epoch]): one iteration on a
-    packed batch.
+    packed batch (`make_update`).
 
     With epochs > 1 the old log-probs are first recomputed by the learner; with kl_coef > 0 the
     reference log-probs come from `ref_params` (trained parameters, on the TRAIN layout). frozen: the
     weights beside LoRA adapters. Pass a batch already on the mesh (`samples.shard_batch`) so the
     epochs do not transfer it again.
-    """
-    train_step = make_train_step(cfg, tc, mesh)
-    compute_logprobs = make_compute_logprobs(cfg, tc, mesh)
 
-    def update(state: TrainState, batch: Batch, ref_params=None, frozen=None):
-        if bool(cfg.lora_rank) != (frozen is not None):
+    A batch of a new shape makes two programs, the log-prob pass and the train step, each tens of
+    seconds of XLA's compiling at a real size. With `ahead` (a `CompileAhead` with threads) the train
+    step compiles on a background thread while this one makes and runs the log-prob pass.
+    """
+
+    def __init__(self, cfg: ModelConfig, tc: TrainConfig, mesh=None, ahead: CompileAhead | None = None):
+        self.cfg, self.tc = cfg, tc
+        self.train_step = make_train_step(cfg, tc, mesh)
+        self.compute_logprobs = make_compute_logprobs(cfg, tc, mesh)
+        self.ahead = ahead or CompileAhead(0)
+
+    def __call__(self, state: TrainState, batch: Batch, ref_params=None, frozen=None):
+        if bool(self.cfg.lora_rank) != (frozen is not None):
             raise ValueError("LoRA training needs the frozen weights (frozen=...), and only LoRA takes them")
+        if self.tc.kl_coef and ref_params is None:
+            raise ValueError("kl_coef > 0 needs the frozen reference's parameters (ref_params)")
         weights = () if frozen is None else (frozen,)
-        if tc.kl_coef:
-            if ref_params is None:
-                raise ValueError("kl_coef > 0 needs the frozen reference's parameters (ref_params)")
-            batch = batch._replace(ref_logprobs=compute_logprobs(ref_params, batch, *weights))
-        if not tc.on_policy:
-            batch = batch._replace(old_logprobs=compute_logprobs(state.params, batch, *weights))
+        program = ("train step", id(self), tuple(x.shape for x in batch))
+        if self.tc.kl_coef or not self.tc.on_policy:  # the passes' log-probs keep the batch's types
+            self.ahead.submit(program, functools.partial(self.train_step.lower, state, batch, *weights))
+        batch = self.logprob_passes(state, batch, ref_params, weights)
+        self.ahead.wait(program)
+        return self.epochs(state, batch, weights)
+
+    def logprob_passes(self, state: TrainState, batch: Batch, ref_params, weights: tuple) -> Batch:
+        """The batch with the reference's log-probs (kl_coef > 0) and PPO's old ones (epochs > 1)."""
+        if self.tc.kl_coef:
+            batch = batch._replace(ref_logprobs=self.compute_logprobs(ref_params, batch, *weights))
+        if not self.tc.on_policy:
+            batch = batch._replace(old_logprobs=self.compute_logprobs(state.params, batch, *weights))
+        return batch
+
+    def epochs(self, state: TrainState, batch: Batch, weights: tuple):
+        """`epochs` train steps on the batch: (state, [metrics per epoch])."""
         metrics = []
-        for _ in range(tc.epochs):
-            state, m = train_step(state, batch, *weights)
+        for _ in range(self.tc.epochs):
+            state, m = self.train_step(state, batch, *weights)
             metrics.append(m)
         return state, metrics
 
-    return update
+
+def make_update(cfg: ModelConfig, tc: TrainConfig, mesh=None, ahead: CompileAhead | None = None) -> Update:
+    """The learner's iteration on a packed batch: see `Update`."""
+    return Update(cfg, tc, mesh, ahead)

@@ -89,7 +89,7 @@ class Trainer:
                                api=spec.api)
         self.eval_ctx = eval_context(spec, self.sample_cfg, None, self.tokenizer, self.sample_mesh,
                                      sampler=self.sampler)
-        self.update = make_update(self.cfg, spec.train, self.mesh)
+        self.update = make_update(self.cfg, spec.train, self.mesh, ahead=self.sampler.ahead)
         self.frozen = self._frozen_opponent()
         base_id = base_fingerprint(spec) if self.cfg.lora_rank else None
         self.state = RunState(init_train_state(params, self.cfg, spec.train, self.mesh), lora_base=base_id,

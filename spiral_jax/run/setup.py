@@ -148,7 +148,7 @@ class RunSpec:
     config: dict  # the resolved config (TensorBoard, Weights & Biases)
     config_json: str  # the same, as written to out_dir/config.json and into checkpoints
     config_file: str = ""
-    compile_ahead: int = -1  # background threads compiling the sampler's next programs; -1: auto
+    compile_ahead: int = -1  # background threads compiling the next programs; -1: auto
 
     @property
     def cache_len(self) -> int:
@@ -264,7 +264,7 @@ def run_spec(c: ConfigDict, config_file: str = "", planning: bool = False) -> Ru
             raise ValueError(f"{key}={n}: evaluation plays each matchup from both seats equally; give an even "
                              f"number of games (0: none)")
     if c.compile_ahead < -1:
-        raise ValueError(f"compile_ahead={c.compile_ahead}: give the threads that compile the sampler's next programs "
+        raise ValueError(f"compile_ahead={c.compile_ahead}: give the threads that compile the next programs "
                          f"in the background, 0 for none, or -1 for the default (none on a CPU)")
     if m.every and not m.files:
         raise ValueError("eval.math.every needs eval.math.files: the benchmarks to run, as (\"NAME=items.jsonl\", ...)")

@@ -11,7 +11,8 @@ A program compiled through `jax.jit(...).lower(...).compile()` is the one a late
 jitted function with arguments of the same types runs: JAX keeps the executable with the lowering, so
 the call does not compile again. A caller waits for a program still compiling here rather than
 compile it a second time (`wait`), and that wait is reported to `jax.monitoring` as WAIT_EVENT, so
-timers that leave out program making can leave it out too. A compile that fails here is dropped: the
+timers that leave out program making can leave it out too. A program no thread has begun yet is
+taken off the queue instead: the caller compiles it at once rather than wait behind others. A compile that fails here is dropped: the
 caller's own call then compiles the program, and raises what is wrong where it can be handled.
 
 On a CPU backend the same cores run the programs, so compiling ahead only slows them down:
@@ -63,12 +64,14 @@ class CompileAhead:
 
     submit(key, lower) queues `lower().compile()` once per key; `lower` runs on the worker under the
     submitter's context variables (what platform a program is traced for, say). wait(key) returns
-    once that key's compile has ended, at once for a key never submitted."""
+    once that key's compile has ended; at once for a key never submitted, and for one still queued,
+    which it drops (the caller's own call compiles it)."""
 
     def __init__(self, workers: int):
         self.workers = workers
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._ended: dict[Hashable, threading.Event] = {}
+        self._queued: set[Hashable] = set()  # submitted, not yet taken by a thread or a caller
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._closed = False
@@ -85,6 +88,7 @@ class CompileAhead:
             if key in self._ended:
                 return False
             self._ended[key] = threading.Event()
+            self._queued.add(key)
             self._jobs.put((key, contextvars.copy_context(), lower))
             if len(self._threads) < self.workers:
                 thread = threading.Thread(target=self._work, name=f"spiral-jax-compile-{len(self._threads)}",
@@ -95,10 +99,16 @@ class CompileAhead:
         return True
 
     def wait(self, key: Hashable) -> None:
-        """Return once `key`'s compile has ended (at once if it never was queued)."""
+        """Return once `key`'s compile has ended; at once if it never was queued or no thread has
+        begun it (then it is dropped, for the caller to compile)."""
         ended = self._ended.get(key)
         if ended is None or ended.is_set():
             return
+        with self._lock:
+            if key in self._queued:
+                self._queued.discard(key)
+                ended.set()
+                return
         start = time.perf_counter()
         ended.wait()
         jax.monitoring.record_event_duration_secs(WAIT_EVENT, time.perf_counter() - start)
@@ -122,12 +132,16 @@ class CompileAhead:
                         self._threads.remove(threading.current_thread())
                         return
                 continue
+            with self._lock:  # a job a caller took is left to the caller's own call
+                mine = key in self._queued
+                self._queued.discard(key)
             try:
-                if not self._closed:
+                if mine and not self._closed:
                     lowered = context.run(lower)
                     lower = None  # what it holds (the parameters) is not needed to compile
                     context.run(lowered.compile)
             except Exception:  # noqa: BLE001 - the caller's own call compiles it, and raises there
                 pass
             finally:
+                lower = lowered = None  # nothing of the job outlives it, while the thread idles
                 self._ended[key].set()

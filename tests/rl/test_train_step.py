@@ -1,5 +1,7 @@
 """The jitted train step: 8-device == 1-device, the NaN guard, learning direction, PPO epochs, the
-sampler hand-over, and the optimiser settings."""
+train step compiled beside the old-log-prob pass, the sampler hand-over, and the optimiser settings."""
+import threading
+
 import jax
 import numpy as np
 import pytest
@@ -9,6 +11,7 @@ from spiral_jax.rl.reshard import make_policy, make_reshard, sample_config, spli
 from spiral_jax.rl.samples import TurnSample, pack, shard_batch
 from spiral_jax.rl.train_step import (TrainConfig, init_train_state, make_compute_logprobs,
                                       make_schedule, make_train_step, make_update)
+from spiral_jax.sampling.ahead import CompileAhead
 from spiral_jax.sharding import Rules, make_mesh
 from tests.rl.helpers import TINY, random_samples
 
@@ -127,6 +130,35 @@ def test_ppo_update_with_tis_and_kl(host_params, logprobs):
     good0, bad0 = _response_logprob(sampled, batch)
     good1, bad1 = _response_logprob(logprobs(state.params, batch), batch)
     assert good1 > good0 and bad1 < bad0
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_the_train_step_compiles_beside_the_old_log_prob_pass(host_params, sharded):
+    """With a compile-ahead thread the epochs' program compiles in the background while the old-log-prob
+    pass is made; the epochs then run it without compiling again, and update as without the thread."""
+    tc = TrainConfig(learning_rate=3e-3, epochs=2, clip=0.2, micro_batch_size=4, logprob_chunk=16)
+    mesh = make_mesh(data=2, fsdp=2, tensor=2) if sharded else None
+    batch = shard_batch(_toy_batch(), mesh)
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, seconds, **kw: compiles.append((kw.get("fun_name"), threading.current_thread().name))
+        if event.endswith("backend_compile_duration") else None)
+    update, state = make_update(TINY, tc, mesh, ahead=CompileAhead(1)), _state(host_params, tc, mesh)
+    start = len(compiles)
+    state, metrics = update(state, batch)
+    made = compiles[start:]
+    assert sorted(name for name, _ in made) == ["jit(compute)", "jit(step)"], made
+    assert [thread for name, thread in made if name == "jit(step)"][0].startswith("spiral-jax-compile")
+    start = len(compiles)
+    state, metrics = update(state, batch)
+    assert compiles[start:] == [], "a batch of the same shape compiled again"
+
+    plain, want = make_update(TINY, tc, mesh), _state(host_params, tc, mesh)
+    for _ in range(2):
+        want, want_metrics = plain(want, batch)
+    for got, expected in zip(jax.tree.leaves(state.params), jax.tree.leaves(want.params)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-6, atol=1e-7)
+    assert [float(m["loss"]) for m in metrics] == pytest.approx([float(m["loss"]) for m in want_metrics], abs=1e-6)
 
 
 def test_reshard_hands_the_same_values_to_the_sample_layout(host_params):

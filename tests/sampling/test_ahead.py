@@ -62,6 +62,20 @@ def test_a_call_waits_for_its_program_compiling_ahead(qwen3):
     assert waits and max(waits) > 0.5
 
 
+def _gated(gate: threading.Event, compiled: list):
+    """A stand-in lowering whose compile waits for `gate`, then notes its name in `compiled`."""
+
+    class Lowered:
+        def __init__(self, name):
+            self.name = name
+
+        def compile(self):
+            gate.wait(5)
+            compiled.append(self.name)
+
+    return Lowered
+
+
 def test_compile_ahead_queue():
     """Each key is compiled once; a failed compile is dropped; the job sees the submitter's context."""
     ahead = CompileAhead(workers=2)
@@ -86,6 +100,26 @@ def test_compile_ahead_queue():
     ahead.wait("a"), ahead.wait("b"), ahead.wait("c")  # "c" was never queued: no wait
     assert seen == ["tpu"]
     assert not CompileAhead(workers=0).submit("a", Lowered)
+
+
+def test_a_caller_takes_back_a_program_no_thread_has_begun():
+    """wait() on a program still queued behind others drops it at once, for the caller to compile, rather
+    than wait for the programs ahead of it; the threads then skip it."""
+    ahead, gate, compiled = CompileAhead(workers=1), threading.Event(), []
+    Lowered = _gated(gate, compiled)
+    ahead.submit("busy", lambda: Lowered("busy"))
+    ahead.submit("queued", lambda: Lowered("queued"))
+    ahead.submit("later", lambda: Lowered("later"))
+    time.sleep(0.1)  # the one thread has taken the first job, and waits at the gate
+    start = time.perf_counter()
+    ahead.wait("queued")
+    assert time.perf_counter() - start < 0.5 and compiled == []
+    gate.set()
+    deadline = time.monotonic() + 5  # not wait("later"): that too would take it back if still queued
+    while len(compiled) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert compiled == ["busy", "later"] and "queued" in ahead
+    assert not ahead.submit("queued", lambda: Lowered("queued")), "a key taken back is not queued again"
 
 
 def test_auto_workers():
@@ -132,15 +166,7 @@ def test_close_drops_what_has_not_started_and_idle_threads_end(monkeypatch):
 
     monkeypatch.setattr(ahead_module, "_IDLE_SECONDS", 0.2)
     ahead, gate, compiled = CompileAhead(workers=1), threading.Event(), []
-
-    class Lowered:
-        def __init__(self, name):
-            self.name = name
-
-        def compile(self):
-            gate.wait(5)
-            compiled.append(self.name)
-
+    Lowered = _gated(gate, compiled)
     ahead.submit("running", lambda: Lowered("running"))
     ahead.submit("queued", lambda: Lowered("queued"))
     time.sleep(0.1)  # the one thread has taken the first job
