@@ -113,14 +113,20 @@ class CompileAhead:
         ended.wait()
         jax.monitoring.record_event_duration_secs(WAIT_EVENT, time.perf_counter() - start)
 
+    def join(self, timeout: float | None = None) -> bool:
+        """Return once every program queued so far has been compiled here (none is taken back), or
+        after `timeout` seconds; whether all have."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for ended in list(self._ended.values()):
+            if not ended.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
+                return False
+        return True
+
     def close(self, timeout: float | None = None) -> None:
         """Queue nothing more, drop what has not started, and return once the compiles running end (or
         after `timeout` seconds)."""
         self._closed = True
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for ended in list(self._ended.values()):
-            if not ended.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
-                return
+        self.join(timeout)
 
     def _work(self) -> None:
         while True:

@@ -30,8 +30,7 @@ def test_smaller_buckets_compile_ahead_and_are_not_compiled_again(qwen3):
     first = ahead.generate(params, PROMPTS, sp, seed=3)
     queued = [((rows, 32), 32 + 8, "plain") for rows in (2, 1)]  # prompt bucket 32, 8 new-token slots
     assert all(key in ahead.ahead for key in queued)
-    for key in queued:
-        ahead.ahead.wait(key)
+    ahead.ahead.join()  # not wait(key), which takes back a program no thread has begun
     before = compile_count()
     two = ahead.generate(params, PROMPTS[2:], sp, seed=3, row_ids=[2, 3])
     one = ahead.generate(params, PROMPTS[2:3], sp, seed=3, row_ids=[2])  # the 20 tokens keep bucket 32
@@ -97,7 +96,8 @@ def test_compile_ahead_queue():
     assert ahead.submit("b", lambda: Lowered(fail=True))
     assert "a" in ahead and "b" in ahead and "c" not in ahead
     gate.set()
-    ahead.wait("a"), ahead.wait("b"), ahead.wait("c")  # "c" was never queued: no wait
+    assert ahead.join(5)
+    ahead.wait("c")  # never queued: no wait
     assert seen == ["tpu"]
     assert not CompileAhead(workers=0).submit("a", Lowered)
 
@@ -115,9 +115,7 @@ def test_a_caller_takes_back_a_program_no_thread_has_begun():
     ahead.wait("queued")
     assert time.perf_counter() - start < 0.5 and compiled == []
     gate.set()
-    deadline = time.monotonic() + 5  # not wait("later"): that too would take it back if still queued
-    while len(compiled) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert ahead.join(5)  # not wait("later"), which would take it back if no thread had begun it
     assert compiled == ["busy", "later"] and "queued" in ahead
     assert not ahead.submit("queued", lambda: Lowered("queued")), "a key taken back is not queued again"
 
@@ -155,8 +153,7 @@ def test_engine_compiles_the_windows_its_rows_grow_into_ahead():
         out.update({f.request.row_id: f.tokens for f in engine.decode(params)})
     queued = [w for w in engine.windows if (engine._programs, w) in sampler.ahead]
     assert queued and min(queued) > min(used) and max(queued) == engine.windows[-1]
-    for w in queued:
-        sampler.ahead.wait((engine._programs, w))
+    sampler.ahead.join()
     assert len(decodes) - start == len(set(used) | set(queued)), "a window's decode program compiled twice"
     assert [out[i] for i in range(len(prompts))] == ref.tokens
 
@@ -193,8 +190,7 @@ def test_a_sharded_sampler_runs_the_programs_compiled_ahead(qwen3):
     plen, slots = sampler._buckets(prompts, sp)
     queued = [((rows, plen), slots, "plain") for rows in (8, 4)]
     assert all(key in sampler.ahead for key in queued) and ((2, plen), slots, "plain") not in sampler.ahead
-    for key in queued:
-        sampler.ahead.wait(key)
+    sampler.ahead.join()
     before = compile_count()
     eight = sampler.generate(params, prompts[:8], sp, seed=1)  # the longest prompt keeps the prompt bucket
     assert compile_count() == before, "the program compiled ahead was compiled again"
