@@ -10,10 +10,11 @@
 #      first step took 317 and 409 s, of which 236 and 330 s tracing and compiling 10-11 programs
 #      (one sampler program per batch bucket and prompt bucket, each with its decode step unrolled
 #      over 36 layers, plus the train step and the old-log-prob pass), so about 80 s of step; a
-#      machine's start takes its seconds too. Those runs compiled one program at a time; the sampler now
-#      compiles its smaller batch buckets ahead on background threads (8 on a 16-core host), which the
-#      step line counts apart, so the first step should make its programs faster (not yet measured on
-#      a GPU; compare --compile_ahead 0). The bench starts the second step only if it ends by
+#      machine's start takes its seconds too. Those runs compiled one program at a time; now the
+#      sampler compiles its smaller batch buckets ahead on background threads (8 on a 16-core host),
+#      and the learner its train step beside the old-log-prob pass, which the step line counts apart,
+#      so the first step should make its programs faster (not yet measured on a GPU; compare
+#      --compile_ahead 0). The bench starts the second step only if it ends by
 #      PRESET_S less 100 s (--time_limit), which leaves the report its time (its batch-1 decode
 #      and kernel traces run programs the step compiled). Limit PRESET_S, default 560 s.
 #   small: bench/rl_step.py at the Qwen3-0.6B shape with the paper's sizes (128 samples, 64 games per
