@@ -270,9 +270,9 @@ class Update:
     weights beside LoRA adapters. Pass a batch already on the mesh (`samples.shard_batch`) so the
     epochs do not transfer it again.
 
-    A batch of a new shape makes two programs, the log-prob pass and the train step, each tens of
-    seconds of XLA's compiling at a real size. With `ahead` (a `CompileAhead` with threads) the train
-    step compiles on a background thread while this one makes and runs the log-prob pass.
+    A batch of a new shape makes two programs, the log-prob pass and the train step (tens of seconds
+    of XLA's compiling at a real size). With `ahead` (a `CompileAhead` with threads) the train step
+    compiles on a background thread while this one makes and runs the log-prob pass.
     """
 
     def __init__(self, cfg: ModelConfig, tc: TrainConfig, mesh=None, ahead: CompileAhead | None = None):
