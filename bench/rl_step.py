@@ -310,14 +310,13 @@ class TimedUpdate(Update):
     def __call__(self, state, batch, ref_params=None, frozen=None):
         self.samples = sample_sizes(*jax.device_get((batch.segment_ids, batch.loss_mask)))
         self.slots, self.n_rows = batch.tokens.size, batch.shape[0]
-        # For a trace of the old log-probs pass (print_train); LoRA's frozen weights as `Update` takes them.
-        self.batch, self.weights = batch, () if frozen is None else (frozen,)
         self.seconds = {}
         return super().__call__(state, batch, ref_params, frozen)
 
     def logprob_passes(self, state, batch, ref_params, weights):
         if self.tc.on_policy:
             return batch
+        self.batch, self.weights = batch, weights  # for a trace of the pass (print_train)
         batch, self.seconds["old log-probs"], compiled = run_timed(
             lambda: jax.block_until_ready(super(TimedUpdate, self).logprob_passes(state, batch, ref_params, weights)))
         progress(f"old log-probs: {self.n_rows} rows of {batch.tokens.shape[1]} slots, "

@@ -12,8 +12,9 @@ jitted function with arguments of the same types runs: JAX keeps the executable 
 the call does not compile again. A caller waits for a program still compiling here rather than
 compile it a second time (`wait`), and that wait is reported to `jax.monitoring` as WAIT_EVENT, so
 timers that leave out program making can leave it out too. A program no thread has begun yet is
-taken off the queue instead: the caller compiles it at once rather than wait behind others. A compile that fails here is dropped: the
-caller's own call then compiles the program, and raises what is wrong where it can be handled.
+taken off the queue instead: the caller compiles it at once rather than wait behind others. A
+compile that fails here is dropped: the caller's own call then compiles the program, and raises what
+is wrong where it can be handled.
 
 On a CPU backend the same cores run the programs, so compiling ahead only slows them down:
 `auto_workers` gives 0 there. At exit, compiles not yet started are dropped and those running are
@@ -114,8 +115,8 @@ class CompileAhead:
         jax.monitoring.record_event_duration_secs(WAIT_EVENT, time.perf_counter() - start)
 
     def join(self, timeout: float | None = None) -> bool:
-        """Return once every program queued so far has been compiled here (none is taken back), or
-        after `timeout` seconds; whether all have."""
+        """Return once every program queued so far has ended (compiled here, or taken back by a
+        caller's `wait`; join takes none back), or after `timeout` seconds; whether all have."""
         deadline = None if timeout is None else time.monotonic() + timeout
         for ended in list(self._ended.values()):
             if not ended.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
