@@ -274,6 +274,40 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
     return x, cache
 
 
+@jax.custom_vjp
+def _layer_backward(weights, x):
+    """The identity on one layer's weights and its input. In the backward, the layer's weight gradients
+    and the gradient for the layer below pass one optimization barrier together, so the layer below's
+    backward cannot begin before this layer's weight-gradient products have run.
+
+    Without it, XLA's GPU scheduler (the latency-hiding one, the default from jax 0.11 on) may move
+    every unrolled layer's weight-gradient products to the end of the backward, and each layer's
+    activation gradients then wait in memory for them (docs/performance.md). A scanned stack needs
+    none: each step of its loop ends with its layer's gradients. Taking the weights in the compute
+    dtype keeps the barrier on the products' own outputs, so their cast to fp32 still fuses into the
+    gradient accumulation."""
+    return weights, x
+
+
+def _layer_backward_fwd(weights, x):
+    return (weights, x), None
+
+
+def _layer_backward_bwd(_, grads):
+    return jax.lax.optimization_barrier(grads)
+
+
+_layer_backward.defvjp(_layer_backward_fwd, _layer_backward_bwd)
+
+
+def _cast_weights(tree, dt):
+    """Every weight of `tree` in dtype dt but the norms, which `rms_norm` scales in fp32."""
+    def cast(path, x):
+        return x if str(getattr(path[-1], "key", "")).endswith("norm") else x.astype(dt)
+
+    return jax.tree_util.tree_map_with_path(cast, tree)
+
+
 def _per_layer(stack, num_layers: int) -> list:
     """A stacked layer tree as a per-layer list of trees, each a slice of the stack."""
     return [jax.tree.map(lambda a: a[i], stack) for i in range(num_layers)]
@@ -317,16 +351,21 @@ def decoder(params, cfg: ModelConfig, tokens, positions, kv_mask, cache: KVCache
     kv_mask = kv_mask.astype(jnp.int32 if segmented else bool)
     inv_freq = rope_inv_freq(cfg)
 
+    layers = params["layers"]
+    if isinstance(layers, dict) and cache is not None and tokens.shape[1] == 1 and cpu.platform() == "gpu":
+        layers = _per_layer(layers, cfg.num_layers)
+    # Unrolled layers that may be differentiated run their backward a layer at a time (`_layer_backward`).
+    in_order = cache is None and not isinstance(layers, dict)
+
     def block(x, p, layer, cache, last_only):
+        if in_order:
+            p, x = _layer_backward(_cast_weights(p, dt), x)
         return _block(cfg, rules, inv_freq, x, p, layer, positions, kv_mask, segments, cache, cache_start,
                       cache_rows, kv_len, last_only)
 
     if cfg.remat:
         keep = jax.checkpoint_policies.save_only_these_names(*cfg.remat_saves) if cfg.remat_saves else None
         block = jax.checkpoint(block, static_argnums=(4,), policy=keep)
-    layers = params["layers"]
-    if isinstance(layers, dict) and cache is not None and tokens.shape[1] == 1 and cpu.platform() == "gpu":
-        layers = _per_layer(layers, cfg.num_layers)
     if isinstance(layers, dict):  # stacked (scan_layers), else a per-layer list
         def step(carry, xs):
             x, cache = carry
@@ -353,14 +392,9 @@ def compute_weights(params, cfg: ModelConfig, unstack: bool = False):
     unstack: stacked layers (scan_layers) come back as a per-layer list, which `decoder` runs
     unrolled and XLA:GPU's products read in place at any row count, one row included.
     """
-    dt = jnp.dtype(cfg.compute_dtype)
     if unstack and isinstance(params["layers"], dict):
         params = dict(params, layers=_per_layer(params["layers"], cfg.num_layers))
-
-    def cast(path, x):
-        return x if str(getattr(path[-1], "key", "")).endswith("norm") else x.astype(dt)
-
-    return jax.tree_util.tree_map_with_path(cast, params)
+    return _cast_weights(params, jnp.dtype(cfg.compute_dtype))
 
 
 def decode_weights(params, cfg: ModelConfig):

@@ -64,3 +64,26 @@ def test_remat_saves_names_what_a_layer_can_keep():
     assert _config(remat_saves=["mlp"]).remat_saves == ("mlp",)
     with pytest.raises(ValueError, match="remat_saves=.*one of qkv, mlp"):
         _config(remat_saves=("attention",))
+
+
+
+def _layer_barriers(cfg: ModelConfig, differentiate: bool = True) -> int:
+    """Optimization barriers in the program that pass one layer's weights' gradients and a [B, T, D]
+    activation gradient together."""
+    params = init_params(cfg, jax.random.key(0))
+    leaves = len(jax.tree.leaves(init_params(cfg.replace(num_layers=1, scan_layers=False), jax.random.key(0))["layers"]))
+    program = jax.jit(jax.grad(_loss(cfg)) if differentiate else _loss(cfg)).lower(params).as_text()
+    return sum(f":{leaves + 1} = stablehlo.optimization_barrier" in line and line.endswith("x32xf32>")
+               for line in program.splitlines())
+
+
+@pytest.mark.parametrize("remat", [False, True])
+def test_unrolled_layers_run_their_backward_a_layer_at_a_time(remat):
+    """Each unrolled layer's weight gradients and its input's gradient leave the backward through one
+    barrier, so the compiler cannot put the weight-gradient products of every layer at the end while
+    all the layers' activation gradients wait for them (XLA:GPU's scheduler did). A scanned stack's
+    loop orders them already; a forward without gradients has none."""
+    cfg = _config(remat=remat)
+    assert _layer_barriers(cfg) == LAYERS
+    assert _layer_barriers(cfg.replace(scan_layers=True)) == 0
+    assert _layer_barriers(cfg, differentiate=False) == 0
