@@ -112,9 +112,9 @@ def attention(q, k, v, q_slots, kv_mask):
     Both products are plain batched matmuls over (row, KV head), the softmax over the keys, the minor
     axis. For one query per row (a decode step) on CPU the keys lead the score product instead, which
     XLA:CPU runs faster (docs/performance.md); XLA:GPU fuses the minor-axis softmax into one kernel.
-    For one query per row on a GPU the value product is a product and a sum over the slots: XLA:GPU's
-    gemm kernels take a layer's window of the stacked cache only as a copy, made every step, where a
-    reduction reads the values in place.
+    For one query per row on a GPU both products are a product and a sum, over head_dim for the scores
+    and over the slots for the values: XLA:GPU's gemm kernels may take a layer's window of the stacked
+    cache only as a copy, made every step, where a reduction reads the keys and values in place.
     """
     b, t, h, hd = q.shape
     kv, g = k.shape[1], h // k.shape[1]
@@ -124,11 +124,15 @@ def attention(q, k, v, q_slots, kv_mask):
         scores = jnp.where(_allowed(kv_mask, q_slots)[:, 0, None, :, None], scores, MASKED)
         probs = jax.nn.softmax(scores, axis=2).astype(v.dtype)
         return jnp.einsum("bksg,bksd->bkgd", probs, v).reshape(b, 1, h, hd)
-    scores = jnp.matmul(qh, k.swapaxes(-1, -2), preferred_element_type=jnp.float32)
+    reduce = t == 1 and cpu.platform() == "gpu"
+    if reduce:
+        scores = jnp.sum(qh[:, :, :, None].astype(jnp.float32) * k[:, :, None].astype(jnp.float32), axis=-1)
+    else:
+        scores = jnp.matmul(qh, k.swapaxes(-1, -2), preferred_element_type=jnp.float32)
     scores = scores.reshape(b, kv, g, t, -1) * (hd ** -0.5)
     scores = jnp.where(_allowed(kv_mask, q_slots)[:, None, None], scores, MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kv, g * t, -1)
-    if t == 1 and cpu.platform() == "gpu":
+    if reduce:
         out = jnp.sum(probs[..., None].astype(jnp.float32) * v[:, :, None].astype(jnp.float32), axis=3)
         out = out.astype(v.dtype).reshape(b, kv, g, t, hd)
     else:

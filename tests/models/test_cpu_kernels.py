@@ -104,6 +104,6 @@ def test_decode_attention_equals_xla(rows, slots, window, kv, group, hd):
         args = (q[:, None], k[layer, :, :, :window], v[layer, :, :, :window], np.full((rows, 1), window - 1), allowed)
         want = np.asarray(attention(*args))[:, 0]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-        for platform in ("tpu", "gpu"):  # the accelerators' forms: queries first, on a GPU a reduction for the values
+        for platform in ("tpu", "gpu"):  # the accelerators' forms: queries first, on a GPU reductions
             with cpu.compiling_for(platform):
                 np.testing.assert_allclose(np.asarray(attention(*args))[:, 0], want, rtol=1e-5, atol=1e-5)
