@@ -66,7 +66,6 @@ def test_remat_saves_names_what_a_layer_can_keep():
         _config(remat_saves=("attention",))
 
 
-
 def _layer_barriers(cfg: ModelConfig, differentiate: bool = True) -> int:
     """Optimization barriers in the program that pass one layer's weights' gradients and a [B, T, D]
     activation gradient together."""
