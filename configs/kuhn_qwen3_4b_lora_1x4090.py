@@ -5,9 +5,13 @@ Full fine-tuning of Qwen3-4B needs fp32 weights, AdamW moments and gradients: 64
 first activation. LoRA freezes the weights in bf16 (7.5 GiB) and trains rank-32 adapters on every
 attention and MLP projection (about 33M parameters, with their Adam state under 0.5 GiB); the sampler
 applies the adapters in its forward (model.lora.sample="adapters"): a merged bf16 copy would not fit
-beside the frozen one. The rest is the paper's recipe: 128 samples a step, up to 4096 new tokens,
-2 PPO epochs, remat, micro-batches of one row of 6144 slots, 4 games per sampler call. The learning rate is LoRA's usual order (1e-5), not the full
-fine-tune's 1e-6: a starting point, not tuned. `spiral-jax plan` prints the memory (docs/memory.md).
+beside the frozen one. The layers run unrolled (model.scan_layers off): a decode step's products then
+read each layer's frozen weights in place, where out of a stack XLA:GPU copied them every step, and
+the step moves about its memory floor rather than 2.6 times it (docs/performance.md). The rest is
+the paper's recipe: 128 samples a step, up to 4096 new tokens, 2 PPO epochs, remat, micro-batches of
+one row of 6144 slots, 4 games per sampler call. The learning rate is LoRA's usual order (1e-5), not
+the full fine-tune's 1e-6: a starting point, not tuned. `spiral-jax plan` prints the memory
+(docs/memory.md).
 
     spiral-jax plan  --config configs/kuhn_qwen3_4b_lora_1x4090.py --hardware 1x4090
     spiral-jax train --config configs/kuhn_qwen3_4b_lora_1x4090.py --config.model.path=/ckpt/Qwen3-4B-Base
@@ -20,6 +24,7 @@ def get_config():
     c = config_from_file("spiral_kuhn_qwen3_4b.py", relative_to=__file__)
     c.out_dir = "runs/kuhn_qwen3_4b_lora_1x4090"
     c.model.lora.update(rank=32, alpha=64.0, sample="adapters")
+    c.model.scan_layers = False
     c.optim.learning_rate = 1e-5
     c.mesh.update(data=1, fsdp=1, tensor=1)
     c.optim.micro_batch_size = 1

@@ -225,7 +225,11 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
         """h times the weight `name`, plus its LoRA adapters' low-rank product where the layer has them."""
         out = dense_(h, w(name), n_in=n_in)
         if f"{name}_lora_a" in p:
-            low = dense_(dense_(h, w(f"{name}_lora_a"), n_in=n_in), w(f"{name}_lora_b"))
+            # A sampler's products are small enough for XLA's dot merger to join the adapter's first
+            # product with the frozen one over a concatenation of their weights: a copy of the frozen
+            # weight every step. Behind a barrier the adapter's input is a value of its own.
+            h_low = h if cache is None else jax.lax.optimization_barrier(h)
+            low = dense_(dense_(h_low, w(f"{name}_lora_a"), n_in=n_in), w(f"{name}_lora_b"))
             out = out + jnp.asarray(cfg.lora_scale, dt) * low
         return out
 

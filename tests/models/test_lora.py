@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spiral_jax.models import forward, init_params, load_pretrained, lora, save_adapter
+from spiral_jax.models import KVCache, cpu, decoder, forward, init_params, load_pretrained, lora, save_adapter
 from tests.tiny_models import FAMILIES, TINY, make_hf_model
 
 IDS = jnp.asarray(np.random.default_rng(0).integers(0, TINY.vocab_size, (2, 12)), jnp.int32)
@@ -92,3 +92,29 @@ def test_peft_export_loads_in_transformers_with_our_logits(tmp_path):
     ours = np.asarray(forward(lora.join(base, adapters), cfg, jnp.asarray(ids)))
     assert np.abs(theirs - np.asarray(forward(base, cfg.base(), jnp.asarray(ids)))).max() > 1e-3  # adapters act
     np.testing.assert_allclose(ours, theirs, atol=1e-4)
+
+
+
+def _barriers(cfg, params, cache) -> int:
+    """Optimization barriers in one step of the decoder as traced for a GPU (the CPU's products put
+    barriers of their own): a decode step with a cache, else a forward."""
+    tokens = IDS[:, :1] if cache is not None else IDS
+    mask = jnp.ones((IDS.shape[0], 8 if cache is not None else IDS.shape[1]), bool)
+    run = lambda p: decoder(p, cfg, tokens, jnp.zeros_like(tokens), mask, cache=cache)  # noqa: E731
+    with cpu.compiling_for("gpu"):
+        eqns = jax.make_jaxpr(run)(params).jaxpr.eqns
+    return sum(e.primitive.name == "optimization_barrier" for e in eqns)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_a_sampler_step_feeds_the_adapters_their_input_through_a_barrier(scan):
+    """Each projection's adapter product takes its input as a value of its own in a step with a cache,
+    so that XLA's dot merger cannot fold it into the frozen product over a concatenation of the two
+    weights, a copy of the frozen weight every decode step. A forward without a cache (training,
+    scoring) has no barrier: its products are past the merger's size limit."""
+    cfg = TINY.replace(lora_rank=4, lora_alpha=8.0, scan_layers=scan, remat=False)
+    full = lora.join(*_adapted(cfg))
+    cache = KVCache.zeros(cfg, IDS.shape[0], 8, jnp.float32)
+    assert _barriers(cfg, full, cache) == 7 * cfg.num_layers  # a GPU decode step runs a stack unrolled
+    assert _barriers(cfg, full, None) == 0
+    assert _barriers(cfg.base(), lora.merge(full, cfg), cache) == 0  # merged weights: no adapters

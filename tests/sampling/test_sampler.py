@@ -532,3 +532,21 @@ def test_bf16_greedy_decode_follows_the_bf16_forward(qwen3):
             assert token == int(np.argmax(logits[len(prompt) + t - 1])), (t, tokens)
             checked += 1
     assert checked >= 0.25 * sum(map(len, out.tokens)), checked
+
+
+def test_adapters_beside_the_frozen_weights_sample_like_the_merged_weights(qwen3):
+    """LoRA's sampler without a merged copy (`model.lora.sample="adapters"`, each adapter's input
+    behind a barrier in a decode step) decodes the merged policy's greedy tokens and log-probs."""
+    from spiral_jax.models import lora
+
+    cfg, frozen = qwen3
+    cfg = cfg.replace(lora_rank=4, lora_alpha=8.0)
+    adapters = lora.init_adapters(cfg, jax.random.key(1))
+    adapters = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(2), x.shape), adapters)
+    full = lora.join(frozen, adapters)
+    sp = SamplingParams(max_new_tokens=12, greedy=True)
+    beside = Sampler(cfg).generate(full, PROMPTS, sp)
+    merged = Sampler(cfg.base()).generate(lora.merge(full, cfg), PROMPTS, sp)
+    plain = Sampler(cfg.base()).generate(frozen, PROMPTS, sp)
+    assert beside.tokens == merged.tokens != plain.tokens
+    np.testing.assert_allclose(np.concatenate(beside.logprobs), np.concatenate(merged.logprobs), atol=1e-4)
