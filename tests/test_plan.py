@@ -347,6 +347,19 @@ def test_lora_counts_frozen_weights_in_the_compute_dtype_and_optimizer_state_for
     assert lora.phases["train step"] < full.phases["train step"] - 4 * P.GiB
 
 
+def test_the_plan_says_when_a_gpu_sampler_would_copy_frozen_weights_out_of_a_stack():
+    """Adapters applied in the forward over a stacked frozen model: on a GPU each decode step copies
+    the frozen weights (docs/performance.md); the plan says so and names the setting that avoids it."""
+    c = config_from_file(str(CONFIGS / "kuhn_qwen3_4b_lora_1x4090.py"))
+    gpu, cpu = H.hardware("1x4090"), H.custom_hardware(1, None)
+    copies = lambda c, hw: any("copy the frozen weights" in n for n in P.plan(planned(c), hw).notes)  # noqa: E731
+    assert not copies(c, gpu)  # the preset holds them per layer
+    c.model.scan_layers = True
+    assert copies(c, gpu) and not copies(c, cpu)
+    c.model.lora.sample = "merged"
+    assert not copies(c, gpu)
+
+
 def _documented_plans() -> list[tuple[list[str], str]]:
     """docs/memory.md's printed plans: (the command's arguments, its output as printed), from a code
     block that opens with `$ spiral-jax plan ...` or follows a line naming that command."""

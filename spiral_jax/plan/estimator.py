@@ -158,6 +158,10 @@ def estimate(cfg: ModelConfig, tc, work: Workload, mesh: MeshShape, hw: Hardware
                      f"{cfg.compute_dtype}; the sampler reads " + ("a copy with the adapters merged in, once per "
                      "step (model.lora.sample=adapters saves that copy)" if merged else
                      "them and applies the adapters in its forward (no merged copy)"))
+        if not merged and cfg.scan_layers and hw.platform == "gpu":
+            notes.append("on a GPU the sampler's products copy the frozen weights out of their stack every "
+                         "decode step (about 2.7x the step's memory traffic): set --config.model.scan_layers=False "
+                         "to hold them per layer (docs/performance.md)")
     elif same_layout:
         notes.append("train and sample layouts agree (fsdp 1): the sampler reads the train state, no copy")
     return Plan(hw, mesh, cfg, work, parts, phases, labels, notes)
