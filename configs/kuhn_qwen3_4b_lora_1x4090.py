@@ -7,7 +7,7 @@ attention and MLP projection (about 33M parameters, with their Adam state under 
 applies the adapters in its forward (model.lora.sample="adapters"): a merged bf16 copy would not fit
 beside the frozen one. The layers run unrolled (model.scan_layers off): a decode step's products then
 read each layer's frozen weights in place, where out of a stack XLA:GPU copied them every step, and
-the step moves about its memory floor rather than 2.6 times it (docs/performance.md). The rest is
+the step moves about its memory floor rather than 2.7 times it (docs/performance.md). The rest is
 the paper's recipe: 128 samples a step, up to 4096 new tokens, 2 PPO epochs, remat, micro-batches of
 one row of 6144 slots, 4 games per sampler call. The learning rate is LoRA's usual order (1e-5), not
 the full fine-tune's 1e-6: a starting point, not tuned. `spiral-jax plan` prints the memory
