@@ -74,6 +74,7 @@ from spiral_jax.rl.train_step import Update
 from spiral_jax.run.setup import run_spec
 from spiral_jax.sampling import SamplingParams
 from spiral_jax.sampling.ahead import WAIT_EVENT
+from spiral_jax.sampling.buckets import attention_windows
 from spiral_jax.sampling import engine as engine_module
 from spiral_jax.sampling import sampler as sampler_module
 from spiral_jax.templates import Template
@@ -213,8 +214,10 @@ class SamplerCalls:
 
     def _generate(self, params, prompts, sp, seed=0, row_ids=None):
         out, seconds, compiled = run_timed(self.generate, params, prompts, sp, seed=seed, row_ids=row_ids)
+        plen, slots = self.sampler._buckets(prompts, sp)
         call = dict(prompts=prompts, sampling=sp, seconds=seconds, rows=out.batch_rows,
-                    steps=max(map(len, out.tokens)) - 1, prompt_bucket=self.sampler._buckets(prompts, sp)[0])
+                    steps=max(map(len, out.tokens)) - 1, prompt_bucket=plen,
+                    windows=attention_windows(plen, slots, self.sampler.first_window))
         self.calls.append(call)
         progress(f"sampler call {len(self.calls)}: {len(prompts)} prompts in {call['rows']} rows (prompt bucket "
                  f"{call['prompt_bucket']}), {call['steps']} decode steps, {seconds:.1f} s"
@@ -258,8 +261,9 @@ class EngineCalls:
                 before, slot_steps = list(e.lengths), e.stats.slot_steps
                 out, seconds, _ = run_timed(decode, params)
                 grew = {s: e.lengths[s] - before[s] for s in live}  # the steps each row was live
+                window = e._window(max(before[s] for s in live) + e.min_steps) if live else 0  # as `decode` picks it
                 self.decodes.append(dict(seconds=seconds, steps=(e.stats.slot_steps - slot_steps) // e.slots,
-                                         rows=len(live), slots=e.slots,
+                                         rows=len(live), slots=e.slots, window=window,
                                          filled=sum(before[s] * n + n * (n - 1) / 2 for s, n in grew.items())))
                 return out
 
@@ -661,12 +665,14 @@ def print_decode(trainer, c, probes, params, bandwidth, reads) -> float:
                           two)
     else:
         print("decode step at batch 2: not measured, the rollout made no 2-row program for this prompt bucket")
-    steps, rows, slot_tokens, seconds = decode_reads(r.schedule, probes)
+    steps, rows, slot_tokens, window_tokens, seconds = decode_reads(r.schedule, probes)
     least = (steps * weights + kv * slot_tokens) / (bandwidth * devices)
+    windowed = (steps * weights + kv * window_tokens) / (bandwidth * devices)
     where = (f"{rows:.0f} rows on average" if r.schedule == "rounds" else
              f"{rows:.0f} live rows of {probes.engines.decodes[0]['slots']} slots at a call's start on average")
     print(f"decode step at the rollout's batch ({where}, {steps} steps): {seconds / steps * 1e3:.2f} ms, "
-          f"HBM floor {least / steps * 1e3:.2f} ms: {seconds / least:.2f}x")
+          f"HBM floor {least / steps * 1e3:.2f} ms: {seconds / least:.2f}x; {seconds / windowed:.2f}x the "
+          f"{windowed / steps * 1e3:.2f} ms of its windows' reads (every row its whole attention window)")
     return step / least_one
 
 
@@ -681,20 +687,39 @@ def cache_read(rows: int, prompt_bucket: int, steps: int) -> float:
     return rows * (steps * prompt_bucket + steps * (steps + 1) / 2)
 
 
-def decode_reads(schedule: str, probes) -> tuple[int, float, float, float]:
+def window_read(rows: int, prompt_bucket: int, windows, steps: int) -> int:
+    """Slot-tokens of cache that a sampler call's attention reads when every row reads its decode
+    stage's whole window (`attention_windows`), as XLA's masked attention does: step s (tokens so far)
+    runs in the first stage whose window holds slot prompt_bucket + s."""
+    read, start = 0, 1
+    for w in windows:
+        end = min(w - prompt_bucket, steps)  # the last step this stage runs
+        if end >= start:
+            read += rows * w * (end - start + 1)
+            start = end + 1
+    return read
+
+
+def decode_reads(schedule: str, probes) -> tuple[int, float, float, float, float]:
     """What the last rollout's decoding read, whatever the model: (decode steps, rows a step on average,
-    slot-tokens of cache read over all steps, seconds). "rounds": each call's padded rows read their
-    prompt bucket and tokens so far every step; "continuous": each engine call's live rows read the
-    cache they filled (its idle slots are not counted)."""
+    slot-tokens of cache read over all steps, slot-tokens of the windows its programs read, seconds).
+    The first: "rounds": each call's padded rows read their prompt bucket and tokens so far every step;
+    "continuous": each engine call's live rows read the cache they filled (its idle slots are not
+    counted). The second is what XLA's attention reads, masked slots included: every row of a call
+    (padded rows, finished ones and an engine's idle slots too) its whole attention window, every step.
+    TPU's Pallas decode kernel skips the blocks past each row's own slot, which brings its reads near
+    the first."""
     if schedule == "rounds":
         calls = probes.calls.calls
         read = sum(cache_read(k["rows"], k["prompt_bucket"], k["steps"]) for k in calls)
+        windows = sum(window_read(k["rows"], k["prompt_bucket"], k["windows"], k["steps"]) for k in calls)
         seconds = sum(k["seconds"] - k.get("prefill", 0.0) for k in calls)
     else:
         calls = probes.engines.decodes
         read, seconds = sum(k["filled"] for k in calls), sum(k["seconds"] for k in calls)
+        windows = sum(k["slots"] * k["window"] * k["steps"] for k in calls)
     steps = sum(k["steps"] for k in calls)
-    return steps, sum(k["rows"] * k["steps"] for k in calls) / max(steps, 1), read, seconds
+    return steps, sum(k["rows"] * k["steps"] for k in calls) / max(steps, 1), read, windows, seconds
 
 
 def print_rollout_reads(trainer, c, probes, shape: str, bandwidth: float) -> None:
@@ -702,9 +727,10 @@ def print_rollout_reads(trainer, c, probes, shape: str, bandwidth: float) -> Non
     collected, seconds, compiled = run_timed(trainer.collect)
     games, r = probes.played.games, c.rollout
     tokens = sum(len(t.response_ids) for g in games for t in g.model_turns)
-    steps, rows, slot_tokens, _ = decode_reads(r.schedule, probes)
+    steps, rows, slot_tokens, window_tokens, _ = decode_reads(r.schedule, probes)
     weights, kv = read_sizes(ModelConfig(**SHAPES[shape]), 2)
     least = (steps * weights + kv * slot_tokens) / bandwidth
+    windowed = (steps * weights + kv * window_tokens) / bandwidth
     schedule = r.schedule + (f", {r.max_in_flight} slots" if r.schedule == "continuous" else
                              f", {len(probes.calls.calls)} calls")
     print(f"rollout ({schedule}): {len(games)} games, {sum(len(g.model_turns) for g in games)} moves, "
@@ -713,6 +739,8 @@ def print_rollout_reads(trainer, c, probes, shape: str, bandwidth: float) -> Non
           f"floor at {shape}'s bf16 sizes ({weights / 1e9:.3g} GB of weights, {kv / 1e3:.0f} KB of cache a token) "
           f"and {bandwidth / 1e12:.3g} TB/s: {least:.1f} s, of which weights {steps * weights / bandwidth:.1f} s; "
           f"{least / tokens * 1e3:.2f} s per 1k tokens")
+    print(f"read as XLA's attention reads it (every row of a call its whole window, {window_tokens:,.0f} "
+          f"slot-tokens): {windowed:.1f} s, {windowed / tokens * 1e3:.2f} s per 1k tokens")
     # The step's training batch as the trainer packs it (`--samples_per_row`), and one sample a row:
     # every row is as long as the longest sample's bucket, so the slots no sample fills are computed
     # and thrown away.

@@ -92,6 +92,13 @@ def test_rollout_only_counts_what_decoding_reads_and_its_floor_at_another_shape(
     assert steps > 0 and rows >= 1 and slot_tokens >= steps * rows, line[0]
     assert np.isclose(weights, steps * four_b.num_params * 2 / 4.8e12, atol=0.051), line[0]
     assert np.isclose(floor, weights + slot_tokens * 147456 / 4.8e12, atol=0.11), line[0]
+    # XLA's attention reads every row's whole window: at least the filled cache, priced the same way.
+    windows = re.search(r"^read as XLA's attention reads it \(every row of a call its whole window, ([\d,]+) "
+                        r"slot-tokens\): ([\d.]+) s, ([\d.]+) s per 1k tokens$", result.stdout, re.M)
+    assert windows, result.stdout
+    window_tokens = float(windows[1].replace(",", ""))
+    assert window_tokens >= slot_tokens, (windows[0], line[0])
+    assert np.isclose(float(windows[2]), weights + window_tokens * 147456 / 4.8e12, atol=0.11), windows[0]
     # The trainer's packing (on CPU up to 16 samples a row) beside one sample a row: the same tokens.
     layouts = re.findall(r"^train batch, at most (\d+) samples? a row: (\d+) samples in (\d+) rows of ([\d,]+) "
                          r"slots, ([\d,]+) tokens in them: (\d+)% of the slots", result.stdout, re.M)
@@ -107,13 +114,26 @@ def test_rollout_only_counts_what_decoding_reads_and_its_floor_at_another_shape(
 def test_tiny_continuous_step_measures_its_engines_decode_calls():
     result = _run_tiny_bench("--steps", "1", "--schedule", "continuous", "--max_in_flight", "4")
     line = re.search(r"^decode step at the rollout's batch \((\d+) live rows of 4 slots at a call's start on average, "
-                     r"(\d+) steps\): (\d+\.\d\d) ms, HBM floor (\d+\.\d\d) ms: (\d+\.\d\d)x$", result.stdout, re.M)
+                     r"(\d+) steps\): (\d+\.\d\d) ms, HBM floor (\d+\.\d\d) ms: (\d+\.\d\d)x; (\d+\.\d\d)x the "
+                     r"(\d+\.\d\d) ms of its windows' reads \(every row its whole attention window\)$", result.stdout, re.M)
     assert line, result.stdout
-    rows, steps, ms, floor, ratio = (float(x) for x in line.groups())
+    rows, steps, ms, floor, ratio, _, windowed = (float(x) for x in line.groups())
+    assert windowed >= floor, line[0]  # every slot's window, against the live rows' filled cache
     assert 1 <= rows <= 4 and steps > 0 and ms > 0 and floor > 0, line[0]
     # The ratio of the unrounded times: within the two-decimal rounding of the printed ones.
     assert abs(ratio - ms / floor) <= ms / floor * (0.005 / ms + 0.005 / floor) + 0.005, line[0]
     assert LAST_LINE.fullmatch(result.stdout.strip().splitlines()[-1]), result.stdout
+
+
+def test_a_sampler_calls_window_reads_follow_its_decode_stages():
+    """Each decode step reads every row's whole window of the stage it runs in: step s (tokens so far)
+    in the first stage whose window holds slot prompt_bucket + s."""
+    window_read = _bench_module().window_read
+    windows = [512, 1280, 4352]  # `attention_windows(256, 4352)`
+    assert window_read(2, 256, windows, 1500) == 2 * (256 * 512 + 768 * 1280 + 476 * 4352)
+    assert window_read(3, 256, windows, 100) == 3 * 100 * 512
+    assert window_read(1, 256, windows, 256) == 256 * 512 and window_read(1, 256, windows, 257) == 256 * 512 + 1280
+    assert window_read(4, 256, windows, 0) == 0
 
 
 def test_the_stop_token_is_drawn_with_the_stated_probability():
