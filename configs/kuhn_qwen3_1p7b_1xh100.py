@@ -5,7 +5,9 @@ Qwen3-4B does not fit one 80 GB card: its fp32 parameters and AdamW moments alon
 56 GiB the planner counts (75%, JAX's default preallocation), before gradients and activations.
 Qwen3-1.7B is the largest Qwen3 that does, at the paper's lengths and sizes otherwise: 128 samples a
 step, 2 PPO epochs, bf16 compute, remat. Micro-batch 2 rows of 6144 slots (2048 prompt + 4096 new
-tokens); rollout and evaluation play 32 games per sampler call (rollout.games_per_batch).
+tokens). Rollout and evaluation run the continuous schedule, a decode engine of 16 slots
+(rollout.max_in_flight) for each batch of 32 games (rollout.games_per_batch): at the paper's lengths
+less than half the decode steps and bytes per token of 32-game sampler calls (docs/performance.md).
 On one GPU the layers run unrolled (model.scan_layers off): XLA:GPU then adds each layer's
 gradients to the accumulator as the backward makes them, instead of holding a whole micro-batch's,
 and reads each layer's weights in place. Remat keeps the MLP's gate and up projections from the
@@ -28,5 +30,5 @@ def get_config():
     c.model.update(scan_layers=False, remat_saves=("mlp",))
     c.mesh.update(data=1, fsdp=1, tensor=1)
     c.optim.micro_batch_size = 2
-    c.rollout.games_per_batch = 32
+    c.rollout.update(games_per_batch=32, schedule="continuous", max_in_flight=16)
     return c

@@ -4,13 +4,18 @@
 # seconds for the whole script (default 570: a call's 590 s less the machine's start); a part with
 # fewer than 120 s left is skipped and says so, for the next call to run.
 #   preset: Qwen3-4B as the H200 preset (configs/kuhn_qwen3_4b_1xh200.py: micro-batch 2, layers
-#      unrolled, remat keeping the MLP's gate and up, 32 games per call; the recipe's micro-batch 8
-#      and 64 games do not fit by the planner), responses capped at
-#      1024 new tokens (mean 251), two steps, the issue's targets. Measured on two H200 machines: the
+#      unrolled, remat keeping the MLP's gate and up, each batch of 32 games through a decode engine
+#      of 16 slots, the continuous schedule; the recipe's micro-batch 8 and 64 games a call do not
+#      fit by the planner), responses capped at
+#      1024 new tokens (mean 251), two steps, the issue's targets. Measured on two H200 machines
+#      with the rounds schedule (32 games a sampler call), before the preset took the engine: the
 #      first step took 317 and 409 s, of which 236 and 330 s tracing and compiling 10-11 programs
 #      (one sampler program per batch bucket and prompt bucket, each with its decode step unrolled
 #      over 36 layers, plus the train step and the old-log-prob pass), so about 80 s of step; a
-#      machine's start takes its seconds too. Those runs compiled one program at a time; now the
+#      machine's start takes its seconds too. The engine's first step meets about 22 smaller
+#      programs instead (a decode program per attention window, compiled ahead, and an insert per
+#      rows, block and window met: JAX_LOG_COMPILES=1 at the tiny shape on CPU, 10 and 12). Those
+#      runs compiled one program at a time; now the
 #      sampler compiles its smaller batch buckets ahead on background threads (8 on a 16-core host),
 #      and the learner its train step beside the old-log-prob pass, which the step line counts apart,
 #      so the first step should make its programs faster (not yet measured on a GPU; compare
@@ -33,10 +38,13 @@
 #   medium: part small at the Qwen3-1.7B shape (MEDIUM_S, 210 s).
 #   full: the preset at the paper's full lengths (up to 4096 new tokens, mean 1005), two steps if they
 #      fit (FULL_S, 560 s: about four times part preset's tokens; a call of its own).
+#   rounds: part preset with the rounds schedule (--schedule rounds --max_in_flight 0: 32 games a
+#      sampler call), one step (ROUNDS_S, 450 s): against part preset's step, the schedules' decode
+#      on the GPU itself.
 #   attention: scripts/gpu_attention_check.py, cuDNN fused attention against XLA's, packed rows
 #      included (ATTENTION_S, 75 s). When its packed layout fails (or never says OK), PER_ROW is
 #      cleared for the parts after it.
-# PER_ROW=N packs up to N samples into each training row in parts preset, full and medium
+# PER_ROW=N packs up to N samples into each training row in parts preset, rounds, full and medium
 # (--samples_per_row; unset: the config's auto, one a row under cuDNN). Run part attention before
 # them, so a failed check of cuDNN's packed layout falls back to one a row: with a session's
 # 15 minutes, PER_ROW=16 PARTS="attention preset" first, then PARTS="small continuous".
@@ -125,6 +133,10 @@ for part in ${PARTS:-preset small continuous}; do
       s=$(limit full "${FULL_S:-560}")
       [ "$s" -gt 0 ] && run qwen3_4b_1xh200_full "$s" --config configs/kuhn_qwen3_4b_1xh200.py --steps 2 \
         --time_limit $(( s - 100 )) $(packing);;
+    rounds)
+      s=$(limit rounds "${ROUNDS_S:-450}")
+      [ "$s" -gt 0 ] && run qwen3_4b_1xh200_rounds "$s" --config configs/kuhn_qwen3_4b_1xh200.py \
+        --max_new_tokens "$NEW_TOKENS" --steps 1 --schedule rounds --max_in_flight 0 $(packing);;
     attention)
       section "scripts/gpu_attention_check.py"
       timeout "${ATTENTION_S:-75}" python3 scripts/gpu_attention_check.py 2>&1 | tee "$OUT/attention.log" | tail -30
@@ -135,7 +147,7 @@ for part in ${PARTS:-preset small continuous}; do
         echo "packed attention check failed: the parts after it train one sample a row (PER_ROW cleared)" | tee -a "$OUT/summary.txt"
         PER_ROW=
       fi;;
-    *) echo "unknown part $part: preset, small, continuous, packed, medium, full or attention" >&2; exit 2;;
+    *) echo "unknown part $part: preset, rounds, small, continuous, packed, medium, full or attention" >&2; exit 2;;
   esac
 done
 

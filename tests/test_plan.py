@@ -181,12 +181,18 @@ def test_evaluation_plays_at_most_games_per_batch_at_once():
     # Rollout.max_in_flight: an evaluation's sampler call is min(games, rollout.games_per_batch) games.
     c = config_from_file(str(CONFIGS / "kuhn_qwen3_4b_8xh100.py"))
     assert (c.eval.games, c.eval.final_games, c.rollout.games_per_batch) == (128, 512, 64)  # the paper's evals
+    # The preset's decode engine plays max_in_flight games at once, and the plan says which key bounds it.
+    engine = P.plan(planned(c), H.hardware("8xH100"))
+    assert c.rollout.schedule == "continuous" and "(32 games at once)" in " ".join(engine.phases)
+    assert any("play at most 32 games at once per host (rollout.max_in_flight)" in n for n in engine.notes)
+    c.rollout.update(schedule="rounds", max_in_flight=0)  # sampler calls of games_per_batch games
     c.eval.max_new_tokens = 2048  # its own sampler call, apart from the rollout's
     hw = H.hardware("8xH100")
     plan = P.plan(planned(c), hw)
     assert "eval, final eval (64 games at once)" in plan.phases
     assert "64 games x 4096 slots" in plan.labels["kv eval, final eval"]
-    assert any("eval (128 games) and final eval (512 games) play at most 64 games" in n for n in plan.notes)
+    assert any("eval (128 games) and final eval (512 games) play at most 64 games at once per host "
+               "(rollout.games_per_batch)" in n for n in plan.notes)
     c.eval.final_games = 16  # fewer than games_per_batch: a smaller call of its own
     small = P.plan(planned(c), hw)
     assert small.parts["kv final eval"] < small.parts["kv eval"] == plan.parts["kv eval, final eval"]
@@ -399,7 +405,7 @@ def test_the_plans_printed_in_docs_are_what_the_planner_prints_now(capsys, monke
         mesh = re.search(r"mesh: data=(\d+) fsdp=(\d+) tensor=(\d+); micro-batch (\d+) row", out).groups()
         peak, usable, share = re.search(r"^peak: ([\d.]+) GiB per device \(.*?\) of ([\d.]+) GiB usable = (\d+)%",
                                         out, re.M).groups()
-        now = [*mesh, re.search(r"rollout (\d+) games per call", out)[1],
+        now = [*mesh, re.search(r"rollout (?:a decode engine of )?(\d+) (?:games per call|slots)", out)[1],
                re.search(r"^  train step +([\d.]+)$", out, re.M)[1],
                re.search(r"^  rollout, eval, final eval \(\d+ games at once\) +([\d.]+)$", out, re.M)[1],
                peak, f"{float(usable):.1f}", share]

@@ -60,7 +60,8 @@ class Plan:
             f"{cfg.remat_summary}, scan_layers {'on' if cfg.scan_layers else 'off'}",
             f"mesh: {self.mesh}; micro-batch {w.micro_batch} row(s), {per_device} per device, x {w.train_len}"
             f" slots (response {w.response_len}, logprob chunk {w.chunk})",
-            f"sampling: prompt bucket {w.prompt_len}; rollout {w.rollout_games} games per call; eval "
+            f"sampling: prompt bucket {w.prompt_len}; rollout "
+            f"{f'a decode engine of {w.rollout_games} slots' if w.continuous else f'{w.rollout_games} games per call'}; eval "
             f"{w.eval_games}, final eval {w.final_games} games, {w.rollout_games or 'all'} at a time",
             "", f"{'per device':<{width + 2}}{name:>9}"]
         lines += [f"  {self.labels[k]:<{width}}{v / unit:9.2f}" for k, v in self.parts.items()]
@@ -181,7 +182,8 @@ def plan(spec, hw: Hardware, mesh: MeshShape | None = None) -> Plan:
                if n > work.in_flight(n)]
     if chunked:
         notes.append(f"{' and '.join(chunked)} play at most {work.rollout_games} games at once per host "
-                     f"(rollout.games_per_batch): more evaluation games take longer, not more memory")
+                     f"({'rollout.max_in_flight' if spec.rollout.max_in_flight else 'rollout.games_per_batch'}): "
+                     "more evaluation games take longer, not more memory")
     if spec.bootstrap and not spec.model_path:
         notes.append("not planned: the imitation bootstrap (tiny random models only; its own Adam state)")
     result.notes[:0] = notes
