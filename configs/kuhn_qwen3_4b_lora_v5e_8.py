@@ -5,7 +5,9 @@ The full fine-tune on this slice (kuhn_qwen3_4b_v5e_8.py) spends most of each ch
 weights, AdamW moments and gradients, so it takes micro-batches of 2 rows and 8 games per sampler
 call. With LoRA (rank 32 on every attention and MLP projection, alpha 64) the weights are frozen in
 bf16 and only the adapters carry optimiser state, which frees room for micro-batches of 8 rows and
-32 games per call. Mesh: tensor 8, as the full fine-tune. The learning rate is LoRA's usual order
+32 games per call, which a decode engine of 16 slots plays (the continuous schedule,
+rollout.max_in_flight: fewer decode steps and bytes per token than 32-game sampler calls;
+docs/performance.md). Mesh: tensor 8, as the full fine-tune. The learning rate is LoRA's usual order
 (1e-5): a starting point, not tuned. `spiral-jax plan --compile` checks it with the TPU compiler.
 
     spiral-jax plan  --config configs/kuhn_qwen3_4b_lora_v5e_8.py --hardware v5e-8 --compile
@@ -21,5 +23,5 @@ def get_config():
     c.optim.learning_rate = 1e-5
     c.mesh.update(data=1, fsdp=1, tensor=8)
     c.optim.micro_batch_size = 8
-    c.rollout.games_per_batch = 32
+    c.rollout.update(games_per_batch=32, schedule="continuous", max_in_flight=16)
     return c
