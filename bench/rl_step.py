@@ -259,9 +259,9 @@ class EngineCalls:
             def timed_decode(params):
                 live = [s for s, r in enumerate(e.busy) if r is not None]
                 before, slot_steps = list(e.lengths), e.stats.slot_steps
+                window = e._decode_window()[1] if live else 0
                 out, seconds, _ = run_timed(decode, params)
                 grew = {s: e.lengths[s] - before[s] for s in live}  # the steps each row was live
-                window = e._window(max(before[s] for s in live) + e.min_steps) if live else 0  # as `decode` picks it
                 self.decodes.append(dict(seconds=seconds, steps=(e.stats.slot_steps - slot_steps) // e.slots,
                                          rows=len(live), slots=e.slots, window=window,
                                          filled=sum(before[s] * n + n * (n - 1) / 2 for s, n in grew.items())))

@@ -6,11 +6,12 @@ of 16 slots (rollout.max_in_flight) plays each batch of 32 games (rollout.games_
 next move taking the first slot that frees. At the paper's lengths that decodes the same tokens in
 less than half the steps, and reads less than half the bytes per token, of 32-game sampler calls run
 each to its longest row (docs/performance.md); more evaluation games cost time, not memory.
-Everything else is the paper's: 128 samples a step, 2 PPO epochs, bf16 compute, remat. On one GPU the layers run unrolled (model.scan_layers off): XLA:GPU then adds each layer's
-gradients to the accumulator as the backward makes them, instead of holding a whole micro-batch's,
-and reads each layer's weights in place. Remat keeps the MLP's gate and up projections from the
-forward (model.remat_saves), which spares half the products remat would run again; the memory
-that frees pays for them (docs/performance.md).
+Everything else is the paper's: 128 samples a step, 2 PPO epochs, bf16 compute, remat. On one GPU
+the layers run unrolled (model.scan_layers off): XLA:GPU then adds each layer's gradients to the
+accumulator as the backward makes them, instead of holding a whole micro-batch's, and reads each
+layer's weights in place. Remat keeps the MLP's gate and up projections from the forward
+(model.remat_saves), which spares half the products remat would run again; the memory that frees
+pays for them (docs/performance.md).
 The planner counts 75% of the card (JAX's default preallocation); `spiral-jax plan` prints the
 memory (docs/memory.md has the table).
 

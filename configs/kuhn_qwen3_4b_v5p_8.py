@@ -3,12 +3,12 @@ JAX sees 4 devices).
 
 Mesh: tensor 4 (data 1, fsdp 1). Qwen3-4B split 4 ways over `tensor`, not over fsdp: the train and
 sample layouts agree, so the sampler reads the train state (no second copy of the weights). Micro-
-batch 32 rows of 6144 slots (2048 prompt + 4096 new tokens). Rollout and evaluation run the continuous schedule: a decode
-engine of 16 slots (rollout.max_in_flight) plays each batch of 32 games (rollout.games_per_batch),
-in less than half the decode steps of 32-game sampler calls and, with the Pallas decode kernel
-reading each row's filled cache only, about a third of the bytes per token (docs/performance.md);
-more evaluation games cost time, not memory. `spiral-jax
-plan` prints the memory per chip (docs/memory.md has the table).
+batch 32 rows of 6144 slots (2048 prompt + 4096 new tokens). Rollout and evaluation run the
+continuous schedule: a decode engine of 16 slots (rollout.max_in_flight) plays each batch of 32
+games (rollout.games_per_batch), in less than half the decode steps of 32-game sampler calls and,
+with the Pallas decode kernel reading each row's filled cache only, about a third of the bytes per
+token (docs/performance.md); more evaluation games cost time, not memory. `spiral-jax plan` prints
+the memory per chip (docs/memory.md has the table).
 
     spiral-jax plan  --config configs/kuhn_qwen3_4b_v5p_8.py --hardware v5p-8
     spiral-jax train --config configs/kuhn_qwen3_4b_v5p_8.py --config.model.path=/ckpt/Qwen3-4B-Base

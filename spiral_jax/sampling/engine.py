@@ -144,6 +144,12 @@ class DecodeEngine:
         """The smallest attention window that holds this many cache slots (or the whole cache)."""
         return next(w for w in self.windows if w >= min(slots, self.cache_len))
 
+    def _decode_window(self) -> tuple[int, int]:
+        """(the longest live row's length, the attention window of a decode call from there). The next
+        token goes to slot `longest`; the window leaves room for a few steps before it is full."""
+        longest = max(self.lengths[s] for s, r in enumerate(self.busy) if r is not None)
+        return longest, self._window(longest + self.min_steps)
+
     def forget(self) -> None:
         """Free the KV cache and what the slots remember of it, so no prefix is reused: call it when the
         parameters change (a cached key is only valid for the weights that computed it) and when the
@@ -274,9 +280,7 @@ class DecodeEngine:
         start = time.perf_counter()
         params = self.setup.place(params)
         live = self.live
-        longest = max(self.lengths[s] for s, r in enumerate(self.busy) if r is not None)
-        # The next token goes to slot `longest`; leave room for a few steps before the window is full.
-        window = self._window(longest + self.min_steps)
+        longest, window = self._decode_window()
         max_steps = min(self.max_steps, window - longest)
         self.ahead.wait((self._programs, window))
         self.state, steps = self._programs.decode(params, self.state, np.int32(min(self.min_finished, live)),
