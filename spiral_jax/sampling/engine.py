@@ -145,8 +145,7 @@ class DecodeEngine:
         return next(w for w in self.windows if w >= min(slots, self.cache_len))
 
     def _decode_window(self) -> tuple[int, int]:
-        """(the longest live row's length, the attention window of a decode call from there). The next
-        token goes to slot `longest`; the window leaves room for a few steps before it is full."""
+        """(the longest live row's length, a decode call's window: room for min_steps more tokens)."""
         longest = max(self.lengths[s] for s, r in enumerate(self.busy) if r is not None)
         return longest, self._window(longest + self.min_steps)
 
