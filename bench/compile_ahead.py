@@ -41,7 +41,6 @@ def main():
 
     import jax
     import jax.numpy as jnp
-    from spiral_jax.models import cpu
     from spiral_jax.models.config import ModelConfig
     from spiral_jax.models.params import abstract_params
     from spiral_jax.models.shapes import QWEN3
@@ -50,7 +49,7 @@ def main():
     tgt = aot.target(args.hardware)
     device = jax.sharding.SingleDeviceSharding(tgt.devices[0])
     platform = tgt.devices[0].platform
-    with cpu.compiling_for(platform), aot.card_capability(tgt.name):
+    with aot.compiling(tgt):
         if args.config:
             from spiral_jax.config import config_from_file
             from spiral_jax.rl.train_step import make_compute_logprobs, make_train_step

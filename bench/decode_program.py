@@ -102,6 +102,8 @@ def main():
     parser.add_argument("--scan_layers", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--attention", default="auto", help="model.attention: auto, or xla for XLA's decode "
                         "attention on a TPU instead of the Pallas kernels")
+    parser.add_argument("--decode_attention", default="auto", help="model.decode_attention: auto, pallas (the "
+                        "Pallas kernel on a GPU too) or xla")
     parser.add_argument("--prompt", type=int, default=2048)
     parser.add_argument("--new_tokens", type=int, default=4096)
     parser.add_argument("--engine", action="store_true",
@@ -125,7 +127,8 @@ def main():
     tgt = aot.target(args.hardware)
     device = jax.sharding.SingleDeviceSharding(tgt.devices[0])
     cfg = ModelConfig(**QWEN3[args.shape], compute_dtype="bfloat16", scan_layers=args.scan_layers,
-                      lora_rank=args.lora, attention=args.attention)
+                      lora_rank=args.lora, attention=args.attention,
+                      decode_attention=args.decode_attention)
     platform = tgt.devices[0].platform
     with cpu.compiling_for(platform):
         params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32), abstract_params(cfg))
@@ -144,7 +147,7 @@ def main():
           f"compute, prompt {args.prompt} + {args.new_tokens} new tokens, compiled for {tgt.name} "
           f"({tgt.devices[0].device_kind}); bf16 weights {weight_bytes / 1e9:.2f} GB")
     for batch in args.batch:
-        with cpu.compiling_for(platform):
+        with aot.compiling(tgt):
             sampler = Sampler(cfg, max_prompt_len=args.prompt, max_cache_len=args.prompt + args.new_tokens)
             if args.engine:
                 compiled = engine_decode(sampler, params, batch, args.new_tokens, device)

@@ -83,6 +83,9 @@ def multiplicities(comps, start: str) -> collections.Counter:
 DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f32": 4}
 
 
+TRITON = 'custom_call_target="__gpu$xla.gpu.triton"'  # a Pallas (Triton) kernel
+
+
 def nbytes(type_text: str) -> int:
     """The bytes of a result type's text: an array's, or the sum of a tuple's elements'."""
     return sum(DTYPE_BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(",") if d)
@@ -153,7 +156,16 @@ def kernel_bytes(comps, line: str, types: dict[str, str]) -> int:
     called = re.search(r"calls=%?([\w.\-]+)", line) if opcode(line) == "fusion" else None
     if called and called.group(1) in comps:
         return fusion_bytes(comps[called.group(1)], sizes, result)
+    if TRITON in line:  # a GPU decode kernel takes the stacked cache whole and reads one layer of it at most
+        layers = [dims[0] if len(dims) == 5 else 1 for dims in (shape_dims(types.get(a, "")) for a in operands(rhs))]
+        sizes = [size // n for size, n in zip(sizes, layers)]
     return result + sum(sizes)
+
+
+def shape_dims(type_text: str) -> tuple[int, ...]:
+    """An array type's dimensions (its text: bf16[36,16,8,6144,128]{...})."""
+    found = re.match(r"\w+\[([\d,]*)\]", type_text)
+    return tuple(int(d) for d in found.group(1).split(",") if d) if found else ()
 
 
 def result_types(lines: list[str]) -> dict[str, str]:

@@ -94,7 +94,6 @@ def main():
 
     from rl_step import train_flops
     from spiral_jax.config import config_from_file
-    from spiral_jax.models import cpu
     from spiral_jax.rl.train_step import make_train_step
     from spiral_jax.run.setup import run_spec
     from spiral_jax.sharding import make_mesh
@@ -104,7 +103,7 @@ def main():
     spec = run_spec(c, planning=True)
     tgt = aot.target(args.hardware)
     platform = tgt.devices[0].platform
-    with cpu.compiling_for(platform), aot.card_capability(tgt.name):
+    with aot.compiling(tgt):
         mesh = make_mesh(**spec.mesh, devices=tgt.devices)
         p = aot.run_plan(spec, tgt, mesh)
         state, batch, frozen, packed = aot.train_inputs(spec, p, mesh, platform)

@@ -224,13 +224,25 @@ def card_capability(hardware: str):
             setattr(cudnn, name, fn)
 
 
+@contextlib.contextmanager
+def compiling(tgt: Target):
+    """Trace programs for `tgt` from this process: its platform's paths (`cpu.compiling_for`), its
+    card's answers to cuDNN (`card_capability`), and for a GPU compiled without one, its device as JAX's
+    default, where Pallas' GPU lowering looks up the card it compiles a kernel for."""
+    platform = tgt.devices[0].platform
+    default = (jax.default_device(tgt.devices[0]) if platform == "gpu" and jax.default_backend() != "gpu"
+               else contextlib.nullcontext())
+    with cpu.compiling_for(platform), card_capability(tgt.name), default:
+        yield
+
+
 def compile_run(spec, tgt: Target, log=print) -> tuple[list[Compiled], planner.Plan]:
     """Compile every program of a run (`RunSpec`) for `tgt`'s devices; (results, the planner's plan).
 
     The programs are traced as for the target's platform (`cpu.compiling_for`), not this process's
     backend: a TPU or GPU program never takes the CPU layouts.
     """
-    with cpu.compiling_for(tgt.devices[0].platform), card_capability(tgt.name):
+    with compiling(tgt):
         return _compile_run(spec, tgt, log)
 
 

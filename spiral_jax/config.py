@@ -32,7 +32,9 @@ def base_config() -> ConfigDict:
     # model.path: a Hugging Face checkpoint folder. Empty: a random model with the `random` shape.
     # model.attention: the self-attention kernel of training, scoring and prefill: auto (splash on TPU,
     # cuDNN flash attention on GPU, XLA on CPU), xla, splash or cudnn (spiral_jax/models/fused_attention.py).
-    # Where it is Pallas on TPU (auto, splash), decode steps attend in spiral_jax/models/decode_attention.py.
+    # model.decode_attention: a decode step's attention: auto (Pallas on TPU where model.attention is,
+    # XLA elsewhere), pallas (Pallas kernels on TPU and NVIDIA GPUs, spiral_jax/models/decode_attention.py
+    # and decode_attention_gpu.py: they read each row's filled cache only), xla.
     # model.remat_saves (with remat): what each layer keeps from its forward rather than compute again in
     # the backward: "mlp" (the gate and up projections), "qkv" (the q/k/v projections); more memory,
     # fewer FLOPs. On a GPU, scan_layers off also holds fewer gradients (docs/performance.md).
@@ -42,6 +44,7 @@ def base_config() -> ConfigDict:
     # or "adapters" (it applies them in its forward: no second copy, a little more work per token).
     c.model = ConfigDict(dict(
         path="", compute_dtype="float32", scan_layers=False, remat=True, remat_saves=(), attention="auto",
+        decode_attention="auto",
         lora=ConfigDict(dict(rank=0, alpha=16.0, targets=("q", "k", "v", "o", "gate", "up", "down"), dropout=0.0,
                             sample="merged")),
         random=ConfigDict(dict(model_type="qwen3", vocab_size=1024, hidden_size=64, intermediate_size=128,

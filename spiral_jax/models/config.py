@@ -67,6 +67,9 @@ class ModelConfig:
     # (Qwen3).
     remat_saves: tuple[str, ...] = ()
     attention: str = "auto"  # self-attention kernel: auto, xla, splash (TPU), cudnn (GPU); see fused_attention
+    # A decode step's attention: auto (Pallas on TPU where `attention` is, else XLA), pallas (TPU's or the
+    # GPU's kernel where the heads allow), xla; see decode_attention.kernel.
+    decode_attention: str = "auto"
     # LoRA (models/lora.py): rank 0 = off; else low-rank adapters on the `lora_targets` projections,
     # scaled by lora_alpha / lora_rank, and the weights beside them frozen.
     lora_rank: int = 0
@@ -85,6 +88,9 @@ class ModelConfig:
         if self.attention not in ("auto", "xla", "splash", "cudnn"):
             raise ValueError(f"attention={self.attention!r}; use auto (splash on TPU, cudnn on GPU, xla on "
                              f"CPU), xla, splash or cudnn")
+        if self.decode_attention not in ("auto", "pallas", "xla"):
+            raise ValueError(f"decode_attention={self.decode_attention!r}; use auto (Pallas on TPU, XLA "
+                             f"elsewhere), pallas (the Pallas kernels on TPU and NVIDIA GPUs) or xla")
         object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
         object.__setattr__(self, "remat_saves", tuple(self.remat_saves))
         if set(self.remat_saves) - set(REMAT_SAVES):

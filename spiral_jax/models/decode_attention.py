@@ -1,4 +1,5 @@
 """A decode step's cache write and attention on TPU: Pallas kernels that leave the cache where it lies.
+Which kernels a program takes, TPU's or the GPU's (`decode_attention_gpu`), is decided here (`kernel`).
 
 In a scanned layer loop, XLA's TPU compiler gives a decode step's attention each layer's key and value
 window as a copy out of the stacked cache [layers, B, KV, slots, hd] (docs/performance.md): for
@@ -25,7 +26,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from spiral_jax.models import fused_attention
+from spiral_jax.models import decode_attention_gpu as gpu, fused_attention
 from spiral_jax.sharding import Rules
 
 P = jax.sharding.PartitionSpec
@@ -184,13 +185,22 @@ def write_rows(k_cache, v_cache, layer, k, v, slots, interpret: bool = False):
       v.astype(v_cache.dtype)[:, :, None], k_cache, v_cache))
 
 
-def _applies(implementation: str, rules: Rules | None, dtype, head_dim: int) -> bool:
-    """Whether a program's decode steps take these kernels: a program for TPUs whose attention
-    `implementation` resolves to Pallas ("auto" or "splash"), with heads of a multiple of 128 lanes
-    (every Qwen and Llama checkpoint)."""
-    platform = fused_attention.platform(rules)
-    return (platform == "tpu" and head_dim % 128 == 0
-            and fused_attention.resolve(implementation, platform, dtype, head_dim) == "splash")
+def kernel(cfg, rules: Rules | None, dtype, head_dim: int, group: int) -> str | None:
+    """Which Pallas kernels a program's decode steps take, by `cfg.decode_attention`: "tpu" (this
+    module's) on TPUs where it is "pallas", or "auto" with `cfg.attention` resolving to Pallas ("auto",
+    "splash"), for heads of a multiple of 128 lanes (every Qwen and Llama checkpoint); "gpu"
+    (`decode_attention_gpu`) on NVIDIA GPUs where it is "pallas" and the kernel takes the heads;
+    else None, XLA's attention. "auto" keeps XLA's on a GPU: the kernel is not yet timed against it
+    there (bench/decode_attention.py)."""
+    platform, choice = fused_attention.platform(rules), cfg.decode_attention
+    if choice == "xla":
+        return None
+    if platform == "tpu" and head_dim % 128 == 0 and (
+            choice == "pallas" or fused_attention.resolve(cfg.attention, platform, dtype, head_dim) == "splash"):
+        return "tpu"
+    if platform == "gpu" and choice == "pallas" and gpu.available() and gpu.supports(head_dim, group, dtype):
+        return "gpu"
+    return None
 
 
 def _cache_spec(rules: Rules, cache_axes, k_cache):
@@ -201,16 +211,16 @@ def _cache_spec(rules: Rules, cache_axes, k_cache):
     return None if any(spec[i] for i in (0, 3, 4)) else spec
 
 
-def attend(implementation: str, rules: Rules | None, cache_axes, q, k_cache, v_cache, layer, allowed, q_slots,
-           masked: float):
-    """`decode_attention` where it applies (`_applies`, one query a row, a window of whole blocks, query
-    and KV heads split alike), else None: the caller then runs the XLA path. allowed [B, 1, W] and
-    q_slots [1] or [B, 1] are as `transformer._allowed` takes and makes them."""
-    if (not _applies(implementation, rules, q.dtype, q.shape[-1]) or q.shape[1] != 1
-            or block_slots(allowed.shape[-1], k_cache.shape[2], q.shape[-1], k_cache.dtype.itemsize) is None):
+def attend(cfg, rules: Rules | None, cache_axes, q, k_cache, v_cache, layer, allowed, q_slots, masked: float):
+    """A Pallas kernel's decode attention where one applies (`kernel`, one query a row; on TPU a window
+    of whole blocks; query and KV heads split alike), else None: the caller then runs the XLA path.
+    allowed [B, 1, W] and q_slots [1] or [B, 1] are as `transformer._allowed` takes and makes them."""
+    which = kernel(cfg, rules, k_cache.dtype, q.shape[-1], q.shape[2] // k_cache.shape[2])
+    if which is None or q.shape[1] != 1 or (which == "tpu" and block_slots(
+            allowed.shape[-1], k_cache.shape[2], q.shape[-1], k_cache.dtype.itemsize) is None):
         return None
     allowed, q_slots = allowed[:, 0], jnp.broadcast_to(q_slots[..., -1], (q.shape[0],))
-    fn = functools.partial(decode_attention, masked=masked)
+    fn = functools.partial(decode_attention if which == "tpu" else gpu.decode_attention, masked=masked)
     if rules is None:
         return fn(q, k_cache, v_cache, layer, allowed, q_slots)
     cache = _cache_spec(rules, cache_axes, k_cache)
@@ -222,11 +232,10 @@ def attend(implementation: str, rules: Rules | None, cache_axes, q, k_cache, v_c
                          )(q, k_cache, v_cache, layer, allowed, q_slots)
 
 
-def write(implementation: str, rules: Rules | None, cache_axes, k_cache, v_cache, layer, k, v, slots):
-    """`write_rows` where it applies (`_applies`, slots of whole tiles), else None: the caller then
-    scatters."""
-    if not _applies(implementation, rules, k.dtype, k.shape[-1]) or k_cache.shape[3] % _cache_tile(
-            k_cache.dtype.itemsize):
+def write(cfg, rules: Rules | None, cache_axes, k_cache, v_cache, layer, k, v, slots):
+    """`write_rows` where the TPU kernels apply (`kernel`) and the slots are whole tiles, else None: the
+    caller then scatters (XLA:GPU scatters in place)."""
+    if kernel(cfg, rules, k.dtype, k.shape[-1], 1) != "tpu" or k_cache.shape[3] % _cache_tile(k_cache.dtype.itemsize):
         return None
     if rules is None:
         return write_rows(k_cache, v_cache, layer, k, v, slots)

@@ -275,7 +275,8 @@ def load_policy_weights(source: str, cfg, mesh):
     """An HF folder's weights in the sampler layout on `mesh`, checked to have `cfg`'s architecture
     (model opponents and cross-play players run through the same sampler program)."""
     other, params = load_pretrained(source, mesh=mesh, rules="sample", compute_dtype=cfg.compute_dtype,
-                                    scan_layers=cfg.scan_layers, remat=cfg.remat, remat_saves=cfg.remat_saves)
+                                    scan_layers=cfg.scan_layers, remat=cfg.remat, remat_saves=cfg.remat_saves,
+                                    attention=cfg.attention, decode_attention=cfg.decode_attention)
     arch = lambda m: dataclasses.replace(m, bos_token_id=None, eos_token_id=None)  # noqa: E731
     if arch(other) != arch(cfg):
         raise ValueError(f"{source} has another architecture than the evaluated model; "

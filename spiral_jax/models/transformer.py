@@ -178,7 +178,7 @@ def _cache_write(cfg: ModelConfig, rules: Rules | None, cache: KVCache, layer, k
     rows = jnp.arange(k.shape[0]) if cache_rows is None else cache_rows
     if k.shape[1] == 1 and row_slots is not None:
         if cache_rows is None:
-            written = decode_attention.write(cfg.attention, rules, CACHE_AXES, cache.k, cache.v, layer, k[:, 0],
+            written = decode_attention.write(cfg, rules, CACHE_AXES, cache.k, cache.v, layer, k[:, 0],
                                              v[:, 0], row_slots[:, 0])
             if written is not None:
                 return KVCache(*written)
@@ -266,7 +266,7 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
         else:
             out = None
             if cache_rows is None:  # the kernels read the block's own rows of the cache
-                out = decode_attention.attend(cfg.attention, rules, CACHE_AXES, q, cache.k, cache.v, layer,
+                out = decode_attention.attend(cfg, rules, CACHE_AXES, q, cache.k, cache.v, layer,
                                               _allowed(kv_mask[:, :seen], q_slots), q_slots, MASKED)
             if out is None:  # the layer's window of the block's rows
                 window = lambda c: (c[layer, :, :, :seen] if cache_rows is None  # noqa: E731

@@ -23,7 +23,7 @@ def build_model(spec: RunSpec, mesh=None) -> tuple[ModelConfig, dict]:
     if spec.model_path:
         _, params = load_pretrained(spec.model_path, mesh=mesh, compute_dtype=cfg.compute_dtype,
                                     scan_layers=cfg.scan_layers, remat=cfg.remat, remat_saves=cfg.remat_saves,
-                                    attention=cfg.attention)
+                                    attention=cfg.attention, decode_attention=cfg.decode_attention)
     else:
         params = init_params(cfg.base(), jax.random.key(spec.seed), mesh=mesh, dtype=jnp.float32)
     if cfg.lora_rank:

@@ -190,7 +190,8 @@ def _bootstrap(c: ConfigDict) -> BootstrapSpec | None:
 
 def _runtime(c: ConfigDict) -> dict:
     return dict(compute_dtype=c.model.compute_dtype, scan_layers=c.model.scan_layers, remat=c.model.remat,
-                remat_saves=tuple(c.model.remat_saves), attention=c.model.attention)
+                remat_saves=tuple(c.model.remat_saves), attention=c.model.attention,
+                decode_attention=c.model.decode_attention)
 
 
 def _with_lora(c: ConfigDict, cfg: ModelConfig) -> ModelConfig:

@@ -92,28 +92,31 @@ def test_write_rows_writes_what_the_scatter_writes(dtype, monkeypatch):
 
 
 def test_where_the_kernels_apply():
-    """TPU programs with Pallas attention ("auto", "splash") and 128-wide heads take the kernels: the
-    attention for one query a row over a window of whole blocks, the write for a cache of whole tiles
-    (16 bf16 slots). Anything else keeps the XLA path."""
+    """TPU programs with Pallas attention ("auto", "splash"), or model.decode_attention="pallas", and
+    128-wide heads take the kernels: the attention for one query a row over a window of whole blocks,
+    the write for a cache of whole tiles (16 bf16 slots). Anything else keeps the XLA path."""
     q, k, v, kv_mask = _inputs(jnp.bfloat16, 384, jnp.array([1, 2, 3, 4]))
     allowed, q_slots = transformer._allowed(kv_mask, jnp.array([383])), jnp.array([383])
 
-    def applies(implementation="auto", platform="tpu", q=q, allowed=allowed):
+    def applies(implementation="auto", platform="tpu", q=q, allowed=allowed, decode="auto"):
+        cfg = WIDE_HEADS.replace(attention=implementation, decode_attention=decode)
         with cpu.compiling_for(platform):
-            out = jax.eval_shape(lambda: decode_attention.attend(implementation, None, transformer.CACHE_AXES, q, k,
+            out = jax.eval_shape(lambda: decode_attention.attend(cfg, None, transformer.CACHE_AXES, q, k,
                                                                  v, 0, allowed, q_slots, transformer.MASKED))
         return out is not None
 
     def writes(implementation="auto", platform="tpu", slots=SLOTS):
+        cfg = WIDE_HEADS.replace(attention=implementation)
         with cpu.compiling_for(platform):
-            out = jax.eval_shape(lambda: decode_attention.write(implementation, None, transformer.CACHE_AXES,
+            out = jax.eval_shape(lambda: decode_attention.write(cfg, None, transformer.CACHE_AXES,
                                                                 k[:, :, :, :slots], v[:, :, :, :slots], 0,
                                                                 q[:, 0, :KV], q[:, 0, :KV], q_slots))
         return out is not None
 
     assert writes() and not writes("xla") and not writes(platform="gpu") and not writes(slots=SLOTS - 8)
-    assert applies() and applies("splash")
-    assert not applies("xla") and not applies(platform="gpu") and not applies(platform="cpu")
+    assert applies() and applies("splash") and applies("xla", decode="pallas")
+    assert not applies("xla") and not applies(decode="xla") and not applies(platform="gpu")
+    assert not applies(platform="cpu")
     assert not applies(q=jnp.concatenate([q, q], axis=1))  # two queries a row: a prefill
     assert not applies(allowed=allowed[..., :320])  # 320 slots: no whole blocks of 128
 

@@ -1,0 +1,157 @@
+"""The GPU decode kernel (`models.decode_attention_gpu`), run in Pallas' interpreter on CPU: it computes
+what the XLA path does over any window and split, never reads a slot past a row's own, and the sampler
+and the decode engine traced for a GPU take it where model.decode_attention="pallas" asks, with the
+tokens of XLA's attention."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spiral_jax.models import cpu, decode_attention, decode_attention_gpu as gpu, transformer
+from spiral_jax.models.config import ModelConfig
+from spiral_jax.models.params import init_params
+from spiral_jax.sampling import Sampler, SamplingParams
+from spiral_jax.sampling.engine import DecodeEngine, Request
+
+LAYERS, ROWS, KV, HEAD_DIM, SLOTS = 3, 4, 2, 32, 320
+TINY = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=64, intermediate_size=64, num_layers=2,
+                   num_heads=4, num_kv_heads=2, head_dim=16, qk_norm=True, tie_word_embeddings=True)
+
+
+def _inputs(heads, window, slots, dtype=jnp.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    cache = [jnp.asarray(rng.normal(size=(LAYERS, ROWS, KV, SLOTS, HEAD_DIM)), dtype) for _ in range(2)]
+    q = jnp.asarray(rng.normal(size=(ROWS, 1, heads, HEAD_DIM)), dtype)
+    kv_mask = jnp.asarray(rng.random((ROWS, window)) > 0.3)
+    kv_mask = kv_mask.at[0, :70].set(False)  # a left-padded row: its first block is all padding
+    kv_mask = kv_mask.at[jnp.arange(ROWS), slots].set(True)  # each query sees its own slot
+    return q, *cache, kv_mask
+
+
+@pytest.mark.parametrize("heads, window, programs", [(2, 300, 256), (8, 300, 1), (14, 192, 16), (4, 64, 256)])
+def test_kernel_equals_the_xla_attention(heads, window, programs, monkeypatch):
+    """Query groups of 1, 4 and 7 heads (padded to 16 rows), windows of whole and partial blocks, one
+    split a row or several, rows at different slots, a left-padded row: each layer (its index traced)
+    against `transformer.attention` over the layer's window."""
+    monkeypatch.setattr(gpu, "_PROGRAMS", programs)
+    slots = jnp.array([80, 5, window - 1, min(130, window - 2)])
+    q, k, v, kv_mask = _inputs(heads, window, slots)
+    allowed = transformer._allowed(kv_mask, slots[:, None])[:, 0]
+
+    def layer_out(_, layer):
+        return None, gpu.decode_attention(q, k, v, layer, allowed, slots, transformer.MASKED, interpret=True)
+
+    _, got = jax.lax.scan(layer_out, None, jnp.arange(LAYERS))
+    for layer in range(LAYERS):
+        want = transformer.attention(q, k[layer, :, :, :window], v[layer, :, :, :window], slots[:, None], kv_mask)
+        np.testing.assert_allclose(np.asarray(got[layer]), np.asarray(want), atol=2e-6)
+
+
+def test_splits_cover_the_window_in_whole_blocks():
+    for rows, kv, window in [(1, 8, 6144), (16, 8, 6144), (64, 8, 100), (1, 1, 64), (3, 2, 1000)]:
+        splits, chunk = gpu._splits(rows, kv, window)
+        assert chunk % gpu._BLOCK == 0 and (splits - 1) * chunk < window <= splits * chunk
+        assert splits == 1 or rows * kv * splits <= 2 * gpu._PROGRAMS
+
+
+def test_slots_past_a_rows_own_are_never_read():
+    """NaN keys and values in every slot after each row's query slot: the kernel's loads stop at the
+    row's end, so the output stays finite and unchanged (XLA's attention reads them, masked, and a NaN
+    value times a zero probability is NaN)."""
+    window, slots = 300, jnp.array([10, 100, 200, 299])
+    q, k, v, kv_mask = _inputs(4, window, slots)
+    allowed = transformer._allowed(kv_mask, slots[:, None])[:, 0]
+    past = jnp.arange(SLOTS)[None, :] > slots[:, None]  # [rows, slots]
+    poison = lambda c: jnp.where(past[None, :, None, :, None], jnp.nan, c)  # noqa: E731
+    run = functools.partial(gpu.decode_attention, layer=jnp.int32(1), allowed=allowed, q_slots=slots,
+                            masked=transformer.MASKED, interpret=True)
+    clean = run(q, k_cache=k, v_cache=v)
+    poisoned = run(q, k_cache=poison(k), v_cache=poison(v))
+    assert np.isfinite(np.asarray(poisoned)).all()
+    np.testing.assert_array_equal(np.asarray(poisoned), np.asarray(clean))
+    xla = transformer.attention(q, poison(k)[1, :, :, :window], poison(v)[1, :, :, :window], slots[:, None], kv_mask)
+    assert not np.isfinite(np.asarray(xla)).all()
+
+
+def test_where_the_gpu_kernel_applies():
+    """GPU programs take it where model.decode_attention="pallas" asks, for 16- or 32-bit caches and
+    power-of-two heads; "auto" and "xla" keep XLA's attention on a GPU, and a CPU program never takes
+    it. It never writes the cache (XLA:GPU scatters in place)."""
+    cfg = TINY.replace(decode_attention="pallas")
+
+    def which(cfg=cfg, platform="gpu", dtype=jnp.bfloat16, head_dim=128, group=4):
+        with cpu.compiling_for(platform):
+            return decode_attention.kernel(cfg, None, dtype, head_dim, group)
+
+    assert which() == "gpu" and which(dtype=jnp.float32) == "gpu" and which(head_dim=64, group=7) == "gpu"
+    assert which(cfg=TINY) is None and which(cfg=TINY.replace(decode_attention="xla")) is None
+    assert which(head_dim=96) is None and which(dtype=jnp.int8) is None and which(platform="cpu") is None
+    assert which(cfg=TINY, platform="tpu") == "tpu" and which(cfg=cfg.replace(attention="xla"), platform="tpu") == "tpu"
+    assert which(cfg=TINY.replace(attention="xla"), platform="tpu") is None
+    with pytest.raises(ValueError, match="decode_attention='triton'.*pallas"):
+        TINY.replace(decode_attention="triton")
+    k = jnp.zeros((1, 2, 2, 32, 16))
+    with cpu.compiling_for("gpu"):
+        assert decode_attention.write(cfg, None, transformer.CACHE_AXES, k, k, 0, k[0, :, :, 0], k[0, :, :, 0],
+                                      jnp.zeros(2, jnp.int32)) is None
+
+
+@pytest.fixture
+def interpreted(monkeypatch):
+    """The GPU kernel in Pallas' interpreter, counting the decode steps that trace it."""
+    traced = []
+
+    def run(*args, **kwargs):
+        traced.append(1)
+        return gpu_kernel(*args, **kwargs, interpret=True)
+
+    gpu_kernel = gpu.decode_attention
+    monkeypatch.setattr(gpu, "decode_attention", run)
+    return traced
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return init_params(TINY, jax.random.key(0), std=0.2)
+
+
+def test_a_gpu_sampler_samples_with_the_kernel_as_with_xla(tiny, interpreted):
+    """The sampler traced for a GPU (layers unrolled in its decode steps): with "pallas" its decode steps
+    run the kernel, and the tokens and log-probs equal XLA's."""
+    prompts, sp = [[5, 6, 7, 8, 9], [1, 2, 3], list(range(10, 30))], SamplingParams(max_new_tokens=70)
+    with cpu.compiling_for("gpu"):
+        got = Sampler(TINY.replace(decode_attention="pallas"), first_window=64).generate(tiny, prompts, sp, seed=3)
+        assert interpreted
+        want = Sampler(TINY, first_window=64).generate(tiny, prompts, sp, seed=3)
+    assert max(len(t) for t in got.tokens) > 40
+    assert got.tokens == want.tokens
+    for a, b in zip(got.logprobs, want.logprobs):
+        np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def test_a_gpu_decode_engine_samples_with_the_kernel_as_with_xla(tiny, interpreted):
+    """The decode engine traced for a GPU, its rows at their own slots: the kernel's tokens and log-probs
+    are XLA's."""
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(2, 64, n).tolist() for n in (5, 90, 30, 12, 60, 7)]
+    sp = SamplingParams(max_new_tokens=60, temperature=0.9)
+
+    def sample(cfg):
+        engine = DecodeEngine(Sampler(cfg, max_prompt_len=128), sp, 4)
+        queue, out = [Request(p, 5, i) for i, p in enumerate(prompts)], {}
+        while queue or engine.live:
+            free = len(engine.free_slots())
+            engine.insert(tiny, queue[:free])
+            queue = queue[free:]
+            out.update((f.request.row_id, f) for f in engine.decode(tiny))
+        return out
+
+    with cpu.compiling_for("gpu"):
+        got = sample(TINY.replace(decode_attention="pallas"))
+        assert interpreted
+        want = sample(TINY)
+    for row in range(len(prompts)):
+        assert got[row].tokens == want[row].tokens
+        np.testing.assert_allclose(got[row].logprobs, want[row].logprobs, atol=1e-4)
