@@ -423,6 +423,8 @@ def bench_config(args):
         r.schedule = args.schedule
     if args.max_in_flight is not None:
         r.max_in_flight = args.max_in_flight
+    if args.decode_attention:
+        c.model.decode_attention = args.decode_attention
     if args.compile_ahead is not None:
         c.compile_ahead = args.compile_ahead
     if args.seed is not None:
@@ -446,6 +448,8 @@ def main():
                         "into a training row (1: a row each; default: the config's, auto)")
     parser.add_argument("--schedule", choices=["rounds", "continuous"], help="rollout.schedule")
     parser.add_argument("--max_in_flight", type=int, help="rollout.max_in_flight")
+    parser.add_argument("--decode_attention", choices=["auto", "pallas", "xla"],
+                        help="model.decode_attention (pallas: the Pallas decode kernel on a GPU too)")
     parser.add_argument("--compile_ahead", type=int, help="compile_ahead: threads compiling the "
                         "next programs in the background (default: the config's; 0 off)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: the "

@@ -44,10 +44,16 @@
 #   attention: scripts/gpu_attention_check.py, cuDNN fused attention against XLA's, packed rows
 #      included (ATTENTION_S, 75 s). When its packed layout fails (or never says OK), PER_ROW is
 #      cleared for the parts after it.
+#   decode: bench/decode_attention.py, the Pallas decode kernel (model.decode_attention=pallas)
+#      against XLA's decode attention at Qwen3-4B's heads, 1, 16 and 32 rows, rows at the window's
+#      end and spread over it, with a parity check (DECODE_S, 120 s: 12 small programs to compile).
+#      Where the kernel wins, part pallas says what it makes of a step.
+#   pallas: part continuous with --decode_attention pallas (PALLAS_S, 240 s), against part continuous.
 # PER_ROW=N packs up to N samples into each training row in parts preset, rounds, full and medium
 # (--samples_per_row; unset: the config's auto, one a row under cuDNN). Run part attention before
 # them, so a failed check of cuDNN's packed layout falls back to one a row: with a session's
-# 15 minutes, PER_ROW=16 PARTS="attention preset" first, then PARTS="small continuous".
+# 15 minutes, PER_ROW=16 PARTS="attention preset" first, then PARTS="decode continuous" (or "decode
+# pallas" where an earlier session's part decode found the kernel faster).
 # A session's 15 minutes of device time take two calls at most, the second at once (a machine idle
 # for 30 s is given back, and a fresh one compiles everything again): first the default with
 # timeout_s 590, then the parts it skipped (or PARTS="attention packed medium") with the time left.
@@ -137,6 +143,14 @@ for part in ${PARTS:-preset small continuous}; do
       s=$(limit rounds "${ROUNDS_S:-450}")
       [ "$s" -gt 0 ] && run qwen3_4b_1xh200_rounds "$s" --config configs/kuhn_qwen3_4b_1xh200.py \
         --max_new_tokens "$NEW_TOKENS" --steps 1 --schedule rounds --max_in_flight 0 $(packing);;
+    pallas)
+      s=$(limit pallas "${PALLAS_S:-240}")
+      [ "$s" -gt 0 ] && run qwen3_0p6b_continuous_pallas "$s" --shape 0.6b --max_new_tokens "$NEW_TOKENS" \
+        --steps 1 --schedule continuous --max_in_flight 16 --decode_attention pallas;;
+    decode)
+      section "bench/decode_attention.py"
+      timeout "${DECODE_S:-120}" python3 bench/decode_attention.py 2>&1 | tee "$OUT/decode.log" | tail -12
+      echo "decode attention: exit ${PIPESTATUS[0]}: $(tail -1 "$OUT/decode.log")" | tee -a "$OUT/summary.txt";;
     attention)
       section "scripts/gpu_attention_check.py"
       timeout "${ATTENTION_S:-75}" python3 scripts/gpu_attention_check.py 2>&1 | tee "$OUT/attention.log" | tail -30
@@ -147,7 +161,8 @@ for part in ${PARTS:-preset small continuous}; do
         echo "packed attention check failed: the parts after it train one sample a row (PER_ROW cleared)" | tee -a "$OUT/summary.txt"
         PER_ROW=
       fi;;
-    *) echo "unknown part $part: preset, rounds, small, continuous, packed, medium, full or attention" >&2; exit 2;;
+    *) echo "unknown part $part: preset, rounds, small, continuous, pallas, packed, medium, full, attention or" \
+         "decode" >&2; exit 2;;
   esac
 done
 

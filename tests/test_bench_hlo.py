@@ -54,3 +54,16 @@ def test_a_scatter_into_a_cache_in_place_moves_its_updates_only():
     """)
     rows = 4 * 8 * 16 * 2  # each row's new key, one slot of its own
     assert hlo.fusion_bytes(lines, [CACHE, 16, rows], CACHE) == rows + 16 + rows  # written, indices, read
+
+
+def test_a_gpu_decode_kernel_reads_one_layer_of_the_stacked_cache_at_most():
+    """A Pallas (Triton) kernel takes the stacked cache [layers, rows, KV, slots, head_dim] whole and
+    reads one layer of it at most; its other operands and its results count whole."""
+    cache = "bf16[36,16,8,6144,128]{4,3,2,1,0}"
+    types = {"q": "bf16[16,8,16,128]{3,2,1,0}", "k": cache, "v": cache, "m": "s8[16,6144]{1,0}"}
+    line = ('%pallas_call.4 = (f32[16,8,2,16,128]{4,3,2,1,0}, f32[16,8,2,16]{3,2,1,0}) custom-call(%q, %k, %v, %m), '
+            'custom_call_target="__gpu$xla.gpu.triton"')
+    layer, q, mask, out = 16 * 8 * 6144 * 128 * 2, 16 * 8 * 16 * 128 * 2, 16 * 6144, 16 * 8 * 2 * 16 * 129 * 4
+    assert hlo.kernel_bytes({}, line, types) == 2 * layer + q + mask + out
+    other = line.replace("__gpu$xla.gpu.triton", "cublas")  # any other custom call: its operands whole
+    assert hlo.kernel_bytes({}, other, types) == 2 * 36 * layer + q + mask + out
