@@ -197,9 +197,10 @@ def _compile(name: str, lower, resident: int, planned: int, log) -> Compiled:
 
 @contextlib.contextmanager
 def card_capability(hardware: str):
-    """While compiling for an NVIDIA preset's card without a GPU, JAX's cuDNN attention gets the card's
-    compute capability when it asks (the packed layout of packed training rows needs a Hopper card);
-    it would otherwise ask this machine's GPU, and with none take any card for a pre-Hopper one."""
+    """While compiling for an NVIDIA preset's card without a GPU, JAX's kernels get the card's compute
+    capability when they ask: cuDNN's attention (the packed layout of packed training rows needs a
+    Hopper card; it would otherwise ask this machine's GPU, and with none take any card for a
+    pre-Hopper one), and Pallas' Triton lowering (which from jax 0.11 refuses to lower with no GPU)."""
     try:
         card = preset(hardware).card
     except ValueError:
@@ -212,27 +213,30 @@ def card_capability(hardware: str):
     def parse(capability: str) -> tuple[int, ...]:
         return tuple(int(x) for x in capability.split("."))
 
-    asked = {"check_compute_capability": lambda c: card.compute_capability >= parse(c),
-             "is_cuda_compute_capability_equal": lambda c: card.compute_capability == parse(c)}
-    saved = {name: getattr(cudnn, name) for name in asked}
+    major, minor = card.compute_capability
+    patches = [(cudnn, "check_compute_capability", lambda c: card.compute_capability >= parse(c)),
+               (cudnn, "is_cuda_compute_capability_equal", lambda c: card.compute_capability == parse(c))]
     try:
-        for name, answer in asked.items():
-            setattr(cudnn, name, answer)
+        from jax._src.pallas.triton import gpu_info as triton_gpu
+        info = triton_gpu.GpuInfo(gpu_version=None, arch_name=f"{major}.{minor}", compute_capability=10 * major + minor)
+        patches.append((triton_gpu, "get_gpu_info", lambda: info))
+    except (ImportError, AttributeError, TypeError):  # a JAX whose Triton lowering asks no device, or has none
+        pass
+    saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
+    try:
+        for module, name, answer in patches:
+            setattr(module, name, answer)
         yield
     finally:
-        for name, fn in saved.items():
-            setattr(cudnn, name, fn)
+        for module, name, fn in saved:
+            setattr(module, name, fn)
 
 
 @contextlib.contextmanager
 def compiling(tgt: Target):
-    """Trace programs for `tgt` from this process: its platform's paths (`cpu.compiling_for`), its
-    card's answers to cuDNN (`card_capability`), and for a GPU compiled without one, its device as JAX's
-    default, where Pallas' GPU lowering looks up the card it compiles a kernel for."""
-    platform = tgt.devices[0].platform
-    default = (jax.default_device(tgt.devices[0]) if platform == "gpu" and jax.default_backend() != "gpu"
-               else contextlib.nullcontext())
-    with cpu.compiling_for(platform), card_capability(tgt.name), default:
+    """Trace programs for `tgt` from this process: its platform's paths (`cpu.compiling_for`) and its
+    card's answers to the kernels' questions (`card_capability`)."""
+    with cpu.compiling_for(tgt.devices[0].platform), card_capability(tgt.name):
         yield
 
 

@@ -62,3 +62,16 @@ def test_compiling_for_a_card_answers_cudnns_capability_questions_with_the_cards
     with aot.card_capability("v5p-8"):
         assert cudnn.check_compute_capability is asked
     assert cudnn.check_compute_capability is asked
+
+
+def test_compiling_for_a_card_tells_pallas_triton_lowering_the_cards_capability():
+    """From jax 0.11 Pallas' Triton lowering asks JAX for the GPU it lowers for, and with none refuses;
+    compiling for a preset it is told the preset's card (jax 0.10 asks nothing: it takes 9.0)."""
+    gpu_info = pytest.importorskip("jax._src.pallas.triton.gpu_info", reason="this JAX's Triton lowering asks "
+                                   "for no device")
+    asked = gpu_info.get_gpu_info
+    with aot.card_capability("1xH200"):
+        assert gpu_info.get_gpu_info().compute_capability == 90
+    with aot.card_capability("1x4090"):
+        assert gpu_info.get_gpu_info().compute_capability == 89
+    assert gpu_info.get_gpu_info is asked

@@ -155,3 +155,21 @@ def test_a_gpu_decode_engine_samples_with_the_kernel_as_with_xla(tiny, interpret
     for row in range(len(prompts)):
         assert got[row].tokens == want[row].tokens
         np.testing.assert_allclose(got[row].logprobs, want[row].logprobs, atol=1e-4)
+
+
+def test_on_a_mesh_the_kernel_runs_on_each_devices_shard(tiny, interpreted, monkeypatch):
+    """Rows over data, heads over tensor (one KV head a device): the sampler runs the kernel on each
+    device's shard (it has no partitioning rule), with XLA's tokens. The mesh's devices are CPUs, so
+    the choice of kernel is the GPU's by hand (`kernel` reads the platform from the mesh)."""
+    from spiral_jax.sharding import make_mesh
+
+    monkeypatch.setattr(decode_attention, "kernel", lambda cfg, *_: "gpu" if cfg.decode_attention == "pallas" else None)
+    mesh = make_mesh(data=2, fsdp=1, tensor=2, devices=jax.devices()[:4])
+    prompts, sp = [[5, 6, 7, 8, 9], [1, 2, 3], list(range(10, 30)), [4, 4]], SamplingParams(max_new_tokens=40)
+    with cpu.compiling_for("gpu"):
+        got = Sampler(TINY.replace(decode_attention="pallas"), mesh).generate(tiny, prompts, sp, seed=1)
+        assert interpreted
+        want = Sampler(TINY, mesh).generate(tiny, prompts, sp, seed=1)
+    assert got.tokens == want.tokens
+    for a, b in zip(got.logprobs, want.logprobs):
+        np.testing.assert_allclose(a, b, atol=1e-4)
