@@ -1,5 +1,6 @@
-"""bench/decode_attention.py on CPU (the kernel in Pallas' interpreter): it times both paths at each row
-count and fill, and its parity check passes on agreeing outputs and fails on a kernel that is off."""
+"""bench/decode_attention.py on CPU (the kernel in Pallas' interpreter): it times XLA's path and each
+variant of the kernel at each row count and fill, and its parity check passes on agreeing outputs and
+fails on a kernel that is off."""
 import re
 import sys
 
@@ -9,7 +10,7 @@ from tests.scripts import load_script
 
 bench = load_script("bench/decode_attention.py")
 ARGS = ["--shape", "tiny", "--interpret", "--rows", "1", "3", "--window", "192", "--prompt", "64", "--layers", "2",
-        "--repeats", "1", "--dtype", "float32"]
+        "--repeats", "1", "--dtype", "float32", "--split_slots", "128", "64"]
 
 
 def _run(monkeypatch, capsys) -> tuple[int, str]:
@@ -24,6 +25,8 @@ def test_it_times_both_paths_for_each_row_count_and_fill(monkeypatch, capsys):
     lines = re.findall(r"^\s*(\d+) rows, (full|spread)\s*: xla .* pallas/xla ([\d.]+)$", out, re.M)
     assert [(rows, fill) for rows, fill, _ in lines] == [("1", "full"), ("1", "spread"), ("3", "full"), ("3", "spread")]
     assert all(float(ratio) > 0 for *_, ratio in lines)
+    assert out.count("pallas 128 ") == out.count("pallas 64 ") == 4  # each kernel variant, each row count and fill
+    assert out.splitlines()[-1].startswith("pallas 128/xla 1 full ")
 
 
 def test_a_kernel_that_disagrees_fails_the_check(monkeypatch, capsys):

@@ -22,7 +22,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 _BLOCK = 64  # slots a loop step loads: 16 KiB of bf16 keys at head_dim 128, twice that with the values
-_PROGRAMS = 256  # programs a call aims for (splits of the window times rows times KV heads): ~2 per SM
+_PROGRAMS = 256  # fewest programs a call aims for (splits of the window x rows x KV heads): ~2 per SM
+_SPLIT_SLOTS = 1024  # most slots one program walks: a long row's work spreads over several programs
 _MIN_ROWS = 16  # a Triton product's fewest rows: the query group is padded to this
 
 
@@ -44,12 +45,16 @@ def supports(head_dim: int, group: int, dtype) -> bool:
             and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16, jnp.float32))
 
 
-def _splits(rows: int, kv_heads: int, window: int) -> tuple[int, int]:
-    """(splits, slots per split) for a window: enough splits for about `_PROGRAMS` programs, whole
-    blocks each, none of them empty."""
+def _splits(rows: int, kv_heads: int, window: int, split_slots: int) -> tuple[int, int]:
+    """(splits, slots per split) for a window: at least `_PROGRAMS` programs where the window has the
+    blocks for them, at most about `split_slots` slots each, whole blocks, none of them empty.
+
+    A decode engine's rows sit at different lengths, and the kernel's time is its longest program's:
+    bounding a program's slots spreads a long row over many programs, while those of a short row's
+    splits past its end return at once."""
     blocks = -(-window // _BLOCK)
-    wanted = max(1, min(blocks, -(-_PROGRAMS // (rows * kv_heads))))
-    per_split = -(-blocks // wanted)
+    wanted = max(-(-_PROGRAMS // (rows * kv_heads)), -(-window // max(split_slots, _BLOCK)))
+    per_split = -(-blocks // min(wanted, blocks))
     return -(-blocks // per_split), per_split * _BLOCK
 
 
@@ -86,13 +91,15 @@ def _kernel(layer_ref, stop_ref, q_ref, k_ref, v_ref, mask_ref, o_ref, m_ref, l_
     o_ref[...], m_ref[...], l_ref[...] = acc, m, l
 
 
-def decode_attention(q, k_cache, v_cache, layer, allowed, q_slots, masked: float, interpret: bool = False):
+def decode_attention(q, k_cache, v_cache, layer, allowed, q_slots, masked: float, interpret: bool = False,
+                     split_slots: int | None = None):
     """One query per row over layer `layer` of the stacked cache, on one device's shard.
 
     q [B, 1, H, hd]; k_cache, v_cache [layers, B, KV, slots, hd]; layer: an int32 scalar; allowed
     [B, W]: which of the first W slots each row's query sees; q_slots [B]: each row's query slot (no
     later slot is allowed, so none is read); masked: the score of a slot not seen. Returns [B, 1, H,
-    hd]. interpret: run in Pallas' interpreter (tests on CPU).
+    hd]. interpret: run in Pallas' interpreter (tests on CPU). split_slots: the most slots a program
+    walks (`_splits`; None: `_SPLIT_SLOTS`).
     """
     from jax.experimental.pallas import triton as plgpu
 
@@ -102,7 +109,7 @@ def decode_attention(q, k_cache, v_cache, layer, allowed, q_slots, masked: float
     rows = max(_MIN_ROWS, 1 << (group - 1).bit_length())
     # Query head j*G + g reads KV head j, as in `transformer.attention`.
     q_rows = jnp.pad(q.reshape(b, kv, group, hd), ((0, 0), (0, 0), (0, rows - group), (0, 0)))
-    splits, chunk = _splits(b, kv, window)
+    splits, chunk = _splits(b, kv, window, split_slots or _SPLIT_SLOTS)
     stop = jnp.minimum(q_slots.astype(jnp.int32) + 1, window)
     whole = pl.BlockSpec(memory_space=pl.ANY)  # the kernel indexes these itself
     own = lambda *block: pl.BlockSpec((None, None, None, *block), lambda r, j, s: (r, j, s) + (0,) * len(block))  # noqa: E731

@@ -30,12 +30,15 @@ def _inputs(heads, window, slots, dtype=jnp.float32, seed=0):
     return q, *cache, kv_mask
 
 
-@pytest.mark.parametrize("heads, window, programs", [(2, 300, 256), (8, 300, 1), (14, 192, 16), (4, 64, 256)])
-def test_kernel_equals_the_xla_attention(heads, window, programs, monkeypatch):
+@pytest.mark.parametrize("heads, window, programs, most", [(2, 300, 256, 10**6), (8, 300, 1, 10**6),
+                                                           (8, 300, 1, 128), (14, 192, 16, 10**6), (4, 64, 256, 64)])
+def test_kernel_equals_the_xla_attention(heads, window, programs, most, monkeypatch):
     """Query groups of 1, 4 and 7 heads (padded to 16 rows), windows of whole and partial blocks, one
-    split a row or several, rows at different slots, a left-padded row: each layer (its index traced)
-    against `transformer.attention` over the layer's window."""
+    split a row or several (by the programs wanted, or by the slots a program may walk), rows at
+    different slots, a left-padded row: each layer (its index traced) against `transformer.attention`
+    over the layer's window."""
     monkeypatch.setattr(gpu, "_PROGRAMS", programs)
+    monkeypatch.setattr(gpu, "_SPLIT_SLOTS", most)
     slots = jnp.array([80, 5, window - 1, min(130, window - 2)])
     q, k, v, kv_mask = _inputs(heads, window, slots)
     allowed = transformer._allowed(kv_mask, slots[:, None])[:, 0]
@@ -49,11 +52,15 @@ def test_kernel_equals_the_xla_attention(heads, window, programs, monkeypatch):
         np.testing.assert_allclose(np.asarray(got[layer]), np.asarray(want), atol=2e-6)
 
 
-def test_splits_cover_the_window_in_whole_blocks():
-    for rows, kv, window in [(1, 8, 6144), (16, 8, 6144), (64, 8, 100), (1, 1, 64), (3, 2, 1000)]:
-        splits, chunk = gpu._splits(rows, kv, window)
+def test_splits_cover_the_window_in_whole_blocks_and_spread_long_rows():
+    for rows, kv, window, most in [(1, 8, 6144, 1024), (16, 8, 6144, 1024), (16, 8, 6144, 4096), (64, 8, 100, 1024),
+                                   (1, 1, 64, 1024), (3, 2, 1000, 128), (32, 8, 6144, 10**6)]:
+        splits, chunk = gpu._splits(rows, kv, window, most)
+        blocks = -(-window // gpu._BLOCK)
         assert chunk % gpu._BLOCK == 0 and (splits - 1) * chunk < window <= splits * chunk
-        assert splits == 1 or rows * kv * splits <= 2 * gpu._PROGRAMS
+        assert chunk <= max(most, gpu._BLOCK)  # a long row's slots spread over programs
+        assert rows * kv * splits >= min(gpu._PROGRAMS, rows * kv * blocks)  # enough programs to fill a GPU
+    assert gpu._splits(32, 8, 6144, 10**6) == (1, 6144)  # 256 programs already: one split a row
 
 
 def test_slots_past_a_rows_own_are_never_read():
