@@ -85,20 +85,20 @@ def _kernel(layer_ref, last_block_ref, q_ref, k_ref, v_ref, mask_ref, o_ref, m_r
             o_ref[head * group:(head + 1) * group] = (acc_ref[head] / l_ref[head]).astype(o_ref.dtype)
 
 
-def decode_attention(q, k_cache, v_cache, layer, allowed, q_slots, masked: float, interpret: bool = False):
+def decode_attention(q, k_cache, v_cache, layer, allowed, last_slots, masked: float, interpret: bool = False):
     """One query per row over layer `layer` of the stacked cache, on one device's shard.
 
     q [B, 1, H, hd]; k_cache, v_cache [layers, B, KV, slots, hd]; layer: an int32 scalar (traced in a
     scanned loop); allowed [B, W]: which of the first W slots each row's query sees (W a multiple of
-    `block_slots`); q_slots [B]: each row's query slot (no later slot is allowed); masked: the score of
-    a slot not seen. Returns [B, 1, H, hd]. interpret: run in Pallas' interpreter (tests on CPU).
+    `block_slots`); last_slots [B]: the last slot each row sees (no later block is read); masked: the
+    score of a slot not seen. Returns [B, 1, H, hd]. interpret: run in Pallas' interpreter (tests on CPU).
     """
     b, _, h, hd = q.shape
     kv, window = k_cache.shape[2], allowed.shape[1]
     block = block_slots(window, kv, hd, k_cache.dtype.itemsize)
     n_blocks = window // block
     mask = allowed.astype(jnp.int32)[:, None, :]  # [B, 1, W]
-    last_block = jnp.clip(q_slots.astype(jnp.int32) // block, 0, n_blocks - 1)
+    last_block = jnp.clip(last_slots.astype(jnp.int32) // block, 0, n_blocks - 1)
 
     def slots(row, blk, last_block_ref):  # blocks past the row's last are not fetched again
         return jnp.minimum(blk, last_block_ref[row])
@@ -211,25 +211,28 @@ def _cache_spec(rules: Rules, cache_axes, k_cache):
     return None if any(spec[i] for i in (0, 3, 4)) else spec
 
 
-def attend(cfg, rules: Rules | None, cache_axes, q, k_cache, v_cache, layer, allowed, q_slots, masked: float):
+def attend(cfg, rules: Rules | None, cache_axes, q, k_cache, v_cache, layer, allowed, masked: float):
     """A Pallas kernel's decode attention where one applies (`kernel`, one query a row; on TPU a window
     of whole blocks; query and KV heads split alike), else None: the caller then runs the XLA path.
-    allowed [B, 1, W] and q_slots [1] or [B, 1] are as `transformer._allowed` takes and makes them."""
+    allowed [B, 1, W] is as `transformer._allowed` makes it. Each row reads up to the last slot it
+    sees, so a row that sees only its first slot (a finished one, whose output nobody reads) reads
+    one block."""
     which = kernel(cfg, rules, k_cache.dtype, q.shape[-1], q.shape[2] // k_cache.shape[2])
     if which is None or q.shape[1] != 1 or (which == "tpu" and block_slots(
             allowed.shape[-1], k_cache.shape[2], q.shape[-1], k_cache.dtype.itemsize) is None):
         return None
-    allowed, q_slots = allowed[:, 0], jnp.broadcast_to(q_slots[..., -1], (q.shape[0],))
+    allowed = allowed[:, 0]
+    last_seen = jnp.max(jnp.where(allowed, jnp.arange(allowed.shape[1]), 0), axis=1)
     fn = functools.partial(decode_attention if which == "tpu" else gpu.decode_attention, masked=masked)
     if rules is None:
-        return fn(q, k_cache, v_cache, layer, allowed, q_slots)
+        return fn(q, k_cache, v_cache, layer, allowed, last_seen)
     cache = _cache_spec(rules, cache_axes, k_cache)
     q_spec = rules.spec(("batch", "seq", "heads", "head_dim"), q.shape)
     if cache is None or (q_spec[0], q_spec[2]) != (cache[1], cache[2]):
         return None
     return jax.shard_map(fn, mesh=rules.mesh, out_specs=q_spec, check_vma=False,
                          in_specs=(q_spec, cache, cache, P(), P(cache[1], None), P(cache[1])),
-                         )(q, k_cache, v_cache, layer, allowed, q_slots)
+                         )(q, k_cache, v_cache, layer, allowed, last_seen)
 
 
 def write(cfg, rules: Rules | None, cache_axes, k_cache, v_cache, layer, k, v, slots):

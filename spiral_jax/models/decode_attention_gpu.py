@@ -3,11 +3,12 @@
 XLA's GPU attention for one query a row reads every row of a call over the whole attention window: in
 the decode engine, whose rows sit at different lengths, the window is the longest row's, so a short
 row reads as many keys and values as the longest one, and an idle slot as many as a busy one
-(docs/performance.md). This kernel stops each row at its own query slot.
+(docs/performance.md). This kernel stops each row at the last slot it sees: its own query slot, or
+for a finished row, whose output nobody reads, the first (the sampler and the engine mask it so).
 
 The grid is (row, KV head, split): each program takes one KV head's query group (padded to the 16
 rows a Triton product needs) over one split of the window's slots, in blocks of `_BLOCK` slots, and
-runs an online softmax in fp32 over the blocks before the row's end; the blocks after it are never
+runs an online softmax in fp32 over the blocks up to the last slot the row sees; no later slot is
 loaded. Splits give a batch-1 step enough programs to fill the GPU; XLA joins their partial results
 (each split's unnormalised output, running maximum and sum) afterwards. The kernel takes the whole
 stacked cache [layers, rows, KV, slots, head_dim] and the layer index, so no layer's window is
@@ -91,15 +92,15 @@ def _kernel(layer_ref, stop_ref, q_ref, k_ref, v_ref, mask_ref, o_ref, m_ref, l_
     o_ref[...], m_ref[...], l_ref[...] = acc, m, l
 
 
-def decode_attention(q, k_cache, v_cache, layer, allowed, q_slots, masked: float, interpret: bool = False,
+def decode_attention(q, k_cache, v_cache, layer, allowed, last_slots, masked: float, interpret: bool = False,
                      split_slots: int | None = None):
     """One query per row over layer `layer` of the stacked cache, on one device's shard.
 
     q [B, 1, H, hd]; k_cache, v_cache [layers, B, KV, slots, hd]; layer: an int32 scalar; allowed
-    [B, W]: which of the first W slots each row's query sees; q_slots [B]: each row's query slot (no
-    later slot is allowed, so none is read); masked: the score of a slot not seen. Returns [B, 1, H,
-    hd]. interpret: run in Pallas' interpreter (tests on CPU). split_slots: the most slots a program
-    walks (`_splits`; None: `_SPLIT_SLOTS`).
+    [B, W]: which of the first W slots each row's query sees; last_slots [B]: the last slot each row
+    sees (no later slot is read); masked: the score of a slot not seen. Returns [B, 1, H, hd].
+    interpret: run in Pallas' interpreter (tests on CPU). split_slots: the most slots a program walks
+    (`_splits`; None: `_SPLIT_SLOTS`).
     """
     from jax.experimental.pallas import triton as plgpu
 
@@ -110,7 +111,7 @@ def decode_attention(q, k_cache, v_cache, layer, allowed, q_slots, masked: float
     # Query head j*G + g reads KV head j, as in `transformer.attention`.
     q_rows = jnp.pad(q.reshape(b, kv, group, hd), ((0, 0), (0, 0), (0, rows - group), (0, 0)))
     splits, chunk = _splits(b, kv, window, split_slots or _SPLIT_SLOTS)
-    stop = jnp.minimum(q_slots.astype(jnp.int32) + 1, window)
+    stop = jnp.minimum(last_slots.astype(jnp.int32) + 1, window)
     whole = pl.BlockSpec(memory_space=pl.ANY)  # the kernel indexes these itself
     own = lambda *block: pl.BlockSpec((None, None, None, *block), lambda r, j, s: (r, j, s) + (0,) * len(block))  # noqa: E731
     part = lambda *tail: jax.ShapeDtypeStruct((b, kv, splits, *tail), jnp.float32)  # noqa: E731

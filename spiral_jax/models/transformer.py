@@ -267,7 +267,7 @@ def _block(cfg: ModelConfig, rules: Rules | None, inv_freq, x, p, layer, positio
             out = None
             if cache_rows is None:  # the kernels read the block's own rows of the cache
                 out = decode_attention.attend(cfg, rules, CACHE_AXES, q, cache.k, cache.v, layer,
-                                              _allowed(kv_mask[:, :seen], q_slots), q_slots, MASKED)
+                                              _allowed(kv_mask[:, :seen], q_slots), MASKED)
             if out is None:  # the layer's window of the block's rows
                 window = lambda c: (c[layer, :, :, :seen] if cache_rows is None  # noqa: E731
                                     else c[layer, cache_rows, :, :seen]).astype(dt)

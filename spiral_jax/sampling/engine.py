@@ -38,7 +38,7 @@ import numpy as np
 from spiral_jax.models import transformer
 from spiral_jax.models.params import check_params
 from spiral_jax.models.transformer import KVCache, decoder, unembed
-from spiral_jax.sampling.finish import check_finite, finish_reason, row_stops
+from spiral_jax.sampling.finish import check_finite, finish_reason, finished_sees_first, row_stops
 from spiral_jax.sampling.ahead import CompileAhead
 from spiral_jax.sampling.logits import sample_token
 from spiral_jax.sampling.buckets import INSERT_ROWS, bucket_length, engine_windows, insert_rows, largest_insert
@@ -379,7 +379,7 @@ def _programs(cfg, rules, mode: str, stop_ids: tuple[int, ...], slots: int, cach
         def body(carry):
             i, st, finished = carry
             live = ~st.done
-            mask = jnp.arange(cache_len)[None, :] <= st.length[:, None]
+            mask = finished_sees_first(jnp.arange(cache_len)[None, :] <= st.length[:, None], st.done)
             hidden, cache = decoder(params, cfg, st.last[:, None], st.length[:, None], mask, st.cache,
                                     st.length, rules, kv_len=window)
             token, lp, raw = pick(logits(params, hidden[:, 0]), jax.vmap(jax.random.fold_in)(st.keys, st.step),

@@ -1,7 +1,7 @@
 """How a decoded row ends, for every decode program and its host side alike.
 
 On the device, `row_stops` says which rows stop at the token just sampled: a stop id, or the row's
-new-token limit. On the host, `finish_reason` names why a finished row ended and `check_finite`
+new-token limit, and `finished_sees_first` narrows a finished row's attention to one slot. On the host, `finish_reason` names why a finished row ended and `check_finite`
 refuses rows whose logits were NaN or infinite.
 """
 from __future__ import annotations
@@ -19,6 +19,14 @@ def row_stops(tokens: jax.Array, generated, max_new, stop_ids) -> jax.Array:
     scalars or [B]."""
     stop = jnp.any(tokens[:, None] == jnp.asarray(stop_ids)[None, :], axis=-1)
     return stop | (generated >= max_new)
+
+
+def finished_sees_first(kv_mask: jax.Array, done: jax.Array) -> jax.Array:
+    """A decode step's kv_mask [B, S] with each finished row (done [B]) seeing its first slot only. A
+    finished row still runs through the step, but nobody reads its output: the Pallas decode kernels
+    (models/decode_attention.py) then read one block of its cache instead of all it filled, while
+    XLA's attention reads the same either way."""
+    return jnp.where(done[:, None], jnp.arange(kv_mask.shape[1])[None, :] == 0, kv_mask)
 
 
 def finish_reason(tokens: Sequence[int], stop_ids: Collection[int], cancelled: bool = False) -> str:

@@ -35,7 +35,7 @@ from spiral_jax.models.transformer import (KVCache, decode_weights, decoder, pos
                                            unembed, unembed_table)
 from spiral_jax.sampling.ahead import CompileAhead, auto_workers
 from spiral_jax.sampling.buckets import attention_windows, batch_bucket, bucket_length, cache_slots
-from spiral_jax.sampling.finish import check_finite, finish_reason, row_stops
+from spiral_jax.sampling.finish import check_finite, finish_reason, finished_sees_first, row_stops
 from spiral_jax.sampling.logits import sample_token
 from spiral_jax.sampling.setup import DecodeSetup
 from spiral_jax.sampling.stats import DecodeStats
@@ -200,8 +200,9 @@ class Sampler:
                     slot = plen + st.step - 1  # where the previous token goes
                     kv_mask = st.kv_mask.at[:, slot].set(True)
                     pos = (next_pos + st.step - 1)[:, None]
-                    hidden, cache = decoder(params, cfg, st.tokens[:, st.step - 1][:, None], pos, kv_mask,
-                                            st.cache, slot, rules, kv_len=window)
+                    hidden, cache = decoder(params, cfg, st.tokens[:, st.step - 1][:, None], pos,
+                                            finished_sees_first(kv_mask, st.done), st.cache, slot, rules,
+                                            kv_len=window)
                     token, lp, raw = pick(logits(hidden[:, 0]), step_keys(st.step))
                     live = ~st.done
                     return _DecodeState(

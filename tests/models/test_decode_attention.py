@@ -67,7 +67,7 @@ def test_blocks_past_a_rows_slot_are_never_read():
     block = decode_attention.block_slots(window, KV, HEAD_DIM, 4)
     past = jnp.arange(SLOTS)[None, :] >= (slots[:, None] // block + 1) * block  # [rows, slots]
     poison = lambda c: jnp.where(past[None, :, None, :, None], jnp.nan, c)  # noqa: E731
-    run = functools.partial(decode_attention.decode_attention, layer=jnp.int32(1), allowed=allowed, q_slots=slots,
+    run = functools.partial(decode_attention.decode_attention, layer=jnp.int32(1), allowed=allowed, last_slots=slots,
                             masked=transformer.MASKED, interpret=True)
     clean = run(q, k_cache=k, v_cache=v)
     poisoned = run(q, k_cache=poison(k), v_cache=poison(v))
@@ -102,7 +102,7 @@ def test_where_the_kernels_apply():
         cfg = WIDE_HEADS.replace(attention=implementation, decode_attention=decode)
         with cpu.compiling_for(platform):
             out = jax.eval_shape(lambda: decode_attention.attend(cfg, None, transformer.CACHE_AXES, q, k,
-                                                                 v, 0, allowed, q_slots, transformer.MASKED))
+                                                                 v, 0, allowed, transformer.MASKED))
         return out is not None
 
     def writes(implementation="auto", platform="tpu", slots=SLOTS):

@@ -72,7 +72,7 @@ def test_slots_past_a_rows_own_are_never_read():
     allowed = transformer._allowed(kv_mask, slots[:, None])[:, 0]
     past = jnp.arange(SLOTS)[None, :] > slots[:, None]  # [rows, slots]
     poison = lambda c: jnp.where(past[None, :, None, :, None], jnp.nan, c)  # noqa: E731
-    run = functools.partial(gpu.decode_attention, layer=jnp.int32(1), allowed=allowed, q_slots=slots,
+    run = functools.partial(gpu.decode_attention, layer=jnp.int32(1), allowed=allowed, last_slots=slots,
                             masked=transformer.MASKED, interpret=True)
     clean = run(q, k_cache=k, v_cache=v)
     poisoned = run(q, k_cache=poison(k), v_cache=poison(v))
@@ -180,3 +180,25 @@ def test_on_a_mesh_the_kernel_runs_on_each_devices_shard(tiny, interpreted, monk
     assert got.tokens == want.tokens
     for a, b in zip(got.logprobs, want.logprobs):
         np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def test_a_finished_row_that_sees_its_first_slot_only_reads_no_further(interpreted):
+    """`attend` stops each row at the last slot it sees, not at its query slot: a finished row, masked to
+    its first slot (`sampling.finish.finished_sees_first`), reads one block, and NaN past it changes
+    nothing; its output is that slot's value."""
+    from spiral_jax.sampling.finish import finished_sees_first
+
+    window, slots = 300, jnp.array([250, 250, 250, 250])
+    q, k, v, kv_mask = _inputs(4, window, slots)
+    kv_mask = finished_sees_first(kv_mask, jnp.array([False, True, False, False]))
+    poison = jnp.arange(SLOTS) >= gpu._BLOCK
+    k, v = (c.at[:, 1].set(jnp.where(poison[None, None, :, None], jnp.nan, c[:, 1])) for c in (k, v))
+    cfg = TINY.replace(decode_attention="pallas", num_heads=4, head_dim=HEAD_DIM)
+    with cpu.compiling_for("gpu"):
+        out = decode_attention.attend(cfg, None, transformer.CACHE_AXES, q, k, v, 2,
+                                      transformer._allowed(kv_mask, slots[:, None]), transformer.MASKED)
+    assert interpreted and np.isfinite(np.asarray(out)).all()
+    np.testing.assert_allclose(np.asarray(out[1, 0]).reshape(KV, 2, HEAD_DIM),
+                               np.broadcast_to(np.asarray(v[2, 1, :, None, 0]), (KV, 2, HEAD_DIM)), atol=1e-6)
+    want = transformer.attention(q, k[2, :, :, :window], v[2, :, :, :window], slots[:, None], kv_mask)
+    np.testing.assert_allclose(np.asarray(out)[[0, 2, 3]], np.asarray(want)[[0, 2, 3]], atol=2e-6)
