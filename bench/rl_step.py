@@ -711,8 +711,8 @@ def decode_reads(schedule: str, probes) -> tuple[int, float, float, float, float
     "continuous": each engine call's live rows read the cache they filled (its idle slots are not
     counted). The second is what XLA's attention reads, masked slots included: every row of a call
     (padded rows, finished ones and an engine's idle slots too) its whole attention window, every step.
-    TPU's Pallas decode kernel skips the blocks past each row's own slot, which brings its reads near
-    the first."""
+    The Pallas decode kernels (TPU's; a GPU's with model.decode_attention=pallas) read about the
+    first: each live row up to its own slot, a finished row (an engine's idle slot) one block."""
     if schedule == "rounds":
         calls = probes.calls.calls
         read = sum(cache_read(k["rows"], k["prompt_bucket"], k["steps"]) for k in calls)
