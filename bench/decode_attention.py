@@ -17,31 +17,17 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rl_step import measured_bandwidth, seconds
 from spiral_jax.models import decode_attention_gpu as gpu, transformer
 from spiral_jax.models.shapes import QWEN3
 
 HEADS = {name: (s["num_heads"], s["num_kv_heads"], s["head_dim"]) for name, s in QWEN3.items()}
 HEADS["tiny"] = (4, 2, 16)
-
-
-def bandwidth() -> float:
-    """Bytes/s of a reduction over 256 MiB (best of 5)."""
-    x = jnp.ones(2**26, jnp.float32)
-    total = jax.jit(jnp.sum)
-    total(x).block_until_ready()
-    return x.nbytes / min(seconds(lambda: total(x).block_until_ready()) for _ in range(5))
-
-
-def seconds(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def query_slots(fill: str, rows: int, prompt: int, window: int) -> np.ndarray:
@@ -85,7 +71,7 @@ def main() -> int:
     heads, kv, hd = HEADS[args.shape]
     dtype = jnp.dtype(args.dtype)
     token_bytes = 2 * kv * hd * dtype.itemsize  # keys and values of one slot of one layer
-    rate = bandwidth()
+    rate = measured_bandwidth()
     programs = layer_programs(args.layers, args.interpret, args.split_slots)
     first = f"pallas {args.split_slots[0]}"
     print(f"{args.shape} heads ({heads} query, {kv} KV, {hd} wide), {args.dtype} cache, window {args.window} "

@@ -342,7 +342,7 @@ def measured_bandwidth() -> float:
     x = jnp.ones(2**26, jnp.float32)
     total = jax.jit(jnp.sum)
     total(x).block_until_ready()
-    return x.nbytes / min(_seconds(lambda: total(x).block_until_ready()) for _ in range(5))
+    return x.nbytes / min(seconds(lambda: total(x).block_until_ready()) for _ in range(5))
 
 
 def measured_flops(dtype) -> float:
@@ -350,10 +350,10 @@ def measured_flops(dtype) -> float:
     a = jnp.ones((2048, 2048), dtype)
     mm = jax.jit(jnp.matmul)
     mm(a, a).block_until_ready()
-    return 2 * 2048**3 / min(_seconds(lambda: mm(a, a).block_until_ready()) for _ in range(5))
+    return 2 * 2048**3 / min(seconds(lambda: mm(a, a).block_until_ready()) for _ in range(5))
 
 
-def _seconds(fn) -> float:
+def seconds(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
