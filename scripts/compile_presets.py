@@ -38,6 +38,8 @@ def main() -> int:
     parser.add_argument("presets", nargs="*", help="config names without .py (default: every preset)")
     parser.add_argument("--platform", choices=["tpu", "gpu"], help="only the presets for this platform")
     parser.add_argument("--attention", default="auto", help="model.attention for every preset (auto, xla, splash, cudnn)")
+    parser.add_argument("--decode_attention", default="auto",
+                        help="model.decode_attention for every preset (auto, pallas, xla)")
     parser.add_argument("--micro_batch", type=int, default=0, help="optim.micro_batch_size for every preset "
                         "(default: each preset's own)")
     args = parser.parse_args()
@@ -47,7 +49,7 @@ def main() -> int:
     rows, all_fit = [], True
     for name in names:
         c = config_from_file(str(CONFIGS / f"{name}.py"))
-        c.model.attention = args.attention
+        c.model.attention, c.model.decode_attention = args.attention, args.decode_attention
         if args.micro_batch:
             c.optim.micro_batch_size = args.micro_batch
         tgt = aot.target(PRESETS[name])
@@ -62,7 +64,7 @@ def main() -> int:
                     f"{time.perf_counter() - start:.0f} s |")
         all_fit &= bool(fits)
         print(rows[-1], flush=True)
-    print(f"\nattention: {args.attention}\n")
+    print(f"\nattention: {args.attention}, decode attention: {args.decode_attention}\n")
     print("| preset | hardware | micro-batch | planner GiB | compiler GiB (of usable) | largest program | fits | "
           "compile time |")
     print("|---|---|---|---|---|---|---|---|")
