@@ -6,9 +6,11 @@ Qwen3-1.7B does not fit 48 GB: with one row a micro-batch and 8 games a call its
 10% headroom); its fp32 parameters and AdamW moments alone are 19 GiB.
 Qwen3-0.6B does, at the paper's lengths and sizes otherwise: 128 samples a step, 2 PPO epochs, bf16
 compute, remat. On 24 GB that takes micro-batches of 1 row of 6144 slots (2048 prompt + 4096 new
-tokens) and 8 games per sampler call (rollout.games_per_batch): more micro-batches and more calls
-per step, the same update. On a 48 GB card the planner fits micro-batch 4 and 16 games per call:
-add --config.optim.micro_batch_size=4 --config.rollout.games_per_batch=16.
+tokens) and 8 games at a time (rollout.games_per_batch) through a decode engine of 8 slots (the
+continuous schedule: a game's next move takes a slot as soon as one is free; docs/performance.md):
+more micro-batches and more decode calls per step, the same update. On a 48 GB card the planner fits micro-batch 4 and 16 games per call:
+add --config.optim.micro_batch_size=4 --config.rollout.games_per_batch=16
+--config.rollout.max_in_flight=16.
 On one GPU the layers run unrolled (model.scan_layers off): XLA:GPU then adds each layer's
 gradients to the accumulator as the backward makes them, instead of holding a whole micro-batch's,
 and reads each layer's weights in place. Remat keeps the MLP's gate and up projections from the
@@ -31,5 +33,5 @@ def get_config():
     c.model.update(scan_layers=False, remat_saves=("mlp",))
     c.mesh.update(data=1, fsdp=1, tensor=1)
     c.optim.micro_batch_size = 1
-    c.rollout.games_per_batch = 8
+    c.rollout.update(games_per_batch=8, schedule="continuous", max_in_flight=8)
     return c

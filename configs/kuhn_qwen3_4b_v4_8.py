@@ -3,8 +3,10 @@ JAX sees 4 devices).
 
 Mesh: tensor 4 (data 1, fsdp 1). Qwen3-4B split 4 ways over `tensor`, not over fsdp: the train and
 sample layouts agree, so the sampler reads the train state (no second copy of the weights). Micro-
-batch 4 rows of 6144 slots (2048 prompt + 4096 new tokens); rollout and evaluation play 16 games per
-sampler call (rollout.games_per_batch), so more evaluation games cost time, not memory. `spiral-jax
+batch 4 rows of 6144 slots (2048 prompt + 4096 new tokens); rollout and evaluation play 16 games at a
+time (rollout.games_per_batch) through a decode engine of 16 slots (the continuous schedule: a
+game's next move takes a slot as soon as one is free, where a sampler call would wait for its
+longest response; docs/performance.md), so more evaluation games cost time, not memory. `spiral-jax
 plan` prints the memory per chip (docs/memory.md has the table).
 
     spiral-jax plan  --config configs/kuhn_qwen3_4b_v4_8.py --hardware v4-8
@@ -17,5 +19,5 @@ def get_config():
     c = config_from_file("spiral_kuhn_qwen3_4b.py", relative_to=__file__)
     c.mesh.update(data=1, fsdp=1, tensor=4)
     c.optim.micro_batch_size = 4
-    c.rollout.games_per_batch = 16
+    c.rollout.update(games_per_batch=16, schedule="continuous", max_in_flight=16)
     return c

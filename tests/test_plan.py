@@ -215,8 +215,9 @@ def test_more_final_eval_games_than_games_per_batch_do_not_change_the_eval_sampl
 
 def test_suggestion_sizes_games_per_batch_for_evaluation_and_keeps_the_eval_games():
     c = config_from_file(str(CONFIGS / "kuhn_qwen3_4b_v5e_8.py"))
-    # Short rollouts, the paper's 4096-token evaluation: evaluation's chunks are what does not fit.
-    c.rollout.update(max_new_tokens=1024, games_per_batch=64)
+    # Short rollouts, the paper's 4096-token evaluation in sampler calls: evaluation's chunks are what
+    # does not fit.
+    c.rollout.update(max_new_tokens=1024, games_per_batch=64, schedule="rounds", max_in_flight=0)
     hw = H.hardware("v5e-8")
     plan = P.plan(planned(c), hw)
     assert not plan.fits and plan.worst_phase == "eval, final eval (64 games at once)"
