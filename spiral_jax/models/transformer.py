@@ -151,16 +151,26 @@ def query_chunk(tokens: int, keys: int, rows: int, heads: int) -> int:
 
 
 def _attention_in_chunks(rules: Rules | None, q, k, v, q_slots, kv_mask):
-    """`attention` of a block over a cache's window, its queries in `query_chunk`s, one after another."""
+    """`attention` of a block over a cache's window, its queries in `query_chunk`s, one after another.
+
+    Each chunk's output replaces its queries in one buffer, the loop's carry. A loop that stacked its
+    outputs (`lax.map`) would start from a buffer of zeros, and in an unrolled layer stack XLA makes
+    every layer's such buffer at once, at the program's start: 36 x 64 MiB for Qwen3-4B's insert of
+    4 prompts of 2048 tokens (docs/memory.md)."""
     b, t, h, hd = q.shape
     local = q.shape if rules is None else rules.sharding(Q_AXES, q.shape).shard_shape(q.shape)
     chunk = query_chunk(t, k.shape[2], local[0], local[2])
     if chunk == t:
         return attention(q, k, v, q_slots, kv_mask)
-    split = lambda x: x.reshape(b, t // chunk, chunk, *x.shape[2:]).swapaxes(0, 1)  # noqa: E731
-    out = jax.lax.map(lambda qs: attention(qs[0], k, v, qs[1], kv_mask),
-                      (split(q), split(jnp.broadcast_to(q_slots, (b, t)))))
-    return out.swapaxes(0, 1).reshape(b, t, h, hd)
+    q_slots = jnp.broadcast_to(q_slots, (b, t))
+
+    def one(i, qo):
+        start = i * chunk
+        qs = jax.lax.dynamic_slice_in_dim(qo, start, chunk, axis=1)
+        out = attention(qs, k, v, jax.lax.dynamic_slice_in_dim(q_slots, start, chunk, axis=1), kv_mask)
+        return jax.lax.dynamic_update_slice_in_dim(qo, out.astype(qo.dtype), start, axis=1)
+
+    return jax.lax.fori_loop(0, t // chunk, one, q)
 
 
 def _cache_write(cfg: ModelConfig, rules: Rules | None, cache: KVCache, layer, k, v, cache_start,
