@@ -9,9 +9,10 @@ beside the frozen one. The layers run unrolled (model.scan_layers off): a decode
 read each layer's frozen weights in place, where out of a stack XLA:GPU copied them every step, and
 the step moves about its memory floor rather than 2.7 times it (docs/performance.md). The rest is
 the paper's recipe: 128 samples a step, up to 4096 new tokens, 2 PPO epochs, remat, micro-batches of
-one row of 6144 slots, 4 games per sampler call. The learning rate is LoRA's usual order (1e-5), not
-the full fine-tune's 1e-6: a starting point, not tuned. `spiral-jax plan` prints the memory
-(docs/memory.md).
+one row of 6144 slots, 4 games at a time through a decode engine of 4 slots (the continuous
+schedule: a game's next move takes a slot as soon as one is free). The learning rate is LoRA's usual
+order (1e-5), not the full fine-tune's 1e-6: a starting point, not tuned. `spiral-jax plan` prints
+the memory (docs/memory.md).
 
     spiral-jax plan  --config configs/kuhn_qwen3_4b_lora_1x4090.py --hardware 1x4090
     spiral-jax train --config configs/kuhn_qwen3_4b_lora_1x4090.py --config.model.path=/ckpt/Qwen3-4B-Base
@@ -28,5 +29,5 @@ def get_config():
     c.optim.learning_rate = 1e-5
     c.mesh.update(data=1, fsdp=1, tensor=1)
     c.optim.micro_batch_size = 1
-    c.rollout.games_per_batch = 4
+    c.rollout.update(games_per_batch=4, schedule="continuous", max_in_flight=4)
     return c

@@ -5,7 +5,8 @@ Full fine-tuning of Qwen3-8B needs about 130 GB of fp32 weights, AdamW moments a
 freezes the weights in bf16 (15 GiB) and trains rank-32 adapters on every attention and MLP
 projection; the sampler reads the adapters merged into a second bf16 copy. The rest is the paper's
 recipe: 128 samples a step, up to 4096 new tokens, 2 PPO epochs, remat; micro-batches of 1 row of
-6144 slots, 16 games per sampler call. The layers run unrolled (model.scan_layers off: XLA:GPU
+6144 slots, 16 games at a time through a decode engine of 16 slots (the continuous schedule: a
+game's next move takes a slot as soon as one is free). The layers run unrolled (model.scan_layers off: XLA:GPU
 reads each layer's weights in place rather than copying them out of a stack), and remat keeps the
 MLP's gate and up projections from the forward (model.remat_saves), which spares two thirds of the
 products it would run again; one row a micro-batch makes the room for them (docs/performance.md).
@@ -29,5 +30,5 @@ def get_config():
     c.model.update(scan_layers=False, remat_saves=("mlp",))
     c.mesh.update(data=1, fsdp=1, tensor=1)
     c.optim.micro_batch_size = 1
-    c.rollout.games_per_batch = 16
+    c.rollout.update(games_per_batch=16, schedule="continuous", max_in_flight=16)
     return c
