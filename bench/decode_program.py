@@ -117,7 +117,6 @@ def main():
 
     import jax
     import jax.numpy as jnp
-    from spiral_jax.models import cpu
     from spiral_jax.models.config import ModelConfig
     from spiral_jax.models.params import abstract_params
     from spiral_jax.models.shapes import QWEN3
@@ -130,7 +129,7 @@ def main():
                       lora_rank=args.lora, attention=args.attention,
                       decode_attention=args.decode_attention)
     platform = tgt.devices[0].platform
-    with cpu.compiling_for(platform):
+    with aot.compiling(tgt):
         params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32), abstract_params(cfg))
         given = "fp32 parameters (the train state's, handed over as they are)"
         if args.lora:  # what the trainer hands over: the frozen bf16 weights and the fp32 adapters
