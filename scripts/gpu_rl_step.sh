@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# One RL step of the paper's Kuhn recipe on one NVIDIA GPU (an H200), in parts. PARTS lists them, run
+# One RL step of the paper's Kuhn recipe on one NVIDIA GPU (an H200, or an 80 GB H100), in parts. PARTS lists them, run
 # in that order (default "preset small continuous"), each within its own limit and within BUDGET_S
 # seconds for the whole script (default 570: a call's 590 s less the machine's start); a part with
 # fewer than 120 s left is skipped and says so, for the next call to run.
+# The card picks the planner's hardware (HW) and part preset's config (PRESET), both overridable:
+# on an H200, 1xH200 and Qwen3-4B (configs/kuhn_qwen3_4b_1xh200.py, the targets); on an H100 or
+# A100 80 GB, whose memory a full fine-tune of Qwen3-4B does not fit, 1xH100 and Qwen3-1.7B
+# (configs/kuhn_qwen3_1p7b_1xh100.py). Parts full and rounds run PRESET too.
 #   preset: Qwen3-4B as the H200 preset (configs/kuhn_qwen3_4b_1xh200.py: micro-batch 2, layers
 #      unrolled, remat keeping the MLP's gate and up, each batch of 32 games through a decode engine
 #      of 16 slots, the continuous schedule; the recipe's micro-batch 8 and 64 games a call do not
@@ -49,6 +53,8 @@
 #      end and spread over it, with a parity check (DECODE_S, 120 s: 12 small programs to compile).
 #      Where the kernel wins, part pallas says what it makes of a step.
 #   pallas: part continuous with --decode_attention pallas (PALLAS_S, 240 s), against part continuous.
+#   lora: Qwen3-8B with LoRA as its one-H100 preset (configs/kuhn_qwen3_8b_lora_1xh100.py: frozen bf16
+#      weights, rank-32 adapters, 16 decode slots), at part preset's cap, one step (LORA_S, 450 s).
 # PER_ROW=N packs up to N samples into each training row in parts preset, rounds, full and medium
 # (--samples_per_row; unset: the config's auto, one a row under cuDNN). Run part attention before
 # them, so a failed check of cuDNN's packed layout falls back to one a row: with a session's
@@ -72,6 +78,17 @@ mkdir -p "$OUT"
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/spiral_jax_xla_cache}
 
 nvidia-smi -L
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+case $card in
+  *H200*) HW=${HW:-1xH200}; PRESET=${PRESET:-configs/kuhn_qwen3_4b_1xh200.py};;
+  *H100*|*A100*) HW=${HW:-1xH100}; PRESET=${PRESET:-configs/kuhn_qwen3_1p7b_1xh100.py};;
+  *) if [ -z "${HW:-}" ] || [ -z "${PRESET:-}" ]; then
+       echo "no preset for the card '$card' here: set HW (spiral-jax plan's --hardware) and PRESET (a config)" >&2
+       exit 2
+     fi;;
+esac
+preset_name=$(basename "$PRESET" .py)
+echo "card: $card; hardware $HW; preset $PRESET"
 python3 -c "import jax, ml_collections; print('jax', jax.__version__, jax.devices())" || exit 1
 
 # run NAME LIMIT_S ARGS...: one bench run, its log in $OUT/NAME.log, its last line in summary.txt.
@@ -80,7 +97,7 @@ run() {
   shift 2
   section "$name: bench/rl_step.py $*"
   start=$(date +%s)
-  timeout "$limit" python3 bench/rl_step.py --hardware 1xH200 "$@" > "$OUT/$name.log" 2>&1
+  timeout "$limit" python3 bench/rl_step.py --hardware "$HW" "$@" > "$OUT/$name.log" 2>&1
   local status=$?
   tail -25 "$OUT/$name.log"
   local left=$(( limit - ($(date +%s) - start) ))
@@ -119,7 +136,7 @@ for part in ${PARTS:-preset small continuous}; do
   case $part in
     preset)
       s=$(limit preset "$PRESET_S")
-      [ "$s" -gt 0 ] && run qwen3_4b_1xh200 "$s" --config configs/kuhn_qwen3_4b_1xh200.py \
+      [ "$s" -gt 0 ] && run "$preset_name" "$s" --config "$PRESET" \
         --max_new_tokens "$NEW_TOKENS" --steps 2 --time_limit $(( s - 100 )) $(packing);;
     small)
       s=$(limit small "${SMALL_S:-240}")
@@ -137,16 +154,20 @@ for part in ${PARTS:-preset small continuous}; do
       [ "$s" -gt 0 ] && run qwen3_1p7b "$s" --shape 1.7b --max_new_tokens "$NEW_TOKENS" --steps 1 $(packing);;
     full)
       s=$(limit full "${FULL_S:-560}")
-      [ "$s" -gt 0 ] && run qwen3_4b_1xh200_full "$s" --config configs/kuhn_qwen3_4b_1xh200.py --steps 2 \
+      [ "$s" -gt 0 ] && run "${preset_name}_full" "$s" --config "$PRESET" --steps 2 \
         --time_limit $(( s - 100 )) $(packing);;
     rounds)
       s=$(limit rounds "${ROUNDS_S:-450}")
-      [ "$s" -gt 0 ] && run qwen3_4b_1xh200_rounds "$s" --config configs/kuhn_qwen3_4b_1xh200.py \
+      [ "$s" -gt 0 ] && run "${preset_name}_rounds" "$s" --config "$PRESET" \
         --max_new_tokens "$NEW_TOKENS" --steps 1 --schedule rounds --max_in_flight 0 $(packing);;
     pallas)
       s=$(limit pallas "${PALLAS_S:-240}")
       [ "$s" -gt 0 ] && run qwen3_0p6b_continuous_pallas "$s" --shape 0.6b --max_new_tokens "$NEW_TOKENS" \
         --steps 1 --schedule continuous --max_in_flight 16 --decode_attention pallas;;
+    lora)
+      s=$(limit lora "${LORA_S:-450}")
+      [ "$s" -gt 0 ] && run kuhn_qwen3_8b_lora_1xh100 "$s" --config configs/kuhn_qwen3_8b_lora_1xh100.py \
+        --max_new_tokens "$NEW_TOKENS" --steps 1;;
     decode)
       section "bench/decode_attention.py"
       timeout "${DECODE_S:-120}" python3 bench/decode_attention.py 2>&1 | tee "$OUT/decode.log" | tail -12
@@ -161,8 +182,8 @@ for part in ${PARTS:-preset small continuous}; do
         echo "packed attention check failed: the parts after it train one sample a row (PER_ROW cleared)" | tee -a "$OUT/summary.txt"
         PER_ROW=
       fi;;
-    *) echo "unknown part $part: preset, rounds, small, continuous, pallas, packed, medium, full, attention or" \
-         "decode" >&2; exit 2;;
+    *) echo "unknown part $part: preset, rounds, small, continuous, pallas, packed, medium, full, lora," \
+         "attention or decode" >&2; exit 2;;
   esac
 done
 

@@ -1,0 +1,57 @@
+"""scripts/gpu_rl_step.sh picks its hardware and preset by the card it finds.
+
+The script runs here with stand-ins for `nvidia-smi` (naming a card) and `python3` (recording the
+bench's arguments), so what it would run on a GPU machine is checked without one.
+"""
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tool(path: Path, body: str) -> None:
+    path.write_text("#!/usr/bin/env bash\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+def run_script(tmp_path: Path, card: str, parts: str, **env) -> tuple[subprocess.CompletedProcess, list[str]]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    calls = tmp_path / "calls.txt"
+    _tool(bin_dir / "nvidia-smi", f'[ "$1" = -L ] && echo "GPU 0: {card}" || echo "{card}"\n')
+    _tool(bin_dir / "python3", f'echo "$*" >> {calls}\necho "rl step 1.0 s"\n')
+    result = subprocess.run(
+        ["bash", "scripts/gpu_rl_step.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PARTS": parts,
+             "OUT": str(tmp_path / "out"), **env})
+    lines = calls.read_text().splitlines() if calls.exists() else []
+    return result, [line for line in lines if line.startswith("bench/rl_step.py")]
+
+
+@pytest.mark.parametrize("card, hardware, preset", [
+    ("NVIDIA H200", "1xH200", "configs/kuhn_qwen3_4b_1xh200.py"),
+    ("NVIDIA H100 80GB HBM3", "1xH100", "configs/kuhn_qwen3_1p7b_1xh100.py"),
+])
+def test_the_card_picks_hardware_and_preset(tmp_path, card, hardware, preset):
+    result, benches = run_script(tmp_path, card, "preset rounds lora")
+    assert result.returncode == 0, result.stderr
+    assert len(benches) == 3, benches
+    assert all(f"--hardware {hardware} " in b for b in benches)
+    assert f"--config {preset} " in benches[0] and f"--config {preset} " in benches[1]
+    assert "--config configs/kuhn_qwen3_8b_lora_1xh100.py" in benches[2]
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert f"{Path(preset).stem} (" in summary and "rl step 1.0 s" in summary
+
+
+def test_an_unknown_card_asks_for_hardware_and_preset(tmp_path):
+    result, benches = run_script(tmp_path, "NVIDIA L4", "preset")
+    assert result.returncode == 2 and not benches
+    assert "set HW" in result.stderr and "PRESET" in result.stderr
+    result, benches = run_script(tmp_path, "NVIDIA L4", "preset", HW="1xL40S",
+                                 PRESET="configs/kuhn_qwen3_0p6b_1x4090.py")
+    assert result.returncode == 0, result.stderr
+    assert benches and "--hardware 1xL40S --config configs/kuhn_qwen3_0p6b_1x4090.py" in benches[0]
