@@ -151,7 +151,9 @@ class GpuCard:
     def target_config(self, cudnn: tuple[int, int] = (9, 8), cuda: tuple[int, int] = (12, 8)) -> str:
         """The card as XLA's `GpuTargetConfigProto` (text format): what its GPU compiler compiles for when
         no GPU is attached. One KiB of each SM's shared memory is the driver's, so a block may opt in to
-        the rest."""
+        the rest. The driver is taken to be as new as the CUDA runtime, which a machine running that
+        runtime has: XLA keeps library calls and on-device control flow out of its CUDA graphs where it
+        knows of no driver that can run them, so without one the program would not be the GPU's."""
         (major, minor), (dnn_major, dnn_minor), (rt_major, rt_minor) = self.compute_capability, cudnn, cuda
         return f"""gpu_device_info {{
   threads_per_block_limit: 1024
@@ -172,6 +174,7 @@ class GpuCard:
   cuda_compute_capability {{ major: {major} minor: {minor} }}
   registers_per_core_limit: 65536
   registers_per_block_limit: 65536
+  driver_version: "{rt_major}.{rt_minor}.0"
 }}
 platform_name: "CUDA"
 dnn_version_info {{ major: {dnn_major} minor: {dnn_minor} }}

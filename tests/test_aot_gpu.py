@@ -23,6 +23,8 @@ def test_every_nvidia_preset_names_a_card_with_its_memory(name):
     assert int(fields["shared_memory_per_core"]) - int(fields["shared_memory_per_block_optin"]) == 1024
     major, minor = hw.card.compute_capability
     assert f"cuda_compute_capability {{ major: {major} minor: {minor} }}" in text
+    # A driver as new as the runtime: XLA's graphs then hold what a real machine's would.
+    assert 'driver_version: "12.8.0"' in text and "runtime_version { major: 12 minor: 8 }" in text
 
 
 def test_a_device_kind_finds_its_card():

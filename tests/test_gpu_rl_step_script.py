@@ -23,10 +23,10 @@ def run_script(tmp_path: Path, card: str, parts: str, **env) -> tuple[subprocess
     bin_dir.mkdir(exist_ok=True)
     calls = tmp_path / "calls.txt"
     _tool(bin_dir / "nvidia-smi", f'[ "$1" = -L ] && echo "GPU 0: {card}" || echo "{card}"\n')
-    _tool(bin_dir / "python3", f'echo "$*" >> {calls}\necho "rl step 1.0 s"\n')
+    _tool(bin_dir / "python3", f'echo "$* | XLA_FLAGS=${{XLA_FLAGS:-}}" >> {calls}\necho "rl step 1.0 s"\n')
     result = subprocess.run(
         ["bash", "scripts/gpu_rl_step.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60,
-        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PARTS": parts,
+        env={**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PARTS": parts,
              "OUT": str(tmp_path / "out"), **env})
     lines = calls.read_text().splitlines() if calls.exists() else []
     return result, [line for line in lines if line.startswith("bench/rl_step.py")]
@@ -55,3 +55,12 @@ def test_an_unknown_card_asks_for_hardware_and_preset(tmp_path):
                                  PRESET="configs/kuhn_qwen3_0p6b_1x4090.py")
     assert result.returncode == 0, result.stderr
     assert benches and "--hardware 1xL40S --config configs/kuhn_qwen3_0p6b_1x4090.py" in benches[0]
+
+
+def test_part_graphs_puts_the_loops_in_cuda_graphs_for_its_run_alone(tmp_path):
+    result, benches = run_script(tmp_path, "NVIDIA H200", "small graphs")
+    assert result.returncode == 0, result.stderr
+    small, graphs = benches
+    assert "--shape 0.6b" in small and "--shape 0.6b" in graphs
+    assert "command_buffer" not in small
+    assert "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL" in graphs
