@@ -53,10 +53,12 @@
 #      end and spread over it, with a parity check (DECODE_S, 120 s: 12 small programs to compile).
 #      Where the kernel wins, part pallas says what it makes of a step.
 #   pallas: part continuous with --decode_attention pallas (PALLAS_S, 240 s), against part continuous.
-#   graphs: part small with XLA's CUDA graphs holding its loops too (GRAPHS_S, 240 s): XLA:GPU runs a
+#   graphs: part continuous with XLA's CUDA graphs holding its loops too (GRAPHS_S, 240 s): XLA:GPU runs a
 #      while loop from the host by default, so each decode step reads its condition back before the
 #      next step's graph launches; with --xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL the loop
-#      is a conditional node of one graph (docs/performance.md). Against part small's decode lines.
+#      is a conditional node of one graph, and --xla_gpu_graph_min_graph_size=1 keeps a program of a
+#      few top-level thunks (the engine's decode) from losing its graphs (docs/performance.md).
+#      Against part continuous's decode lines.
 #   lora: Qwen3-8B with LoRA as its one-H100 preset (configs/kuhn_qwen3_8b_lora_1xh100.py: frozen bf16
 #      weights, rank-32 adapters, 16 decode slots), at part preset's cap, one step (LORA_S, 450 s).
 # PER_ROW=N packs up to N samples into each training row in parts preset, rounds, full and medium
@@ -170,8 +172,9 @@ for part in ${PARTS:-preset small continuous}; do
         --steps 1 --schedule continuous --max_in_flight 16 --decode_attention pallas;;
     graphs)
       s=$(limit graphs "${GRAPHS_S:-240}")
-      [ "$s" -gt 0 ] && XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL" \
-        run qwen3_0p6b_graphs "$s" --shape 0.6b --max_new_tokens "$NEW_TOKENS" --steps 1;;
+      [ "$s" -gt 0 ] && XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1" \
+        run qwen3_0p6b_continuous_graphs "$s" --shape 0.6b --max_new_tokens "$NEW_TOKENS" --steps 1 \
+        --schedule continuous --max_in_flight 16;;
     lora)
       s=$(limit lora "${LORA_S:-450}")
       [ "$s" -gt 0 ] && run kuhn_qwen3_8b_lora_1xh100 "$s" --config configs/kuhn_qwen3_8b_lora_1xh100.py \
