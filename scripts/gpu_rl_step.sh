@@ -65,7 +65,7 @@
 # (--samples_per_row; unset: the config's auto, one a row under cuDNN). Run part attention before
 # them, so a failed check of cuDNN's packed layout falls back to one a row: with a session's
 # 15 minutes, PER_ROW=16 PARTS="attention preset" first, then PARTS="decode continuous" (or "decode
-# pallas" where an earlier session's part decode found the kernel faster).
+# pallas" where an earlier session's part decode found the kernel faster; "continuous graphs" after).
 # A session's 15 minutes of device time take two calls at most, the second at once (a machine idle
 # for 30 s is given back, and a fresh one compiles everything again): first the default with
 # timeout_s 590, then the parts it skipped (or PARTS="attention packed medium") with the time left.
