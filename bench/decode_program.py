@@ -5,8 +5,10 @@ or a TPU slice (`spiral_jax.aot`: JAX's CUDA plugin, `pip install -e '.[cuda]'`,
 reads the compiled HLO: the kernels one decode step launches (the loop body, the layer loop counted
 once per layer where the compiler states its trip count), whole-cache transposes, copies of weights
 out of stacked layers and of the KV cache, the dtype of the weights the decode loop carries, and the
-program's temporaries. A decode step is bound by reading its weights and cache, so each of these
-shows up in the time a run measures; this finds them before one.
+program's temporaries; on a GPU also what its thunk sequence runs outside CUDA graphs (loops whose
+condition the host reads back each step, kernels launched one by one). A decode step is bound by
+reading its weights and cache, so each of these shows up in the time a run measures; this finds
+them before one.
 
     python bench/decode_program.py                          # Qwen3-4B, batch 1 and 32, on 1xH200
     python bench/decode_program.py --shape 0.6b --batch 64 --hardware 1xH100
@@ -19,14 +21,19 @@ shows up in the time a run measures; this finds them before one.
 from __future__ import annotations
 
 import argparse
+import atexit
 import collections
 import functools
 import math
+import os
 import re
+import shutil
+import tempfile
+from pathlib import Path
 
-from spiral_jax import aot
+from spiral_jax import aot, hardware
 
-from hlo import KERNELS, computations, condition_bound, kernel_bytes, kernels, opcode, result_shapes
+from hlo import KERNELS, computations, condition_bound, graph_launches, kernel_bytes, kernels, opcode, result_shapes
 
 
 def _large(line: str, kind: str, rank: int | None = None) -> bool:
@@ -43,6 +50,31 @@ def _out_of_stack(line: str) -> bool:
     leading (layer) axis kept at size 1, a million elements or more: a static slice (an unrolled
     loop's `wrapped_slice`) or a dynamic one (a scanned loop's `dynamic_slice_fusion`)."""
     return _large(line, "slice") and any(len(dims) in (3, 4) and dims[0] == 1 for dims in result_shapes(line))
+
+
+def dump_thunks() -> Path:
+    """Have XLA:GPU dump each program it compiles (call before JAX starts its backends): its thunk
+    sequence says what runs inside CUDA graphs, which the HLO does not. A dump directory already in
+    XLA_FLAGS is used as it is."""
+    found = re.search(r"--xla_dump_to=(\S+)", os.environ.get("XLA_FLAGS", ""))
+    if found:
+        return Path(found.group(1))
+    dump = tempfile.mkdtemp(prefix="decode_program_dump_")
+    atexit.register(shutil.rmtree, dump, ignore_errors=True)
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump}".strip()
+    return Path(dump)
+
+
+def newest_thunks(dump: Path) -> str | None:
+    """The thunk sequence of the last module XLA:GPU dumped, after its thunk passes where they changed
+    it (XLA writes that file only then)."""
+    files = sorted(dump.glob("module_*.thunk_sequence*.txt"))
+    if not files:
+        return None
+    module = files[-1].name.split(".")[0]
+    ours = [f for f in files if f.name.split(".")[0] == module]
+    after = [f for f in ours if f.name.endswith("thunk_sequence_after_thunk_passes.txt")]
+    return (after or ours)[0].read_text()
 
 
 def _estimated_cycles(line: str) -> int:
@@ -113,6 +145,7 @@ def main():
     parser.add_argument("--sample", choices=["merged", "adapters"], default="merged",
                         help="with --lora: the merged policy, or the frozen weights and adapters side by side")
     args = parser.parse_args()
+    dump = dump_thunks() if hardware.hardware(args.hardware).card is not None else None
     aot.prepare(args.hardware)
 
     import jax
@@ -180,6 +213,12 @@ def main():
             branches = sum(1 for line in comps[body] if opcode(line) == "conditional")
             print(f"  conditionals a decode step: {branches} (XLA:GPU runs each from the host, reading its "
                   f"predicate back: a sync that splits the step's CUDA graph, beside the loop's own condition)")
+            thunks = newest_thunks(dump)
+            if thunks is not None:
+                launches = graph_launches(thunks)
+                print(f"  CUDA graphs in the program: {launches['graphs']}; loops run from the host (each step "
+                      f"reads its condition back): {launches['host_loops']}; kernels launched outside graphs: "
+                      f"{launches['host_kernels']}")
         cycles = step_kernels(comps, body, cycles=True)
         if sum(cycles.values()):
             print(f"  the compiler's cost model: {sum(cycles.values()) / 1e6:.2f} M cycles a decode step, "

@@ -177,3 +177,28 @@ def result_types(lines: list[str]) -> dict[str, str]:
 def entry(hlo: str) -> str:
     """The name of the module's entry computation."""
     return re.search(r"^ENTRY %?([\w.\-]+)", hlo, re.M).group(1)
+
+
+def graph_launches(thunks: str) -> dict[str, int]:
+    """What XLA:GPU's runtime launches from the host, read off its thunk sequence (the dump's
+    `*thunk_sequence_after_thunk_passes.txt`, or `*thunk_sequence.txt` where the passes changed
+    nothing): `graphs`, the CUDA graphs (command buffers) at any depth; `host_loops`, the while loops
+    outside every graph, each of which reads its condition back to the host every step; `host_kernels`,
+    the kernels outside every graph, each launched on its own."""
+    out = collections.Counter(graphs=0, host_loops=0, host_kernels=0)
+    graph_depths: list[int] = []  # the indents of the command buffers the current line is inside
+    for line in thunks.splitlines():
+        found = re.match(r"^( *)\d+: (k\w+)", line)
+        if not found:
+            continue  # "condition:", "body:" and blank lines
+        depth, kind = len(found.group(1)), found.group(2)
+        while graph_depths and depth <= graph_depths[-1]:
+            graph_depths.pop()
+        if kind == "kCommandBuffer":
+            out["graphs"] += 1
+            graph_depths.append(depth)
+        elif not graph_depths and kind == "kWhile":
+            out["host_loops"] += 1
+        elif not graph_depths and kind in ("kKernel", "kCustomKernel"):
+            out["host_kernels"] += 1
+    return dict(out)

@@ -67,3 +67,28 @@ def test_a_gpu_decode_kernel_reads_one_layer_of_the_stacked_cache_at_most():
     assert hlo.kernel_bytes({}, line, types) == 2 * layer + q + mask + out
     other = line.replace("__gpu$xla.gpu.triton", "cublas")  # any other custom call: its operands whole
     assert hlo.kernel_bytes({}, other, types) == 2 * 36 * layer + q + mask + out
+
+
+def test_graph_launches_count_what_runs_outside_cuda_graphs():
+    # Laid out as XLA:GPU dumps its thunks: a loop whose body is one graph (its condition a kernel on
+    # its own), then a kernel on its own.
+    body_in_a_graph = """
+000: kCommandBuffer [source | next=002 (1)]
+    001: kCustomKernel [source | sink] input_reduce_fusion grid: [1, 1, 1]
+002: kWhile         [prev=000 (1) | next=007 (1)]
+condition:
+    003: kCustomKernel [source | sink] loop_and_fusion grid: [1, 1, 1]
+  body:
+    000: kCommandBuffer [source | sink]
+        004: kCustomKernel [source | next=005 (1)] fusion_1 grid: [128, 1, 1]
+        005: kCustomKernel [prev=004 (1) | sink] fusion_2 grid: [128, 1, 1]
+007: kCustomKernel [prev=002 (1) | sink] loop_add_fusion grid: [1, 1, 1]
+"""
+    assert hlo.graph_launches(body_in_a_graph) == {"graphs": 2, "host_loops": 1, "host_kernels": 2}
+    # The same loop inside one graph: nothing left to the host.
+    whole = "000: kCommandBuffer [source | sink]\n" + "\n".join(
+        "    " + line for line in body_in_a_graph.strip().splitlines()[2:-1])
+    assert hlo.graph_launches(whole) == {"graphs": 2, "host_loops": 0, "host_kernels": 0}
+    # No graph at all: the body's kernels launch one by one.
+    bare = "\n".join(line for line in body_in_a_graph.splitlines() if "kCommandBuffer" not in line)
+    assert hlo.graph_launches(bare) == {"graphs": 0, "host_loops": 1, "host_kernels": 5}
