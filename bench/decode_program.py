@@ -66,12 +66,12 @@ def dump_thunks() -> Path:
 
 
 def newest_thunks(dump: Path) -> str | None:
-    """The thunk sequence of the last module XLA:GPU dumped, after its thunk passes where they changed
+    """The thunk sequence of the module XLA:GPU dumped last, after its thunk passes where they changed
     it (XLA writes that file only then)."""
-    files = sorted(dump.glob("module_*.thunk_sequence*.txt"))
+    files = list(dump.glob("module_*.thunk_sequence*.txt"))
     if not files:
         return None
-    module = files[-1].name.split(".")[0]
+    module = max(files, key=lambda f: f.stat().st_mtime_ns).name.split(".")[0]
     ours = [f for f in files if f.name.split(".")[0] == module]
     after = [f for f in ours if f.name.endswith("thunk_sequence_after_thunk_passes.txt")]
     return (after or ours)[0].read_text()
