@@ -8,9 +8,9 @@ Qwen3-0.6B does, at the paper's lengths and sizes otherwise: 128 samples a step,
 compute, remat. On 24 GB that takes micro-batches of 1 row of 6144 slots (2048 prompt + 4096 new
 tokens) and 8 games at a time (rollout.games_per_batch) through a decode engine of 8 slots (the
 continuous schedule: a game's next move takes a slot as soon as one is free; docs/performance.md):
-more micro-batches and more decode calls per step, the same update. On a 48 GB card the planner fits micro-batch 4 and 16 games per call:
-add --config.optim.micro_batch_size=4 --config.rollout.games_per_batch=16
---config.rollout.max_in_flight=16.
+more micro-batches and more decode calls per step, the same update. On a 48 GB card the planner
+fits micro-batch 4 and 16 games at a time: add --config.optim.micro_batch_size=4
+--config.rollout.games_per_batch=16 --config.rollout.max_in_flight=16.
 On one GPU the layers run unrolled (model.scan_layers off): XLA:GPU then adds each layer's
 gradients to the accumulator as the backward makes them, instead of holding a whole micro-batch's,
 and reads each layer's weights in place. Remat keeps the MLP's gate and up projections from the

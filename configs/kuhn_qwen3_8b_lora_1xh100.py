@@ -6,10 +6,11 @@ freezes the weights in bf16 (15 GiB) and trains rank-32 adapters on every attent
 projection; the sampler reads the adapters merged into a second bf16 copy. The rest is the paper's
 recipe: 128 samples a step, up to 4096 new tokens, 2 PPO epochs, remat; micro-batches of 1 row of
 6144 slots, 16 games at a time through a decode engine of 16 slots (the continuous schedule: a
-game's next move takes a slot as soon as one is free). The layers run unrolled (model.scan_layers off: XLA:GPU
-reads each layer's weights in place rather than copying them out of a stack), and remat keeps the
-MLP's gate and up projections from the forward (model.remat_saves), which spares two thirds of the
-products it would run again; one row a micro-batch makes the room for them (docs/performance.md).
+game's next move takes a slot as soon as one is free). The layers run unrolled (model.scan_layers
+off: XLA:GPU reads each layer's weights in place rather than copying them out of a stack), and remat
+keeps the MLP's gate and up projections from the forward (model.remat_saves), which spares two
+thirds of the products it would run again; one row a micro-batch makes the room for them
+(docs/performance.md).
 The learning rate is LoRA's usual order (1e-5): a starting point, not tuned. `spiral-jax plan`
 prints the memory (docs/memory.md).
 

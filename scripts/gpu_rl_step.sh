@@ -172,9 +172,9 @@ for part in ${PARTS:-preset small continuous}; do
         --steps 1 --schedule continuous --max_in_flight 16 --decode_attention pallas;;
     graphs)
       s=$(limit graphs "${GRAPHS_S:-240}")
-      [ "$s" -gt 0 ] && XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1" \
-        run qwen3_0p6b_continuous_graphs "$s" --shape 0.6b --max_new_tokens "$NEW_TOKENS" --steps 1 \
-        --schedule continuous --max_in_flight 16;;
+      graphs="--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1"
+      [ "$s" -gt 0 ] && XLA_FLAGS="${XLA_FLAGS:-} $graphs" run qwen3_0p6b_continuous_graphs "$s" --shape 0.6b \
+        --max_new_tokens "$NEW_TOKENS" --steps 1 --schedule continuous --max_in_flight 16;;
     lora)
       s=$(limit lora "${LORA_S:-450}")
       [ "$s" -gt 0 ] && run kuhn_qwen3_8b_lora_1xh100 "$s" --config configs/kuhn_qwen3_8b_lora_1xh100.py \
