@@ -45,14 +45,15 @@ def test_each_generations_hbm_is_what_the_tpu_compiler_reports(generation):
 
 def _mid_config():
     """A config big enough that the planner's terms, not fixed overheads, decide the memory: 4 layers
-    512 wide with 128-wide heads (as every Qwen and Llama), 1024-slot rows, bf16 with remat and
-    scanned layers as the paper presets run."""
+    512 wide with 128-wide heads (as every Qwen and Llama), 1024-slot rows, bf16 with remat, scanned
+    layers and the continuous rollout schedule as the paper's TPU presets run."""
     c = config_from_file(str(CONFIGS / "tiny_pig.py"))
     c.model.update(compute_dtype="bfloat16", remat=True, scan_layers=True)
     c.model.random.update(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_layers=4, num_heads=8,
                           num_kv_heads=4, head_dim=128, max_position_embeddings=4096)
     c.mesh.update(data=1, fsdp=1, tensor=4)
-    c.rollout.update(max_prompt_len=512, max_new_tokens=512, samples_per_step=16, games_per_batch=8)
+    c.rollout.update(max_prompt_len=512, max_new_tokens=512, samples_per_step=16, games_per_batch=8,
+                     schedule="continuous")
     c.optim.update(micro_batch_size=4, epochs=2)
     c.eval.update(max_new_tokens=512, games=8, final_games=8)
     return c
@@ -87,34 +88,41 @@ def _planner_agrees(results):
 
 
 def test_a_run_compiles_for_a_tpu_slice_and_the_planner_agrees_with_the_compiler(v5p, mid_run):
+    """Under the continuous schedule a decode engine per policy samples, so its programs (an insert of
+    prompts at the longest length, a decode call over the whole cache) are compiled in the sampler's place."""
     _, results, plan = mid_run
     names = [r.name.split(" (")[0] for r in results]
-    assert names == ["train step", "old log-probs", "rollout sampler", "eval sampler"]
+    assert names == ["train step", "old log-probs", "rollout engine insert", "rollout engine decode",
+                     "eval engine insert", "eval engine decode"]
     # Splash runs packed rows, so the train step compiled is the packed one, as the trainer runs it.
     assert "up to 16 samples a row" in results[0].name, results[0].name
     assert all(r.peak > 0 for r in results)
-    _planner_agrees(results)
+    # A sampling phase is planned at its largest program, the engine's insert (a prefill over the whole
+    # cache); its decode call needs less.
+    inserts, decodes = results[2::2], results[3::2]
+    assert all(d.total < i.total for i, d in zip(inserts, decodes))
+    _planner_agrees(results[:2] + inserts)
     text, fits = aot.report(results, plan, v5p)
     m = LAST_LINE.match(text.splitlines()[-1])
-    assert m and m.group(1) == "4" and m.group(2) == "v5p-8" and m.group(6) == "fits" and fits
+    assert m and m.group(1) == "6" and m.group(2) == "v5p-8" and m.group(6) == "fits" and fits
 
 
 @pytest.mark.slow
 def test_xla_attention_compiles_too_and_splash_never_holds_the_scores(v5p, mid_run):
     """Both attention paths compile and plan within bounds; XLA's train step holds at least one
     [rows, heads, T, T] fp32 score tensor more than splash's ("auto" on a TPU), which never builds it.
-    The XLA run skips the evaluation: its sampler is the rollout's at another length."""
+    The XLA run samples with the rounds schedule's sampler, planned within bounds too; it trains one
+    epoch (no old-log-prob pass) and skips the evaluation, whose sampler is the rollout's at another length."""
     c, auto, _ = mid_run
     xla = _mid_config()
     xla.model.attention = "xla"
+    xla.rollout.schedule = "rounds"
+    xla.optim.epochs = 1
     xla.eval.update(games=0, final_games=0)
     xla, _ = _compile_mid(v5p, xla)
-    assert [r.name.split(" (")[0] for r in xla] == ["train step", "old log-probs", "rollout sampler"]
-    peaks = {}
-    for attention, results in (("xla", xla), ("auto", auto)):
-        _planner_agrees(results)
-        assert results[0].name.startswith("train step")
-        peaks[attention] = results[0].peak
+    assert [r.name.split(" (")[0] for r in xla] == ["train step", "rollout sampler"]
+    _planner_agrees(xla)
+    peaks = {"xla": xla[0].peak, "auto": auto[0].peak}
     slots = c.rollout.max_prompt_len + c.rollout.max_new_tokens
     scores = c.optim.micro_batch_size * (c.model.random.num_heads // c.mesh.tensor) * slots * slots * 4
     assert peaks["xla"] - peaks["auto"] >= scores, {k: v / P.MiB for k, v in peaks.items()}
@@ -311,25 +319,6 @@ def test_the_decoder_with_a_fused_kernel_scores_and_samples_as_the_xla_path(kern
 def test_an_unknown_attention_kernel_is_a_clear_error():
     with pytest.raises(ValueError, match="attention='flash'.*auto"):
         TINY.replace(attention="flash")
-
-
-def test_a_continuous_schedule_compiles_its_decode_engines(v5p):
-    """rollout.schedule=continuous: a decode engine is what samples, so its programs (an insert of
-    `insert_rows` prompts at the longest length, a decode call over the whole cache) are compiled in place of the
-    sampler, and planned within bounds. One epoch and no evaluation, whose engines take the same path:
-    the train step and the rollout's engine."""
-    c = _mid_config()
-    c.rollout.schedule = "continuous"
-    c.optim.epochs = 1
-    c.eval.update(games=0, final_games=0)
-    results, _ = _compile_mid(v5p, c)
-    names = [r.name.split(" (")[0] for r in results]
-    assert names == ["train step", "rollout engine insert", "rollout engine decode"]
-    assert all(r.peak > 0 for r in results)
-    # The phase is planned at its largest program, the engine's insert (a prefill over the whole cache).
-    train, insert, decode = results
-    assert decode.total < insert.total
-    _planner_agrees([train, insert])
 
 
 def test_the_gpu_attention_check_runs_its_references_on_cpu(monkeypatch):

@@ -181,13 +181,15 @@ def test_programs_compiled_for_a_tpu_slice_run_the_kernels_on_each_shard():
     with cpu.compiling_for("tpu"), jax.default_matmul_precision("default"), jax.checking_leaks():
         samplers = {name: Sampler(cfg.replace(attention=name), mesh, max_prompt_len=128) for name in ("auto", "xla")}
         params = placed(abstract_params(cfg), samplers["auto"].params_sharding)
-        programs = {name: sampler.lower(params, [[1] * 100] * 4, SamplingParams(max_new_tokens=128)).compile()
-                    for name, sampler in samplers.items()}
+        lowered = {name: sampler.lower(params, [[1] * 100] * 4, SamplingParams(max_new_tokens=128))
+                   for name, sampler in samplers.items()}
+        program = lowered["auto"].compile()
         engine = DecodeEngine(samplers["auto"], SamplingParams(max_new_tokens=128), 8)
         decode = engine.lower(params)["decode"].compile()
     # Per device: the attention's result (2 of 4 rows, 2 of 4 query heads; the engine's 4 of 8 rows), the
-    # engine's written cache (4 of 8 rows, 1 of 2 KV heads).
-    assert kernels(programs["auto"], "bf16[2,1,2,128]") and not kernels(programs["xla"], "bf16[")
+    # engine's written cache (4 of 8 rows, 1 of 2 KV heads). The XLA path asks for no kernel at all.
+    assert kernels(program, "bf16[2,1,2,128]") and "tpu_custom_call" not in lowered["xla"].as_text()
+    assert "tpu_custom_call" in lowered["auto"].as_text()
     assert kernels(decode, "bf16[4,1,2,128]") and kernels(decode, "bf16[2,4,1,256,128]")
 
 
