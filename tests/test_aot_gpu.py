@@ -4,6 +4,7 @@ machine without JAX's CUDA plugin (CI) is told. The compiled figures are in docs
 import importlib.util
 import re
 
+import jax
 import pytest
 
 from spiral_jax import aot, hardware
@@ -69,8 +70,13 @@ def test_compiling_for_a_card_answers_cudnns_capability_questions_with_the_cards
 def test_compiling_for_a_card_tells_pallas_triton_lowering_the_cards_capability():
     """From jax 0.11 Pallas' Triton lowering asks JAX for the GPU it lowers for, and with none refuses;
     compiling for a preset it is told the preset's card (jax 0.10 asks nothing: it takes 9.0)."""
-    gpu_info = pytest.importorskip("jax._src.pallas.triton.gpu_info", reason="this JAX's Triton lowering asks "
-                                   "for no device")
+    try:
+        from jax._src.pallas.triton import gpu_info
+    except ImportError:  # jax 0.10: nothing to tell, and entering the context still patches cuDNN alone
+        assert tuple(int(x) for x in jax.__version__.split(".")[:2]) < (0, 11), jax.__version__
+        with aot.card_capability("1xH200"):
+            pass
+        return
     asked = gpu_info.get_gpu_info
     with aot.card_capability("1xH200"):
         assert gpu_info.get_gpu_info().compute_capability == 90
