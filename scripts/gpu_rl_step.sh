@@ -1,80 +1,60 @@
 #!/usr/bin/env bash
-# One RL step of the paper's Kuhn recipe on one NVIDIA GPU (an H200, or an 80 GB H100), in parts. PARTS lists them, run
-# in that order (default "preset small continuous"), each within its own limit and within BUDGET_S
-# seconds for the whole script (default 570: a call's 590 s less the machine's start); a part with
-# fewer than 120 s left is skipped and says so, for the next call to run.
-# The card picks the planner's hardware (HW) and part preset's config (PRESET), both overridable:
-# on an H200, 1xH200 and Qwen3-4B (configs/kuhn_qwen3_4b_1xh200.py, the issue's targets); on an H100 or
-# A100 80 GB, whose memory a full fine-tune of Qwen3-4B does not fit, 1xH100 and Qwen3-1.7B
-# (configs/kuhn_qwen3_1p7b_1xh100.py). Parts full and rounds run PRESET too.
-#   preset: Qwen3-4B as the H200 preset (configs/kuhn_qwen3_4b_1xh200.py: micro-batch 2, layers
-#      unrolled, remat keeping the MLP's gate and up, each batch of 32 games through a decode engine
-#      of 16 slots, the continuous schedule; the recipe's micro-batch 8 and 64 games a call do not
-#      fit by the planner), responses capped at
-#      1024 new tokens (mean 251), two steps, the issue's targets. Measured on two H200 machines
-#      with the rounds schedule (32 games a sampler call), before the preset took the engine: the
-#      first step took 317 and 409 s, of which 236 and 330 s tracing and compiling 10-11 programs
-#      (one sampler program per batch bucket and prompt bucket, each with its decode step unrolled
-#      over 36 layers, plus the train step and the old-log-prob pass), so about 80 s of step; a
-#      machine's start takes its seconds too. The engine's first step meets about 22 smaller
-#      programs instead (a decode program per attention window, compiled ahead, and an insert per
-#      rows, block and window met: JAX_LOG_COMPILES=1 at the tiny shape on CPU, 10 and 12). Those
-#      runs compiled one program at a time; now the
-#      sampler compiles its smaller batch buckets ahead on background threads (8 on a 16-core host),
-#      and the learner its train step beside the old-log-prob pass, which the step line counts apart,
-#      so the first step should make its programs faster (not yet measured on a GPU; compare
-#      --compile_ahead 0). The bench starts the second step only if it ends by
-#      PRESET_S less 100 s (--time_limit), which leaves the report its time (its batch-1 decode
-#      and kernel traces run programs the step compiled). Limit PRESET_S, default 560 s.
-#   small: bench/rl_step.py at the Qwen3-0.6B shape with the paper's sizes (128 samples, 64 games per
-#      call, micro-batch 8, 2 PPO epochs, bf16, remat) at the same cap, one step (SMALL_S, 240 s). At
-#      these sizes the first step makes about six sampler programs (JAX_LOG_COMPILES=1 at the tiny
-#      shape on CPU), each 29.5 s of XLA's compiling without a GPU on 2 cores; the 4B program's 52.5
-#      s there took 25-30 s on the H200's host, so about 15 s each there, plus the train step.
-#   continuous: the step of part small with the continuous schedule, 16 decode slots for its 64
-#      games (rollout.max_in_flight): about the same tokens as the rounds step, so the two steps' times say
-#      whether the presets should use it (CONTINUOUS_S, 240 s: the engine makes about six decode
-#      programs, one per attention window met, 10.5 s each without a GPU, and about thirteen inserts;
-#      run after part small in the same call, the train step loads from the compilation cache).
-#   packed: part small with up to 16 samples packed into each training row (--samples_per_row 16:
-#      cuDNN's packed attention layout), whose train MFU against part small's says whether the GPU
-#      presets should pack (PACKED_S, 240 s; run part attention first, which checks that layout).
-#   medium: part small at the Qwen3-1.7B shape (MEDIUM_S, 210 s).
-#   full: the preset at the paper's full lengths (up to 4096 new tokens, mean 1005), two steps if they
-#      fit (FULL_S, 560 s: about four times part preset's tokens; a call of its own).
-#   rounds: part preset with the rounds schedule (--schedule rounds --max_in_flight 0: 32 games a
-#      sampler call), one step (ROUNDS_S, 450 s): against part preset's step, the schedules' decode
-#      on the GPU itself.
-#   attention: scripts/gpu_attention_check.py, cuDNN fused attention against XLA's, packed rows
-#      included (ATTENTION_S, 75 s). When its packed layout fails (or never says OK), PER_ROW is
-#      cleared for the parts after it.
-#   decode: bench/decode_attention.py, the Pallas decode kernel (model.decode_attention=pallas)
-#      against XLA's decode attention at Qwen3-4B's heads, 1, 16 and 32 rows, rows at the window's
-#      end and spread over it, with a parity check (DECODE_S, 120 s: 12 small programs to compile).
-#      Where the kernel wins, part pallas says what it makes of a step.
-#   pallas: part continuous with --decode_attention pallas (PALLAS_S, 240 s), against part continuous.
-#   graphs: part continuous with XLA's CUDA graphs holding its loops too (GRAPHS_S, 240 s): XLA:GPU runs a
-#      while loop from the host by default, so each decode step reads its condition back before the
-#      next step's graph launches; with --xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL the loop
-#      is a conditional node of one graph, and --xla_gpu_graph_min_graph_size=1 keeps a program of a
-#      few top-level thunks (the engine's decode) from losing its graphs (docs/performance.md).
-#      Against part continuous's decode lines.
-#   lora: Qwen3-8B with LoRA as its one-H100 preset (configs/kuhn_qwen3_8b_lora_1xh100.py: frozen bf16
-#      weights, rank-32 adapters, 16 decode slots), at part preset's cap, one step (LORA_S, 450 s).
-# PER_ROW=N packs up to N samples into each training row in parts preset, rounds, full and medium
-# (--samples_per_row; unset: the config's auto, one a row under cuDNN). Run part attention before
-# them, so a failed check of cuDNN's packed layout falls back to one a row: with a session's
-# 15 minutes, PER_ROW=16 PARTS="attention preset" first, then PARTS="decode continuous" (or "decode
-# pallas" where an earlier session's part decode found the kernel faster; "continuous graphs" after).
-# A session's 15 minutes of device time take two calls at most, the second at once (a machine idle
-# for 30 s is given back, and a fresh one compiles everything again): first the default with
-# timeout_s 590, then the parts it skipped (or PARTS="attention packed medium") with the time left.
-# Logs go to $OUT (default /tmp/gpu_rl_step), one per part, and
-# summary.txt collects each bench's last line (appended to); NEW_TOKENS changes the cap. Run from the
-# repository root with spiral_jax importable (pip install -e '.[cuda]', or PYTHONPATH=. where the
-# packages are already there). On a machine that cannot reach PyPI, put the wheels of what it lacks
-# in .whl/ (an image with JAX, flax and transformers lacks ml-collections: pip download --no-deps
-# --only-binary=:all: -d .whl ml-collections==1.1.0); they are installed to /tmp/site first.
+# One RL step of the paper's Kuhn recipe on one NVIDIA GPU, in parts: bench/rl_step.py and the GPU
+# checks, run in the order PARTS lists them (default "preset small continuous"), each within its own
+# limit and all within BUDGET_S seconds (default 570: a device call's 590 s less the machine's start).
+# A part with fewer than 120 s left is skipped and says so, for the next call to run. Timings and
+# what they decided are in docs/performance.md ("One RL step at a real size").
+#
+# The card picks the planner's hardware (HW) and the preset the preset-sized parts run (PRESET); both
+# can be set instead, and must be on any other card:
+#   H200: 1xH200 and configs/kuhn_qwen3_4b_1xh200.py (Qwen3-4B, the issue's targets);
+#   H100 or A100 80 GB: 1xH100 and configs/kuhn_qwen3_1p7b_1xh100.py (a full fine-tune of Qwen3-4B
+#   does not fit 80 GB).
+#
+# Parts, each with its time limit in seconds (variable, default):
+#   preset      PRESET with responses capped at NEW_TOKENS (default 1024), two steps: the second
+#               starts only if it ends by the limit less 100 s (--time_limit), which leaves the
+#               report its time (PRESET_S, 560).
+#   full        PRESET at the paper's full lengths (up to 4096 new tokens), two steps if they fit
+#               (FULL_S, 560: a call of its own).
+#   rounds      part preset with the rounds schedule (32 games a sampler call), one step, to set
+#               the two schedules' decode against each other on the GPU (ROUNDS_S, 450).
+#   small       the Qwen3-0.6B shape at the recipe's sizes (128 samples, 64 games a call,
+#               micro-batch 8, 2 PPO epochs, bf16, remat), one step (SMALL_S, 240).
+#   continuous  part small with the continuous schedule, 16 decode slots for its 64 games
+#               (CONTINUOUS_S, 240); after part small in the same call its train step loads from
+#               the compilation cache.
+#   packed      part small with up to 16 samples packed a training row (cuDNN's packed layout), whose
+#               train MFU against part small's says whether the GPU presets should pack (PACKED_S,
+#               240; run part attention first).
+#   medium      part small at the Qwen3-1.7B shape (MEDIUM_S, 210).
+#   attention   scripts/gpu_attention_check.py: cuDNN's fused attention against XLA's, packed rows
+#               included (ATTENTION_S, 75). If the packed layout's check does not say OK, PER_ROW
+#               is cleared for the parts after it.
+#   decode      bench/decode_attention.py: the Pallas decode kernel against XLA's decode attention
+#               at Qwen3-4B's heads, with a parity check (DECODE_S, 120).
+#   pallas      part continuous with --decode_attention pallas, against part continuous (PALLAS_S, 240).
+#   graphs      part continuous with XLA's CUDA graphs holding the decode loops as well
+#               (--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL; --xla_gpu_graph_min_graph_size=1
+#               keeps a program of few top-level thunks, the engine's decode, from losing its graphs),
+#               against part continuous's decode lines (GRAPHS_S, 240).
+#   lora        Qwen3-8B with LoRA as its one-H100 preset (configs/kuhn_qwen3_8b_lora_1xh100.py), at
+#               part preset's cap, one step (LORA_S, 450).
+# PER_ROW=N packs up to N samples a training row in parts preset, full, rounds and medium
+# (--samples_per_row; unset: the config's choice). Run part attention before them, so that a failed
+# check of cuDNN's packed layout falls back to one sample a row.
+#
+# A session's device time takes two calls at most, the second at once (a machine idle for 30 s is
+# given back, and a fresh one compiles everything again): PER_ROW=16 PARTS="attention preset" with
+# timeout_s 590 first, then PARTS="decode continuous" ("decode pallas" where part decode found the
+# kernel faster; "continuous graphs" after) with the time left.
+#
+# Logs go to $OUT (default /tmp/gpu_rl_step), one per part; summary.txt collects each bench's last
+# line. Run from the repository root with spiral_jax importable (pip install -e '.[cuda]', or
+# PYTHONPATH=. where the packages are already there). On a machine that cannot reach PyPI, put the
+# wheels of what it lacks in .whl/ (an image with JAX, flax and transformers lacks ml-collections:
+# pip download --no-deps --only-binary=:all: -d .whl ml-collections==1.1.0); scripts/gpu_env.sh
+# installs them to /tmp/site first.
 set -u
 source scripts/gpu_env.sh
 OUT=${OUT:-/tmp/gpu_rl_step}
@@ -109,9 +89,10 @@ run() {
   local left=$(( limit - ($(date +%s) - start) ))
   echo "$name: exit $status after $(( limit - left )) s (limit $limit s)"
   echo "$name ($*): $(tail -1 "$OUT/$name.log")" >> "$OUT/summary.txt"
-  # Compiling ahead (several XLA compiles at once, autotuning beside a running program) is not yet
-  # proven on a GPU: a run that broke before its first step ended, not by the time limit, runs again
-  # without it in the time left (the last --time_limit given is the one the bench takes).
+  # A run that broke before its first step ended, not by the time limit, runs again in the time left
+  # without compiling ahead (several XLA compiles at once, autotuning beside a running program), so
+  # that a failure there still leaves the part's figures (the last --time_limit given is the one the
+  # bench takes).
   if [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && ! grep -q "^step 1 of" "$OUT/$name.log" \
       && [ "$left" -gt 150 ] && [[ " $* " != *" --compile_ahead "* ]]; then
     echo "$name broke before its first step ended: again with --compile_ahead 0"
