@@ -11,7 +11,18 @@ import tempfile
 # check hold to the same tolerances, and the programs users run keep XLA's defaults. Flags the caller
 # put in XLA_FLAGS win.
 _TEST_XLA_FLAGS = {"--xla_force_host_platform_device_count": "8", "--xla_backend_optimization_level": "0",
-                   "--xla_cpu_parallel_codegen_split_count": "1", "--xla_cpu_use_fusion_emitters": "false"}
+                   "--xla_cpu_parallel_codegen_split_count": "1"}
+
+
+def _jaxlib_before(major: int, minor: int) -> bool:
+    from importlib.metadata import version  # jax itself is imported only once XLA_FLAGS is final
+    return tuple(int(x) for x in version("jaxlib").split(".")[:2]) < (major, minor)
+
+
+# The XLA of jaxlib 0.11 and later has only the fusion emitters, and an unknown flag in XLA_FLAGS
+# aborts the process (on a GPU machine too), so the classic emitters are asked for only before it.
+if _jaxlib_before(0, 11):
+    _TEST_XLA_FLAGS["--xla_cpu_use_fusion_emitters"] = "false"
 _flags = os.environ.get("XLA_FLAGS", "")
 os.environ["XLA_FLAGS"] = " ".join([_flags] + [f"{k}={v}" for k, v in _TEST_XLA_FLAGS.items() if k not in _flags]).strip()
 
