@@ -738,7 +738,7 @@ def print_rollout_reads(trainer, c, probes, shape: str, bandwidth: float) -> Non
     schedule = r.schedule + (f", {r.max_in_flight} slots" if r.schedule == "continuous" else
                              f", {len(probes.calls.calls)} calls")
     print(f"rollout ({schedule}): {len(games)} games, {sum(len(g.model_turns) for g in games)} moves, "
-          f"{tokens:,} tokens in {seconds - compiled:.1f} s (and {compiled:.1f} s making programs)")
+          f"{tokens:,} tokens in {seconds:.1f} s (and {compiled:.1f} s making programs)")
     print(f"decode reads: {steps:,} steps of {rows:.1f} rows on average, {slot_tokens:,.0f} slot-tokens of cache; "
           f"floor at {shape}'s bf16 sizes ({weights / 1e9:.3g} GB of weights, {kv / 1e3:.0f} KB of cache a token) "
           f"and {bandwidth / 1e12:.3g} TB/s: {least:.1f} s, of which weights {steps * weights / bandwidth:.1f} s; "
