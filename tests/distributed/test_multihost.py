@@ -22,15 +22,20 @@ def _free_port() -> int:
 def _start(out: Path, count: int, devices: int, schedule: str = "rounds") -> list[subprocess.Popen]:
     out.mkdir()
     port = str(_free_port())
-    return [subprocess.Popen([sys.executable, str(WORKER), str(out), str(pid), str(count), port, str(devices), schedule],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for pid in range(count)]
+    # Each worker's output goes to a file: read through pipes one worker at a time, a worker whose pipe
+    # filled would block on writing while its peers wait for it in a collective.
+    procs = []
+    for pid in range(count):
+        with open(out / f"worker{pid}.log", "w") as log:
+            procs.append(subprocess.Popen([sys.executable, str(WORKER), str(out), str(pid), str(count), port,
+                                           str(devices), schedule], stdout=log, stderr=subprocess.STDOUT))
+    return procs
 
 
 def _result(out: Path, procs: list[subprocess.Popen]) -> tuple[dict, dict]:
-    logs = [p.communicate(timeout=600)[0] for p in procs]
-    for p, log in zip(procs, logs):
-        assert p.returncode == 0, log[-4000:]
+    for pid, p in enumerate(procs):
+        p.wait(timeout=600)
+        assert p.returncode == 0, (out / f"worker{pid}.log").read_text()[-4000:]
     result = np.load(out / "result.npz")
     return {k: result[k] for k in result.files}, json.loads((out / "rae.json").read_text())
 
