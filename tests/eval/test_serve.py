@@ -372,6 +372,10 @@ def test_the_serve_command_lets_running_answers_finish_on_sigterm(tmp_path):
                             env={**os.environ, "PYTHONPATH": REPO})
     url = next((m.group(1) for line in proc.stderr if (m := re.search(r" at (http://\S+/v1) ", line))), None)
     assert url, f"serve did not start: exit {proc.wait()}"
+    # The rest of its log is read as it comes: a full pipe would block the server's writes.
+    rest = []
+    reader = threading.Thread(target=lambda: rest.append(proc.stderr.read()))
+    reader.start()
     c = openai.OpenAI(base_url=url, api_key="-", max_retries=0, timeout=60)
     name = c.models.list().data[0].id
     replies = []
@@ -382,7 +386,8 @@ def test_the_serve_command_lets_running_answers_finish_on_sigterm(tmp_path):
     proc.send_signal(signal.SIGTERM)
     request.join(60)
     assert proc.wait(60) == 0 and replies and len(replies[0].choices) == 4
-    assert "stopped" in proc.stderr.read()
+    reader.join(10)
+    assert "stopped" in rest[0]
 
 
 def test_a_second_signal_exits_at_once(monkeypatch):
