@@ -81,7 +81,7 @@ def test_rollout_only_counts_what_decoding_reads_and_its_floor_at_another_shape(
     result = _run_tiny_bench("--rollout_only", "4b", "--bandwidth_tbs", "4.8", "--micro_batch", "2",
                              "--max_new_tokens", "512")  # answers long enough beside the prompts to share rows
     assert "step 1 of" not in result.stdout and "rl step" not in result.stdout, result.stdout  # no training
-    # The rollout's time less its program making, which is counted apart: both non-negative.
+    # The rollout's time less its program making, and that making, counted apart: both positive.
     played = re.search(r"^rollout \(rounds, \d+ calls\): \d+ games, \d+ moves, [\d,]+ tokens in (-?\d+\.\d) s "
                        r"\(and (-?\d+\.\d) s making programs\)$", result.stdout, re.M)
     assert played and float(played[1]) > 0 and float(played[2]) > 0, result.stdout
