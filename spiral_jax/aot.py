@@ -95,7 +95,13 @@ def prepare(hardware: str) -> None:
 
     For an NVIDIA preset: JAX's CUDA plugin checks the CUDA driver's version as it loads and, on a
     machine without a GPU (no driver), fails to load, compiler and all, unless told to skip the check.
+
+    The persistent compilation cache (JAX_COMPILATION_CACHE_DIR, often set on TPU VMs) is turned off
+    for this process: a compile-only target can write executables but not load them, so each program
+    met twice (the rollout's and evaluation's engines share some) warned of an unreadable entry and
+    compiled again, and the cache filled with executables no run loads.
     """
+    jax.config.update("jax_enable_compilation_cache", False)
     try:
         card = preset(hardware).card
     except ValueError:

@@ -1,7 +1,10 @@
 """Ahead-of-time compilation for TPU slices on this CPU (libtpu's compiler, no TPU), fused attention
 against the XLA path, and the planner against the TPU compiler's memory."""
 import functools
+import os
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -172,6 +175,31 @@ def test_cli_plan_compile_prints_the_closing_line(capsys):
     assert code == 0
     m = LAST_LINE.match(out[-1])
     assert m and m.group(1) == "2" and m.group(2) == "v5litepod-8" and m.group(4) == "15.75", out[-1]
+
+
+_COMPILE_TWICE = """
+import jax, jax.numpy as jnp
+from spiral_jax import aot
+aot.prepare("v5e-8")
+device = aot.target("v5e-8").devices[0]
+x = jax.ShapeDtypeStruct((1024,), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(device))
+for _ in range(2):
+    jax.jit(lambda x: jnp.cumsum(x) * 2).lower(x).compile()
+print("compiled twice")
+"""
+
+
+def test_compiling_for_a_slice_neither_writes_nor_warns_of_the_persistent_cache(tmp_path):
+    """With JAX_COMPILATION_CACHE_DIR set (as on many TPU VMs), a compile-only target could write its
+    executables there but not load them: the second compile of a program warned of an unreadable entry."""
+    cache = tmp_path / "cache"
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, "-c", _COMPILE_TWICE], capture_output=True, text=True, env=env,
+                            timeout=300, cwd=CONFIGS.parent)
+    assert result.returncode == 0 and "compiled twice" in result.stdout, result.stderr[-3000:]
+    assert "persistent compilation cache" not in result.stderr, result.stderr[-3000:]
+    assert not cache.exists() or not any(cache.iterdir())
 
 
 # ---------------------------------------------------------------------------------- fused attention
