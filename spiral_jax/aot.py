@@ -100,8 +100,15 @@ def prepare(hardware: str) -> None:
     for this process: a compile-only target can write executables but not load them, so each program
     met twice (the rollout's and evaluation's engines share some) warned of an unreadable entry and
     compiled again, and the cache filled with executables no run loads.
+
+    The compile-only devices need no local accelerator, so unless JAX_PLATFORMS says otherwise the
+    process runs on the CPU: it never takes the chips of a TPU VM (where a training run may hold
+    them), and on a machine without a TPU libtpu does not try to start one and fill stderr with the
+    failure.
     """
     jax.config.update("jax_enable_compilation_cache", False)
+    if not jax.config.jax_platforms:
+        jax.config.update("jax_platforms", "cpu")
     try:
         card = preset(hardware).card
     except ValueError:
