@@ -90,27 +90,31 @@ def tpu_devices(accelerator: str) -> tuple:
             f"{str(e).splitlines()[0][:200]}); install it with pip install -e '.[tpu]' (libtpu)") from e
 
 
-def prepare(hardware: str) -> None:
-    """Get JAX ready to compile for `hardware`; call it before anything starts JAX's backends.
+def prepare(hardware: str | None) -> None:
+    """Get JAX ready to plan or compile for `hardware` (None: devices described by their count and
+    memory), devices other than this machine's; call it before anything starts JAX's backends.
 
-    For an NVIDIA preset: JAX's CUDA plugin checks the CUDA driver's version as it loads and, on a
-    machine without a GPU (no driver), fails to load, compiler and all, unless told to skip the check.
+    The persistent compilation cache (JAX_COMPILATION_CACHE_DIR, often set on TPU VMs) is off for this
+    process: a compile-only target writes executables it cannot load back, so a program met twice
+    (the rollout's and evaluation's engines share some) would warn of an unreadable entry and compile
+    again, and the cache would fill with executables no run loads.
 
-    The persistent compilation cache (JAX_COMPILATION_CACHE_DIR, often set on TPU VMs) is turned off
-    for this process: a compile-only target can write executables but not load them, so each program
-    met twice (the rollout's and evaluation's engines share some) warned of an unreadable entry and
-    compiled again, and the cache filled with executables no run loads.
-
-    The compile-only devices need no local accelerator, so unless JAX_PLATFORMS says otherwise the
-    process runs on the CPU: it never takes the chips of a TPU VM (where a training run may hold
-    them), and on a machine without a TPU libtpu does not try to start one and fill stderr with the
-    failure.
+    Neither the planner nor compile-only devices need a local accelerator, so unless JAX_PLATFORMS
+    says otherwise the process runs on the CPU: it never takes the chips of a TPU VM (where a
+    training run may hold them), and on a machine without a TPU libtpu does not try to start one and
+    fill stderr with the failure. For an NVIDIA preset, the CUDA plugin loads without a GPU.
     """
     jax.config.update("jax_enable_compilation_cache", False)
     if not jax.config.jax_platforms:
         jax.config.update("jax_platforms", "cpu")
+    _skip_cuda_check(hardware)
+
+
+def _skip_cuda_check(hardware: str | None) -> None:
+    """For an NVIDIA preset: JAX's CUDA plugin checks the CUDA driver's version as it loads and, on a
+    machine without a GPU (no driver), fails to load, compiler and all, unless told to skip the check."""
     try:
-        card = preset(hardware).card
+        card = preset(hardware).card if hardware else None
     except ValueError:
         return  # an unknown name fails later, in `target`, with the list of known ones
     if card is not None:
@@ -122,7 +126,7 @@ def gpu_devices(hw: Hardware) -> tuple:
     plugin) by their properties: no GPU needs to be attached."""
     from jax.experimental import topologies
 
-    prepare(hw.name)
+    _skip_cuda_check(hw.name)
     try:
         from jax._src.lib import cuda_versions  # the plugin's CUDA and cuDNN, when it is installed
         dnn, runtime = cuda_versions.cudnn_get_version(), cuda_versions.cuda_runtime_get_version()

@@ -274,7 +274,7 @@ def _run(command: str, c) -> int:
     from spiral_jax.run.setup import run_spec
 
     if command == "plan":
-        if FLAGS.compile and FLAGS.hardware:
+        if FLAGS.hardware or FLAGS.devices:  # planned for other devices than this machine's
             from spiral_jax import aot
             aot.prepare(FLAGS.hardware)  # before anything starts JAX's backends
         return _plan(run_spec(c, planning=True))

@@ -64,6 +64,17 @@ def pytest_configure(config):
                                     f"would be skipped; install them with pip install -e '.[test]'")
 
 
+@pytest.fixture(autouse=True)
+def _process_wide_jax_settings_restored():
+    """`spiral-jax plan --hardware` (`aot.prepare`) sets up its process for devices other than its own:
+    the CPU platform, no persistent compilation cache. Tests call the CLI in-process, so the settings
+    go back after each one and the worker's later tests keep the cache."""
+    saved = {name: getattr(jax.config, name) for name in ("jax_platforms", "jax_enable_compilation_cache")}
+    yield
+    for name, value in saved.items():
+        jax.config.update(name, value)
+
+
 @pytest.fixture(scope="session", params=sorted(FAMILIES))
 def hf_model(request, tmp_path_factory):
     """(family name, checkpoint folder, torch model) for each tiny model family."""

@@ -207,6 +207,20 @@ def test_compiling_for_a_slice_is_quiet_and_leaves_the_persistent_cache_alone(tm
     assert not cache.exists() or not any(cache.iterdir())
 
 
+def test_planning_for_a_slice_leaves_this_machines_accelerator_alone():
+    """`spiral-jax plan --hardware` plans on the CPU: on a TPU VM it must not take the chips a run holds,
+    and here (libtpu installed, no TPU) libtpu must not try to start and fill stderr."""
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "TPU_ACCELERATOR_TYPE",
+                                                            "TPU_WORKER_HOSTNAMES", "TPU_SKIP_MDS_QUERY")}
+    code = ("import jax, sys\nfrom spiral_jax import cli\n"
+            "code = cli.main(['spiral-jax', 'plan', '--config', 'configs/tiny_pig.py', '--hardware', 'v5p-8'])\n"
+            "print('platforms', jax.config.jax_platforms, jax.default_backend(), code)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                            cwd=CONFIGS.parent)
+    assert result.returncode == 0 and "platforms cpu cpu 0" in result.stdout, result.stderr[-3000:]
+    assert "fits" in result.stdout and "TPU" not in result.stderr, result.stderr[-3000:]
+
+
 # ---------------------------------------------------------------------------------- fused attention
 
 
