@@ -131,22 +131,6 @@ def test_xla_attention_compiles_too_and_splash_never_holds_the_scores(v5p, mid_r
     assert peaks["xla"] - peaks["auto"] >= scores, {k: v / P.MiB for k, v in peaks.items()}
 
 
-def test_a_program_the_compiler_refuses_for_memory_is_reported_and_does_not_fit():
-    """131072 games of the tiny model on eight v5e chips: a rollout sampler the compiler refuses (over
-    50 GiB of temporaries per chip against 15.75), while the train step fits."""
-    tgt = aot.target("v5e-8")
-    c = config_from_file(str(CONFIGS / "tiny_pig.py"))
-    c.rollout.games_per_batch = 2**17
-    c.optim.epochs = 1  # only the train step and the rollout sampler: no old-log-prob pass, no evaluation
-    c.eval.update(games=0, final_games=0)
-    results, plan = _compile_mid(tgt, c)
-    refused = [r for r in results if r.total is None]
-    assert [r.name.split(" (")[0] for r in refused] == ["rollout sampler"] and "HBM" in refused[0].error
-    assert results[0].name.startswith("train step") and results[0].total < tgt.memory
-    text, fits = aot.report(results, plan, tgt)
-    assert fits is False and "refused it for memory" in text and text.endswith("does not fit")
-
-
 def test_a_multi_host_slice_compiles_the_sampler_for_one_hosts_chips(monkeypatch):
     """v5p-16 is two hosts of four chips: the train step spans all eight, each host samples on its own four.
     The programs are the TPU's: none of the CPU layouts this process would trace for itself."""
@@ -167,14 +151,25 @@ def test_a_multi_host_slice_compiles_the_sampler_for_one_hosts_chips(monkeypatch
     assert results[0].resident == plan.parts["sampler_params"] > 0
 
 
-def test_cli_plan_compile_prints_the_closing_line(capsys):
-    # One epoch and no evaluation: the train step and the rollout sampler, the closing line all the same.
+def test_cli_plan_compile_reports_a_program_the_compiler_refuses_for_memory(capsys):
+    """131072 games of the tiny model on eight v5e chips: a rollout sampler the compiler refuses (over
+    50 GiB of temporaries per chip against 15.75), while the train step fits; the closing line says it
+    does not fit, and the exit status is 1. One epoch and no evaluation: only those two programs."""
     code = cli.main(["spiral-jax", "plan", "--config", str(CONFIGS / "tiny_pig.py"), "--hardware", "v5e-8",
-                     "--compile", "--config.optim.epochs=1", "--config.eval.games=0", "--config.eval.final_games=0"])
+                     "--compile", "--config.rollout.games_per_batch=131072", "--config.optim.epochs=1",
+                     "--config.eval.games=0", "--config.eval.final_games=0"])
     out = capsys.readouterr().out.strip().splitlines()
-    assert code == 0
+    assert code == 1
     m = LAST_LINE.match(out[-1])
     assert m and m.group(1) == "2" and m.group(2) == "v5litepod-8" and m.group(4) == "15.75", out[-1]
+    assert m.group(6) == "does not fit", out[-1]
+    table = out[next(i for i, line in enumerate(out) if line.startswith("program ")) + 1:][:2]
+    rows = {line.split(" (")[0]: line for line in table}
+    assert set(rows) == {"train step", "rollout sampler"}, out
+    assert " OOM " in rows["rollout sampler"] and "HBM" in rows["rollout sampler"], rows["rollout sampler"]
+    train_device_gib = float(rows["train step"].split(")")[-1].split()[2])  # compiled, +resident, = device
+    assert 0 < train_device_gib < 15.75, rows["train step"]
+    assert out[-2].startswith("rollout sampler (") and "the compiler refused it for memory" in out[-2], out[-2]
 
 
 _COMPILE_TWICE = """
