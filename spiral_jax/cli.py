@@ -214,6 +214,28 @@ def main(argv: list[str] | None = None) -> int:
             reason = f"{type(e).__name__}: {e}"
         print(f"spiral-jax {command}: {reason}", file=sys.stderr)
         return 1
+    except RuntimeError as e:
+        if not str(e).startswith(_BACKEND_FAILED):
+            raise
+        print(f"spiral-jax {command}: {_backend_failure(str(e))}", file=sys.stderr)
+        return 1
+
+
+_BACKEND_FAILED = "Unable to initialize backend"  # the start of JAX's error when a platform fails to start
+
+
+def _backend_failure(message: str) -> str:
+    """JAX's error for an accelerator that did not start, with what to do about it: most often another
+    process holds the chips (a run still going, a notebook's kernel)."""
+    message = message.split(" (set JAX_PLATFORMS")[0].split(" (you may need")[0].rstrip(".")
+    if "'tpu'" in message:
+        hint = ("on a TPU VM another process may hold the chips (a run still going, a notebook): stop it, or "
+                "find it with `sudo lsof -w /dev/accel* /dev/vfio/*`")
+    elif "'cuda'" in message or "'gpu'" in message:
+        hint = "check `nvidia-smi`, and that JAX's CUDA plugin suits the driver (pip install -e '.[cuda]')"
+    else:
+        hint = "check that the accelerator is attached and free"
+    return f"{message}; {hint}; or set JAX_PLATFORMS=cpu to run on the CPU"
 
 
 def _config_path(argv: list[str]) -> str | None:

@@ -43,3 +43,38 @@ def test_config_prints_the_resolved_config(capsys):
     assert config["train"]["steps"] == 7 and config["games"]["env_ids"] == ["TicTacToe-v0"]
     assert main(["spiral-jax", "config", f"--config={TINY}", "--config.train.stepz=7"]) == 2
     assert "stepz" in capsys.readouterr().err
+
+
+IN_USE = ("Unable to initialize backend 'tpu': ABORTED: The TPU is already in use by process with pid 4242. Not "
+          "attempting to load libtpu.so in this process. (set JAX_PLATFORMS='' to automatically choose an "
+          "available backend)")
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "export", "serve"])
+def test_an_accelerator_that_does_not_start_is_one_line_with_what_to_do(command, tmp_path, capsys, monkeypatch):
+    """JAX's error when the TPU is held by another process (a run still going, a notebook), as the first
+    use of the devices raises it: one line naming it and the fix, no traceback, no run folder made."""
+    import spiral_jax.distributed
+
+    def initialize(*args, **kwargs):
+        raise RuntimeError(IN_USE)
+
+    monkeypatch.setattr(spiral_jax.distributed, "initialize", initialize)
+    out_dir = tmp_path / "run"
+    args = ["--out", str(tmp_path / "exported")] if command == "export" else []
+    assert main(["spiral-jax", command, f"--config={TINY}", f"--config.out_dir={out_dir}", *args]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"spiral-jax {command}: Unable to initialize backend 'tpu'")
+    assert "pid 4242" in err and "another process may hold the chips" in err and "JAX_PLATFORMS=cpu" in err, err
+    assert "Traceback" not in err and not out_dir.exists()
+
+
+def test_other_runtime_errors_keep_their_traceback(tmp_path, monkeypatch):
+    import spiral_jax.distributed
+
+    def initialize(*args, **kwargs):
+        raise RuntimeError("something else went wrong")
+
+    monkeypatch.setattr(spiral_jax.distributed, "initialize", initialize)
+    with pytest.raises(RuntimeError, match="something else"):
+        main(["spiral-jax", "train", f"--config={TINY}", f"--config.out_dir={tmp_path / 'run'}"])
