@@ -185,17 +185,23 @@ print("compiled twice")
 """
 
 
+def _run_without_a_tpu_set_up(code: str, **env) -> subprocess.CompletedProcess:
+    """`code` in a fresh process with none of the TPU settings tests or a TPU VM may have put in the
+    environment, as on a machine where libtpu is installed but no TPU is attached."""
+    env = {k: v for k, v in {**os.environ, **env}.items()
+           if k not in ("JAX_PLATFORMS", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "TPU_SKIP_MDS_QUERY")}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                          cwd=CONFIGS.parent)
+
+
 def test_compiling_for_a_slice_is_quiet_and_leaves_the_persistent_cache_alone(tmp_path):
-    """With JAX_COMPILATION_CACHE_DIR set (as on many TPU VMs), a compile-only target could write its
-    executables there but not load them: the second compile of a program warned of an unreadable entry.
-    And libtpu, started as a backend on a machine without a TPU, filled stderr with its failure."""
+    """With JAX_COMPILATION_CACHE_DIR set (as on many TPU VMs), a compile-only target would write its
+    executables there but could not load them: the second compile of a program would warn of an
+    unreadable entry. And libtpu, started as a backend without a TPU, would fill stderr with its failure."""
     cache = tmp_path / "cache"
-    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-    for name in ("JAX_PLATFORMS", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "TPU_SKIP_MDS_QUERY"):
-        env.pop(name, None)
-    result = subprocess.run([sys.executable, "-c", _COMPILE_TWICE], capture_output=True, text=True, env=env,
-                            timeout=300, cwd=CONFIGS.parent)
+    result = _run_without_a_tpu_set_up(_COMPILE_TWICE, JAX_COMPILATION_CACHE_DIR=str(cache),
+                                       JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                                       JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     assert result.returncode == 0 and "local cpu" in result.stdout and "compiled twice" in result.stdout, \
         result.stderr[-3000:]
     assert "persistent compilation cache" not in result.stderr and "TPU" not in result.stderr, result.stderr[-3000:]
@@ -205,13 +211,10 @@ def test_compiling_for_a_slice_is_quiet_and_leaves_the_persistent_cache_alone(tm
 def test_planning_for_a_slice_leaves_this_machines_accelerator_alone():
     """`spiral-jax plan --hardware` plans on the CPU: on a TPU VM it must not take the chips a run holds,
     and here (libtpu installed, no TPU) libtpu must not try to start and fill stderr."""
-    env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "TPU_ACCELERATOR_TYPE",
-                                                            "TPU_WORKER_HOSTNAMES", "TPU_SKIP_MDS_QUERY")}
-    code = ("import jax, sys\nfrom spiral_jax import cli\n"
-            "code = cli.main(['spiral-jax', 'plan', '--config', 'configs/tiny_pig.py', '--hardware', 'v5p-8'])\n"
-            "print('platforms', jax.config.jax_platforms, jax.default_backend(), code)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
-                            cwd=CONFIGS.parent)
+    result = _run_without_a_tpu_set_up(
+        "import jax\nfrom spiral_jax import cli\n"
+        "code = cli.main(['spiral-jax', 'plan', '--config', 'configs/tiny_pig.py', '--hardware', 'v5p-8'])\n"
+        "print('platforms', jax.config.jax_platforms, jax.default_backend(), code)")
     assert result.returncode == 0 and "platforms cpu cpu 0" in result.stdout, result.stderr[-3000:]
     assert "fits" in result.stdout and "TPU" not in result.stderr, result.stderr[-3000:]
 
