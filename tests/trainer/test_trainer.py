@@ -175,6 +175,28 @@ def test_resume_continues_exactly(tmp_path):
     assert full.state.rae == resumed.state.rae
 
 
+def test_resume_on_another_mesh_restores_the_same_state_in_the_new_layout(tmp_path):
+    """A run preempted on one slice and resumed on another (docs/running.md: a larger slice adds fsdp):
+    the checkpoint written on fsdp 2 x tensor 4 restores on fsdp 8 x tensor 1, every array of the train
+    state equal to what was saved and laid out on the new mesh, and training goes on from there."""
+    first = Trainer.from_config(tiny_config(tmp_path, **{"train.steps": 2, "mesh.fsdp": 2, "mesh.tensor": 4}),
+                                log=lambda *_: None)
+    first.run()
+    saved = [np.asarray(x) for x in jax.tree.leaves(first.state.train)]
+    resumed = Trainer.from_config(tiny_config(tmp_path, **{"train.steps": 3, "mesh.fsdp": 8, "mesh.tensor": 1}),
+                                  resume=True, log=lambda *_: None)
+    assert resumed.state.step == 2 and resumed.state.rae == first.state.rae
+    leaves = jax.tree.leaves(resumed.state.train)
+    assert len(leaves) == len(saved)
+    for want, got in zip(saved, leaves):
+        np.testing.assert_array_equal(want, np.asarray(got))
+    axes = {name: size for name, size in resumed.mesh.shape.items() if size > 1}
+    assert axes == {"fsdp": 8}, resumed.mesh.shape
+    assert any(x.sharding.mesh.shape == resumed.mesh.shape and not x.sharding.is_fully_replicated for x in leaves)
+    resumed.run()
+    assert resumed.state.step == 3
+
+
 def test_kl_penalty_is_taken_against_the_policy_rl_started_from(tmp_path):
     """optim.kl_coef: the reference is the step-0 policy, frozen, and a resumed run restores it from
     the checkpoint rather than taking the policy it resumes with."""
