@@ -254,7 +254,9 @@ def test_export_loads_in_transformers(tmp_path, capsys):
     assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={tmp_path / 'a_file'}"]) == 1
     assert "is a file; export writes a folder" in capsys.readouterr().err
     out = tmp_path / "exported"
-    assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={out}"]) == 0
+    # Exported on another mesh than the run trained on (fsdp 8): the weights are read into its layout.
+    assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={out}", "--config.mesh.fsdp=2",
+                     "--config.mesh.tensor=4"]) == 0
     model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     trainer = Trainer.from_config(tiny_config(tmp_path), resume=True, log=lambda *_: None)
