@@ -50,16 +50,21 @@ IN_USE = ("Unable to initialize backend 'tpu': ABORTED: The TPU is already in us
           "available backend)")
 
 
+def _devices_fail_to_start(monkeypatch, message: str):
+    """The commands' first use of the devices (`distributed.initialize`) raises JAX's RuntimeError."""
+    import spiral_jax.distributed
+
+    def initialize(*args, **kwargs):
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(spiral_jax.distributed, "initialize", initialize)
+
+
 @pytest.mark.parametrize("command", ["train", "eval", "export", "serve"])
 def test_an_accelerator_that_does_not_start_is_one_line_with_what_to_do(command, tmp_path, capsys, monkeypatch):
     """JAX's error when the TPU is held by another process (a run still going, a notebook), as the first
     use of the devices raises it: one line naming it and the fix, no traceback, no run folder made."""
-    import spiral_jax.distributed
-
-    def initialize(*args, **kwargs):
-        raise RuntimeError(IN_USE)
-
-    monkeypatch.setattr(spiral_jax.distributed, "initialize", initialize)
+    _devices_fail_to_start(monkeypatch, IN_USE)
     out_dir = tmp_path / "run"
     args = ["--out", str(tmp_path / "exported")] if command == "export" else []
     assert main(["spiral-jax", command, f"--config={TINY}", f"--config.out_dir={out_dir}", *args]) == 1
@@ -70,11 +75,6 @@ def test_an_accelerator_that_does_not_start_is_one_line_with_what_to_do(command,
 
 
 def test_other_runtime_errors_keep_their_traceback(tmp_path, monkeypatch):
-    import spiral_jax.distributed
-
-    def initialize(*args, **kwargs):
-        raise RuntimeError("something else went wrong")
-
-    monkeypatch.setattr(spiral_jax.distributed, "initialize", initialize)
+    _devices_fail_to_start(monkeypatch, "something else went wrong")
     with pytest.raises(RuntimeError, match="something else"):
         main(["spiral-jax", "train", f"--config={TINY}", f"--config.out_dir={tmp_path / 'run'}"])
