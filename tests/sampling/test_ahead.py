@@ -49,12 +49,15 @@ def test_a_call_waits_for_its_program_compiling_ahead(qwen3):
     sp = SamplingParams(max_new_tokens=5, greedy=True)
     sampler = Sampler(cfg, compile_ahead=1)
     submit = sampler.ahead.submit
-    sampler.ahead.submit = lambda key, lower: submit(key, lambda: time.sleep(1.0) or lower())  # a slow compile
+    # A slow compile that begins only once the count below is taken, however long the first call takes.
+    counted = threading.Event()
+    sampler.ahead.submit = lambda key, lower: submit(key, lambda: (counted.wait(60), time.sleep(1.0)) and lower())
     waits = []
     jax.monitoring.register_event_duration_secs_listener(
         lambda event, seconds, **kw: waits.append(seconds) if event == WAIT_EVENT else None)
     sampler.generate(params, PROMPTS, sp)  # 4 rows: queues 2 rows, then 1 row, behind a second each
     before = compile_count()
+    counted.set()
     sampler.generate(params, PROMPTS[1:3], sp)  # the 20-token prompt keeps the prompt bucket
     sampler.generate(params, PROMPTS[2:3], sp)
     assert compile_count() == before + 2, "the background's two programs, and no second compile of either"
