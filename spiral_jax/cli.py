@@ -16,6 +16,7 @@ exits with 2, any other error with 1.
 """
 from __future__ import annotations
 
+import difflib
 import errno
 import os
 import sys
@@ -144,6 +145,28 @@ def _parse(argv: list[str]) -> None:
         sys.argv = saved
 
 
+def _unknown_override(argv: list[str], config: ConfigDict, file: str) -> str | None:
+    """What is wrong with the first `--config.a.b` override that names no field of `config`: the flag,
+    the key it lacks and the closest ones there are (None when every override names a field)."""
+    for arg in argv[1:]:
+        if not arg.startswith("--config."):
+            continue
+        path = arg[len("--config."):].split("=", 1)[0]
+        node, walked = config, "config"
+        for key in path.split("."):
+            if not isinstance(node, ConfigDict):
+                return (f"--config.{path}: {walked} is a value ({type(node).__name__}), not a group of fields; "
+                        f"set it with --{walked}=VALUE")
+            if key not in node:
+                close = difflib.get_close_matches(key, list(node.keys()), n=3, cutoff=0.6)
+                hint = f" (did you mean {' or '.join(repr(k) for k in close)}?)" if close else ""
+                where = "the config" if walked == "config" else walked
+                return (f"--config.{path}: {where} has no field {key!r}{hint}; spiral-jax config --config {file} "
+                        f"prints every field")
+            node, walked = node[key], f"{walked}.{key}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv if argv is None else argv)
     if len(argv) > 1 and argv[1] == "launch":
@@ -162,9 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     from spiral_jax.config import ConfigFileError, config_from_file
 
     path = _config_path(argv)
+    config = None
     if path:
         try:
-            config_from_file(path)  # names the file, line and problem, which config_flags does not
+            config = config_from_file(path)  # names the file, line and problem, which config_flags does not
         except ConfigFileError as e:
             print(f"spiral-jax {command}: cannot load the config file: {e}", file=sys.stderr)
             return 2
@@ -176,8 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # overrides applied to a config file that could not be read
         return _unreadable_config(command, e)
     except (AttributeError, KeyError) as e:  # ml_collections: a key the config does not have
-        message = str(e).strip("'\"").replace("\\n", " ").replace("\n", " ")
-        print(f"spiral-jax {command}: unknown config key in an override: {message}", file=sys.stderr)
+        message = _unknown_override(argv, config, path) if config is not None else None
+        if message is None:
+            message = "unknown config key in an override: " + " ".join(
+                (e.args[0] if e.args and isinstance(e.args[0], str) else str(e)).split())
+        print(f"spiral-jax {command}: {message}", file=sys.stderr)
         return 2
     foreign = sorted(name for name in OWN_FLAGS - set(COMMANDS[command][1]) if FLAGS[name].present)
     if foreign:

@@ -41,8 +41,19 @@ def test_config_prints_the_resolved_config(capsys):
     assert main(["spiral-jax", "config", f"--config={TINY}", "--config.train.steps=7"]) == 0
     config = json.loads(capsys.readouterr().out)
     assert config["train"]["steps"] == 7 and config["games"]["env_ids"] == ["TicTacToe-v0"]
-    assert main(["spiral-jax", "config", f"--config={TINY}", "--config.train.stepz=7"]) == 2
-    assert "stepz" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.train.stepz=7", "--config.train.stepz: config.train has no field 'stepz' (did you mean 'steps'?); "
+                               "spiral-jax config --config {file} prints every field"),
+    ("--config.trainn.steps=7", "--config.trainn.steps: the config has no field 'trainn' (did you mean 'train'?)"),
+    ("--config.train.qqqq=7", "--config.train.qqqq: config.train has no field 'qqqq'; "),
+    ("--config.train.steps.x=7", "--config.train.steps.x: config.train.steps is a value (int), not a group of "
+                                 "fields; set it with --config.train.steps=VALUE")])
+def test_an_override_of_a_field_the_config_lacks_names_the_flag_and_the_closest_fields(override, message, capsys):
+    assert main(["spiral-jax", "train", f"--config={TINY}", "--config.train.steps=3", override]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("spiral-jax train: " + message.format(file=TINY)) and "\\" not in err, err
 
 
 IN_USE = ("Unable to initialize backend 'tpu': ABORTED: The TPU is already in use by process with pid 4242. Not "
