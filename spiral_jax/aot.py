@@ -250,10 +250,32 @@ def card_capability(hardware: str):
 
 
 @contextlib.contextmanager
+def _persistent_cache_off():
+    """JAX's persistent compilation cache off for what runs inside, and as it was after. A program
+    compiled for devices this process does not have is written to the cache but cannot be loaded from
+    it: met again, it warns of an unreadable entry and compiles anew. The cache reads the setting at
+    its first compile only, so it is reset on the way in and out (`prepare` turns it off for a whole
+    process before any compile)."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    enabled = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", enabled)
+        compilation_cache.reset_cache()
+
+
+@contextlib.contextmanager
 def compiling(tgt: Target):
     """Trace programs for `tgt` from this process: its platform's paths (`cpu.compiling_for`) and its
-    card's answers to the kernels' questions (`card_capability`)."""
-    with cpu.compiling_for(tgt.devices[0].platform), card_capability(tgt.name):
+    card's answers to the kernels' questions (`card_capability`); for devices other than this
+    machine's, without the persistent compilation cache."""
+    local = set(tgt.devices) <= set(jax.devices())
+    with (cpu.compiling_for(tgt.devices[0].platform), card_capability(tgt.name),
+          contextlib.nullcontext() if local else _persistent_cache_off()):
         yield
 
 

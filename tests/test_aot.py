@@ -219,6 +219,34 @@ def test_planning_for_a_slice_leaves_this_machines_accelerator_alone():
     assert "fits" in result.stdout and "TPU" not in result.stderr, result.stderr[-3000:]
 
 
+def test_compiling_for_a_slice_in_a_process_that_uses_the_persistent_cache_leaves_it_alone():
+    """The suite's processes use a persistent compilation cache (tests/conftest.py), as a notebook on a
+    TPU VM may: compiling for a slice inside `aot.compiling` neither writes to it nor warns when a program
+    comes again, and the process's own programs use the cache again after."""
+    import warnings
+
+    cache = os.environ["JAX_COMPILATION_CACHE_DIR"]
+    tgt = aot.target("v5e-8")
+    placed = jax.ShapeDtypeStruct((1024,), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(tgt.devices[0]))
+
+    def spiral_test_for_a_slice(x):
+        return jnp.cumsum(x) * 3
+
+    def spiral_test_for_here(x):
+        return jnp.cumsum(x) * 5
+
+    entries = lambda name: [f for f in os.listdir(cache) if name in f]  # noqa: E731
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with aot.compiling(tgt):
+            for _ in range(2):
+                jax.jit(spiral_test_for_a_slice).lower(placed).compile()
+    assert not [w for w in caught if "persistent compilation cache" in str(w.message)], caught
+    assert entries("spiral_test_for_a_slice") == []
+    jax.jit(spiral_test_for_here)(jnp.ones(3))
+    assert entries("spiral_test_for_here"), "the process's own programs no longer reach the cache"
+
+
 # ---------------------------------------------------------------------------------- fused attention
 
 
