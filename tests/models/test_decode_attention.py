@@ -168,7 +168,8 @@ def test_programs_compiled_for_a_tpu_slice_run_the_kernels_on_each_shard():
     from spiral_jax.sharding import make_mesh
 
     cfg = WIDE_HEADS.replace(scan_layers=True, compute_dtype="bfloat16")
-    mesh = make_mesh(data=2, fsdp=1, tensor=2, devices=aot.tpu_devices("v5p-8"))
+    tgt = aot.target("v5p-8")
+    mesh = make_mesh(data=2, fsdp=1, tensor=2, devices=tgt.devices)
     placed = lambda shapes, shardings: jax.tree.map(  # noqa: E731
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
 
@@ -178,7 +179,7 @@ def test_programs_compiled_for_a_tpu_slice_run_the_kernels_on_each_shard():
                 and line.split(" = ", 1)[1].lstrip("(").startswith(result_shapes)]
 
     # Mosaic takes 16-bit products at the default precision only (the tests' default is "highest").
-    with cpu.compiling_for("tpu"), jax.default_matmul_precision("default"), jax.checking_leaks():
+    with aot.compiling(tgt), jax.default_matmul_precision("default"), jax.checking_leaks():
         samplers = {name: Sampler(cfg.replace(attention=name), mesh, max_prompt_len=128) for name in ("auto", "xla")}
         params = placed(abstract_params(cfg), samplers["auto"].params_sharding)
         lowered = {name: sampler.lower(params, [[1] * 100] * 4, SamplingParams(max_new_tokens=128))
@@ -242,11 +243,12 @@ def test_a_decode_engine_compiled_for_a_tpu_never_copies_its_cache():
     from spiral_jax.models.params import abstract_params
 
     cfg = WIDE_HEADS.replace(scan_layers=True, compute_dtype="bfloat16")
-    device = jax.sharding.SingleDeviceSharding(aot.tpu_devices("v5p-8")[0])
+    tgt = aot.target("v5p-8")
+    device = jax.sharding.SingleDeviceSharding(tgt.devices[0])
     place = lambda tree: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), tree)  # noqa: E731
 
     def compiled(attention):
-        with cpu.compiling_for("tpu"), jax.default_matmul_precision("default"):
+        with aot.compiling(tgt), jax.default_matmul_precision("default"):
             sampler = Sampler(cfg.replace(attention=attention), max_prompt_len=128)
             engine = DecodeEngine(sampler, SamplingParams(max_new_tokens=128), 8)
             program = engine.lower(place(abstract_params(cfg)))["decode"].compile()
