@@ -273,7 +273,8 @@ def compiling(tgt: Target):
     """Trace programs for `tgt` from this process: its platform's paths (`cpu.compiling_for`) and its
     card's answers to the kernels' questions (`card_capability`); for devices other than this
     machine's, without the persistent compilation cache."""
-    local = set(tgt.devices) <= set(jax.devices())
+    here = jax.devices()
+    local = all(d in here for d in tgt.devices)
     with (cpu.compiling_for(tgt.devices[0].platform), card_capability(tgt.name),
           contextlib.nullcontext() if local else _persistent_cache_off()):
         yield
