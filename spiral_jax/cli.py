@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(arg in ("-h", "--help", "--helpfull", "--helpshort") for arg in argv[1:]):
         print(_help(command))
         return 0
-    from spiral_jax.config import ConfigFileError, config_from_file
+    from spiral_jax.config import ConfigFileError, config_from_file, error_text
 
     path = _config_path(argv)
     config = None
@@ -202,8 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     except (AttributeError, KeyError) as e:  # ml_collections: a key the config does not have
         message = _unknown_override(argv, config, path) if config is not None else None
         if message is None:
-            message = "unknown config key in an override: " + " ".join(
-                (e.args[0] if e.args and isinstance(e.args[0], str) else str(e)).split())
+            message = f"unknown config key in an override: {error_text(e)}"
         print(f"spiral-jax {command}: {message}", file=sys.stderr)
         return 2
     foreign = sorted(name for name in OWN_FLAGS - set(COMMANDS[command][1]) if FLAGS[name].present)

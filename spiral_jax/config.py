@@ -142,6 +142,15 @@ class ConfigFileError(ValueError):
     """A config file that cannot be loaded; the message names the file, the line and the problem."""
 
 
+def error_text(e: BaseException) -> str:
+    """An exception's message on one line, as written: a KeyError's str() is the repr of its message
+    (escaped quotes), and ml_collections wraps one KeyError in an AttributeError."""
+    while e.args and isinstance(e.args[0], BaseException):
+        e = e.args[0]
+    message = e.args[0] if len(e.args) == 1 and isinstance(e.args[0], str) else str(e)
+    return " ".join(message.split())
+
+
 def config_from_file(name: str, relative_to: str | None = None) -> ConfigDict:
     """`get_config()` of a config file (by path, or a name next to `relative_to`, so one experiment
     can start from another's settings). Raises ConfigFileError naming the file, line and problem."""
@@ -169,8 +178,7 @@ def config_from_file(name: str, relative_to: str | None = None) -> ConfigDict:
         frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename) == path.absolute()
                   or Path(f.filename) == path]
         where = f", line {frames[-1].lineno} ({frames[-1].line})" if frames else ""
-        message = str(e).strip("'\"").replace("\\n", " ").replace("\n", " ")
-        raise ConfigFileError(f"config file {path}{where}: {type(e).__name__}: {message}") from None
+        raise ConfigFileError(f"config file {path}{where}: {type(e).__name__}: {error_text(e)}") from None
     if not isinstance(config, ConfigDict):
         raise ConfigFileError(f"config file {path}: get_config() returned {type(config).__name__}, not an "
                               f"ml_collections ConfigDict (start from spiral_jax.config.base_config())")
