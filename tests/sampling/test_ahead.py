@@ -110,10 +110,11 @@ def test_a_caller_takes_back_a_program_no_thread_has_begun():
     than wait for the programs ahead of it; the threads then skip it."""
     ahead, gate, compiled = CompileAhead(workers=1), threading.Event(), []
     Lowered = _gated(gate, compiled)
-    ahead.submit("busy", lambda: Lowered("busy"))
+    began = threading.Event()
+    ahead.submit("busy", lambda: began.set() or Lowered("busy"))
     ahead.submit("queued", lambda: Lowered("queued"))
     ahead.submit("later", lambda: Lowered("later"))
-    time.sleep(0.1)  # the one thread has taken the first job, and waits at the gate
+    assert began.wait(30)  # the one thread has taken the first job, and waits at the gate
     start = time.perf_counter()
     ahead.wait("queued")
     assert time.perf_counter() - start < 0.5 and compiled == []
@@ -167,9 +168,10 @@ def test_close_drops_what_has_not_started_and_idle_threads_end(monkeypatch):
     monkeypatch.setattr(ahead_module, "_IDLE_SECONDS", 0.2)
     ahead, gate, compiled = CompileAhead(workers=1), threading.Event(), []
     Lowered = _gated(gate, compiled)
-    ahead.submit("running", lambda: Lowered("running"))
+    began = threading.Event()
+    ahead.submit("running", lambda: began.set() or Lowered("running"))
     ahead.submit("queued", lambda: Lowered("queued"))
-    time.sleep(0.1)  # the one thread has taken the first job
+    assert began.wait(30)  # the one thread has taken the first job
     threading.Timer(0.3, gate.set).start()
     ahead.close()
     assert compiled == ["running"] and not ahead.submit("later", lambda: Lowered("later"))
