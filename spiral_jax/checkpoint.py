@@ -50,6 +50,16 @@ def _reason(error: BaseException) -> str:
     return " ".join(text.split())[:240] or type(error).__name__
 
 
+def _saved_layers_stacked(mismatch: str) -> bool | None:
+    """From orbax's tree-mismatch error: whether the checkpoint holds the layers stacked (a dict of
+    arrays with a layer axis) or one by one (a list), where that is what differs from this run's
+    tree; None where it is not. Newer orbax releases name the two sides Source and Target (the
+    checkpoint's), older ones lhs and rhs (the checkpoint's)."""
+    sides = re.search(r"\blayers:\s+- Source: <class '(list|dict)'>\s+- Target: <class '(list|dict)'>"
+                      r"|'layers': Diff\(lhs=<class '(list|dict)'>, rhs=<class '(list|dict)'>\)", mismatch)
+    return None if sides is None else (sides[2] or sides[4]) == "dict"
+
+
 def _drop_closed_loop_noise() -> None:
     """Silence what a failed orbax restore leaves behind, which Python would print as tracebacks
     (dozens per damaged checkpoint, making a handled fallback look like a crash):
@@ -255,9 +265,8 @@ class Checkpointer:
         except ValueError as e:
             if "tree structures do not match" not in str(e) and "Structure mismatch" not in str(e):
                 raise
-            stacked = re.search(r"\blayers:\s+- Source: <class '(list|dict)'>\s+- Target: <class '(list|dict)'>", str(e))
-            if stacked:
-                saved = stacked.group(2) == "dict"
+            saved = _saved_layers_stacked(str(e))
+            if saved is not None:
                 raise LayoutError(
                     f"checkpoint step {step} in {self.directory} holds the layers "
                     f"{'stacked' if saved else 'one by one'} (model.scan_layers={saved}), this run's config "

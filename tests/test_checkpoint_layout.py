@@ -4,7 +4,7 @@ import json
 import jax.numpy as jnp
 import pytest
 
-from spiral_jax.checkpoint import Checkpointer
+from spiral_jax.checkpoint import Checkpointer, _saved_layers_stacked
 
 
 def test_old_layout_checkpoint_is_refused(tmp_path):
@@ -36,3 +36,19 @@ def test_a_checkpoint_of_other_stacked_layers_is_refused_with_the_setting_and_ke
     assert (tmp_path / "4").is_dir() and not list(tmp_path.glob("*.unreadable"))
     restored, _, _ = Checkpointer(tmp_path, async_save=False).restore(None, stacked, None)
     assert jnp.array_equal(restored["layers"]["w"], stacked["layers"]["w"])
+
+
+@pytest.mark.parametrize("mismatch, stacked", [
+    # orbax 0.12: the restore item is the Source, the checkpoint the Target.
+    ("User-provided restore item and on-disk value metadata tree structures do not match:\nlayers:\n"
+     "    - Source: <class 'list'>\n    - Target: <class 'dict'>\nIf this mismatch is intentional, ...", True),
+    ("... tree structures do not match:\nlayers:\n    - Source: <class 'dict'>\n    - Target: <class 'list'>\n",
+     False),
+    # orbax 0.11: the restore item is lhs, the checkpoint rhs.
+    ("User-provided restore item and on-disk value metadata tree structures do not match: "
+     "{'layers': Diff(lhs=<class 'list'>, rhs=<class 'dict'>)}", True),
+    ("... tree structures do not match: {'layers': Diff(lhs=<class 'dict'>, rhs=<class 'list'>)}", False),
+    ("... tree structures do not match: {'embed': Diff(lhs=<class 'dict'>, rhs=<class 'list'>)}", None),
+])
+def test_both_wordings_of_orbaxs_mismatch_say_how_the_layers_were_saved(mismatch, stacked):
+    assert _saved_layers_stacked(mismatch) is stacked

@@ -1,7 +1,12 @@
 """Imports flow one way: envs and models at the bottom, sampling and rollout above them, rl and eval
 above those, the trainer loop and the command line on top."""
 import ast
+import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "spiral_jax"
 
@@ -69,3 +74,21 @@ def test_no_module_outside_models_is_over_400_lines():
     long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
             if p.relative_to(PACKAGE).parts[0] != "models" and (n := len(p.read_text().splitlines())) > 400}
     assert not long, long
+
+
+def test_an_older_jax_is_named_on_import_and_setup_requires_the_same_floor():
+    import spiral_jax
+
+    floor = re.search(r'^JAX_MIN = "([\d.]+)"$', (PACKAGE.parent / "setup.py").read_text(), re.M)
+    assert floor and floor[1] == spiral_jax.JAX_MIN
+    for fine in (spiral_jax.JAX_MIN, "0.10.2.dev20261201", "0.12.0.1", "1.0"):
+        spiral_jax.check_jax_version(fine)
+    for old in ("0.9.2", "0.6.0", "0.4.38"):
+        with pytest.raises(ImportError, match=rf"needs jax {spiral_jax.JAX_MIN} or newer, and this environment "
+                                              rf"has jax {re.escape(old)}; upgrade it with pip install -U"):
+            spiral_jax.check_jax_version(old)
+    # The package runs the check as it is imported.
+    patched = ("import importlib.metadata as m; real = m.version; "
+               "m.version = lambda name: '0.6.0' if name == 'jax' else real(name); import spiral_jax")
+    result = subprocess.run([sys.executable, "-c", patched], capture_output=True, text=True, cwd=PACKAGE.parent)
+    assert result.returncode == 1 and "ImportError: spiral-jax needs jax" in result.stderr, result.stderr
