@@ -7,6 +7,7 @@ tokenizer keeps working when game wording changes; rebuild it to keep prompts sh
 
     python scripts/build_tiny_tokenizer.py   # writes spiral_jax/assets/tiny_tokenizer/
 """
+import json
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +59,14 @@ def main():
     fast.chat_template = CHAT_TEMPLATE
     OUT.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(OUT)
+    # transformers 5 writes its own names for the class and the extra special tokens, which 4.x cannot
+    # read; the names 4.x writes load the same tokenizer in both.
+    config_file = OUT / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    if "extra_special_tokens" in config:
+        config["additional_special_tokens"] = config.pop("extra_special_tokens")
+    config_file.write_text(json.dumps(config, indent=2) + "\n")
     print(f"wrote {OUT} ({len(fast)} tokens)")
 
 

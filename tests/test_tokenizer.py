@@ -81,6 +81,17 @@ def test_embedded_tokenizer_ends_turns_with_im_end():
     assert ids[0] == vocab["<|im_start|>"] and tok.decode(tok.encode("\\boxed{4}")) == "\\boxed{4}"
 
 
+
+def test_embedded_tokenizer_is_written_in_names_transformers_4_reads_too():
+    """transformers 5 saves the class as TokenizersBackend and the extra special tokens as
+    extra_special_tokens, which 4.x (setup.py allows 4.51 and later) cannot load; the names 4.x
+    writes load the same tokenizer in both (scripts/build_tiny_tokenizer.py)."""
+    config = json.loads((EMBEDDED_TOKENIZER / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and "extra_special_tokens" not in config
+    tok = load_tokenizer(EMBEDDED_TOKENIZER, _cfg(2048))
+    assert set(tok.hf.all_special_tokens) == {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
+    assert tok.hf.pad_token == "<|endoftext|>" and tok.hf.eos_token == "<|im_end|>"
+
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
