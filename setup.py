@@ -21,7 +21,7 @@ setup(
     description="SPIRAL self-play RL (role-conditioned advantages) for Qwen / Llama LLMs in JAX",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.10",
+    python_requires=">=3.11",  # jax 0.10.2 and orbax-checkpoint need 3.11
     packages=find_packages(include=["spiral_jax", "spiral_jax.*"]),
     # The CPU kernels' C++ sources are compiled on first use, on the machine that runs them
     # (spiral_jax/models/cpu_kernels.py).
