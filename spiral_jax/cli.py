@@ -375,7 +375,7 @@ def _run(command: str, c) -> int:
     from spiral_jax.export import export_checkpoint
 
     return export_checkpoint(cfg, params, tokenizer, FLAGS.out, model_path=spec.model_path,
-                             tokenizer_path=c.tokenizer.path, dtype=FLAGS.dtype,
+                             tokenizer_path=spec.tokenizer_path, dtype=FLAGS.dtype,
                              max_shard_bytes=int(FLAGS.max_shard_gib * 2**30), adapter=FLAGS.adapter)
 
 

@@ -11,12 +11,20 @@ from spiral_jax.models import save_adapter, save_pretrained
 from spiral_jax.run_dir import clear_export_dir, record_export
 
 
+# A tokenizer folder's files, by the start of their names: the tokenizer and its config, the vocabulary
+# and merges of BPE tokenizers, added tokens, and the chat template that newer transformers releases
+# save beside the config (chat_template.jinja) rather than in it. Copied as they are, they load in
+# whatever transformers release the model's own tokenizer loads in; saving them anew would write the
+# installed release's format (transformers 5's does not load in 4.x).
+TOKENIZER_FILES = ("tokenizer", "special_tokens", "vocab", "merges", "added_tokens", "chat_template")
+
+
 def export_checkpoint(cfg, params, tokenizer, out: str | Path, *, model_path: str = "", tokenizer_path: str = "",
                       dtype: str = "float32", max_shard_bytes: int = 5 * 2**30, adapter: bool = False) -> int:
-    """Write `params` to `out`: merged weights in `dtype`, split above `max_shard_bytes`, with the model's
-    own tokenizer files (from `tokenizer_path`, else `model_path`) copied as they are, or the tokenizer
-    saved by transformers when there are none; with `adapter`, the LoRA adapters alone, on top of
-    `model_path`. Exit status 0."""
+    """Write `params` to `out`: merged weights in `dtype`, split above `max_shard_bytes`, with the
+    tokenizer's own files (from the folder `tokenizer_path`, else `model_path`) copied as they are, or
+    the tokenizer saved by transformers when there is no such folder; with `adapter`, the LoRA adapters
+    alone, on top of `model_path`. Exit status 0."""
     out = Path(out)
     clear_export_dir(out)  # --overwrite: nothing the old export wrote survives next to the new
     before = {p.name for p in out.iterdir()} if out.is_dir() else set()
@@ -29,11 +37,10 @@ def export_checkpoint(cfg, params, tokenizer, out: str | Path, *, model_path: st
     save_pretrained(cfg, params, out, dtype=dtype, max_shard_bytes=max_shard_bytes,
                     generation_config={"eos_token_id": sorted(tokenizer.stop_ids),
                                        "bos_token_id": tokenizer.hf.bos_token_id})
-    source = Path(tokenizer_path or model_path) if tokenizer_path != "embedded" else None
-    if source is not None and source.is_dir():  # the model's own tokenizer files, as they are
-        for f in source.iterdir():
-            if f.is_file() and (f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges"))
-                                or f.suffix == ".model"):
+    source = tokenizer_path or model_path
+    if source and Path(source).is_dir():  # the tokenizer's own files, as they are
+        for f in Path(source).iterdir():
+            if f.is_file() and (f.name.startswith(TOKENIZER_FILES) or f.suffix == ".model"):
                 shutil.copy(f, out / f.name)
     else:
         tokenizer.hf.save_pretrained(out)
