@@ -53,8 +53,8 @@ def _reason(error: BaseException) -> str:
 def _saved_layers_stacked(mismatch: str) -> bool | None:
     """From orbax's tree-mismatch error: whether the checkpoint holds the layers stacked (a dict of
     arrays with a layer axis) or one by one (a list), where that is what differs from this run's
-    tree; None where it is not. Newer orbax releases name the two sides Source and Target (the
-    checkpoint's), older ones lhs and rhs (the checkpoint's)."""
+    tree; None where it is not. Newer orbax releases call this run's side Source and the checkpoint's
+    Target, older ones lhs and rhs."""
     sides = re.search(r"\blayers:\s+- Source: <class '(list|dict)'>\s+- Target: <class '(list|dict)'>"
                       r"|'layers': Diff\(lhs=<class '(list|dict)'>, rhs=<class '(list|dict)'>\)", mismatch)
     return None if sides is None else (sides[2] or sides[4]) == "dict"
