@@ -241,9 +241,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"spiral-jax {command}: {reason}", file=sys.stderr)
         return 1
     except RuntimeError as e:
-        if not str(e).startswith(_BACKEND_FAILED):
+        from spiral_jax.aot import CompileError  # `plan --compile`: no compiler for the slice, or a refusal
+
+        if isinstance(e, CompileError):
+            print(f"spiral-jax {command}: {e}", file=sys.stderr)
+        elif str(e).startswith(_BACKEND_FAILED):
+            print(f"spiral-jax {command}: {_backend_failure(str(e))}", file=sys.stderr)
+        else:
             raise
-        print(f"spiral-jax {command}: {_backend_failure(str(e))}", file=sys.stderr)
         return 1
 
 

@@ -3,6 +3,7 @@ machine without JAX's CUDA plugin (CI) is told. The compiled figures are in docs
 (`python scripts/compile_presets.py --platform gpu`, with the plugin installed)."""
 import importlib.util
 import re
+from pathlib import Path
 
 import jax
 import pytest
@@ -43,6 +44,26 @@ def test_an_nvidia_preset_compiles_with_the_plugin_or_says_how_to_get_it():
         return
     with pytest.raises(aot.CompileError, match=r"1xH200.*pip install -e '\.\[cuda\]'"):
         aot.target("1xH200")
+
+
+def test_plan_compile_without_the_plugin_says_how_to_get_it_in_one_line(monkeypatch, capsys):
+    """`spiral-jax plan --compile` for an NVIDIA preset on a machine without JAX's CUDA plugin (as
+    JAX describes no GPU topology then): the plan, then one line naming the install, and exit status 1."""
+    from jax.experimental import topologies
+
+    from spiral_jax import cli
+
+    def no_plugin(*args, **kwargs):
+        raise NotImplementedError("topology not implemented for cuda")
+
+    monkeypatch.setattr(topologies, "get_topology_desc", no_plugin)
+    config = Path(__file__).resolve().parents[1] / "configs" / "tiny_pig.py"
+    code = cli.main(["spiral-jax", "plan", "--config", str(config), "--hardware", "1xH200", "--compile"])
+    out, err = capsys.readouterr()
+    assert code == 1 and "per device" in out, (out, err)
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("spiral-jax plan: cannot describe 1xH200's devices for XLA's GPU compiler"), err
+    assert "pip install -e '.[cuda]'" in lines[-1] and "Traceback" not in err, err
 
 
 def test_an_unknown_hardware_name_lists_the_known_ones():
