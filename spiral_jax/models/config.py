@@ -25,6 +25,25 @@ class CheckpointError(ValueError):
     """A checkpoint folder or config that cannot be used, with a message saying how to fix it."""
 
 
+def _check_full_attention(hf: dict[str, Any], num_layers: int, max_positions: int) -> None:
+    """Refuse a checkpoint with layers that attend over a sliding window (transformers' `layer_types`,
+    or Qwen2/Qwen3's `use_sliding_window` from layer `max_window_layers` on): every layer here attends
+    to all earlier positions, so past the window its logits would differ from the model's. A window
+    that holds every position is full attention and passes."""
+    window = hf.get("sliding_window")
+    if hf.get("layer_types") is not None:
+        sliding = [i for i, kind in enumerate(hf["layer_types"]) if kind != "full_attention"]
+    elif hf.get("use_sliding_window") and window is not None:
+        sliding = list(range(int(hf.get("max_window_layers", 0)), num_layers))
+    else:
+        sliding = []
+    if sliding and (window is None or int(window) < max_positions):
+        raise CheckpointError(
+            f"config.json has {len(sliding)} layer(s) (from layer {sliding[0]}) attending over a sliding window "
+            f"of {window} tokens (layer_types / use_sliding_window); spiral_jax attends to every position, "
+            f"which gives other logits past the window. Use a checkpoint with full attention in every layer")
+
+
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
     """Llama 3 frequency-dependent RoPE scaling (rope_type "llama3")."""
@@ -159,6 +178,10 @@ class ModelConfig:
             )
         except KeyError as e:
             raise CheckpointError(f"config.json is missing the required field {e.args[0]!r}") from None
+        _check_full_attention(hf, fields["num_layers"], int(hf.get("max_position_embeddings", 32768)))
+        act = hf.get("hidden_act", hf.get("hidden_activation", "silu"))
+        if act not in ("silu", "swish"):
+            raise CheckpointError(f"config.json has hidden_act={act!r}; spiral_jax's MLP is SwiGLU (silu)")
         rope = dict(hf.get("rope_parameters") or {})  # transformers 5.x
         legacy = hf.get("rope_scaling") or {}  # transformers 4.x
         rope = {**legacy, **rope}

@@ -101,6 +101,28 @@ def test_unsupported_model_type(hf_model, tmp_path):
         load_pretrained(ckpt)
 
 
+def test_a_sliding_window_or_another_activation_is_refused(tmp_path):
+    """Layers that attend over a sliding window shorter than the context (here layer 1 of 2, over 8
+    tokens) give other logits past the window, as do activations other than SwiGLU's: both are refused,
+    in transformers 5's spelling (`layer_types`, as saved) and 4's (`use_sliding_window`)."""
+    from tests.tiny_models import make_hf_model
+
+    make_hf_model("qwen2", tmp_path, use_sliding_window=True, sliding_window=8, max_window_layers=1)
+    with pytest.raises(CheckpointError, match=r"1 layer\(s\) \(from layer 1\) attending over a sliding window "
+                                              r"of 8 tokens"):
+        load_pretrained(tmp_path)
+    hf = {"model_type": "qwen2", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+          "num_hidden_layers": 4, "num_attention_heads": 2, "max_position_embeddings": 4096}
+    with pytest.raises(CheckpointError, match=r"3 layer\(s\) \(from layer 1\).*window of 1024 tokens"):
+        ModelConfig.from_hf_dict({**hf, "use_sliding_window": True, "sliding_window": 1024, "max_window_layers": 1})
+    # Off, or a window that holds every position: full attention, as Qwen2.5's released configs have.
+    ModelConfig.from_hf_dict({**hf, "use_sliding_window": False, "sliding_window": 1024, "max_window_layers": 1})
+    ModelConfig.from_hf_dict({**hf, "layer_types": ["sliding_attention"] * 4, "sliding_window": 4096})
+    ModelConfig.from_hf_dict({**hf, "layer_types": ["full_attention"] * 4, "sliding_window": None})
+    with pytest.raises(CheckpointError, match="hidden_act='gelu'"):
+        ModelConfig.from_hf_dict({**hf, "hidden_act": "gelu"})
+
+
 def _rewrite_tensors(ckpt, edit):
     tensors = load_file(ckpt / "model.safetensors")
     edit(tensors)
