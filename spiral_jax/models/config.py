@@ -161,6 +161,13 @@ class ModelConfig:
             raise CheckpointError(
                 f"unsupported model_type {model_type!r} in config.json; spiral_jax supports "
                 f"{', '.join(SUPPORTED_MODEL_TYPES)} (Qwen2/2.5, Qwen3, Llama 3.x)")
+        quantized = hf.get("quantization_config")
+        if quantized:
+            method = quantized.get("quant_method", "some method") if isinstance(quantized, dict) else quantized
+            raise CheckpointError(
+                f"config.json has a quantization_config ({method}): spiral_jax trains and samples full-precision "
+                f"weights and cannot read quantized ones; use the model's bf16 checkpoint (e.g. Qwen3-4B, "
+                f"not Qwen3-4B-FP8 or an AWQ/GPTQ one)")
         text = hf.get("text_config")  # some multimodal-style configs nest the decoder
         if isinstance(text, dict) and "hidden_size" not in hf:
             hf = {**hf, **text}

@@ -123,6 +123,14 @@ def test_a_sliding_window_or_another_activation_is_refused(tmp_path):
         ModelConfig.from_hf_dict({**hf, "hidden_act": "gelu"})
 
 
+def test_a_quantized_checkpoint_is_refused_before_its_tensors_are_read():
+    hf = {"model_type": "qwen3", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+          "num_hidden_layers": 1, "num_attention_heads": 2,
+          "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}}
+    with pytest.raises(CheckpointError, match=r"quantization_config \(fp8\).*use the model's bf16 checkpoint"):
+        ModelConfig.from_hf_dict(hf)
+
+
 def _rewrite_tensors(ckpt, edit):
     tensors = load_file(ckpt / "model.safetensors")
     edit(tensors)
