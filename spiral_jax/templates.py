@@ -4,7 +4,8 @@
   "reason, then box the move"; then an open assistant turn). No system prompt, no thinking toggle, the
   same string for base and instruct models. Wording ours; override it with `instruction`/`suffix`.
 - `chat`: the tokenizer's own chat template (any model family), with `enable_thinking` for Qwen3.
-- `plain`: plain text for base models without chat tokens.
+- `plain`: plain text for base models without chat tokens, tokenized as a raw prompt (after the
+  tokenizer's BOS where it puts one before raw text, as Llama 3's does: `Tokenizer.encode_prompt`).
 
 Generation stops where vLLM would stop it: at the checkpoint's end-of-sequence ids (the tokenizer's
 EOS and generation_config.json's), plus the token the template itself closes turns with:

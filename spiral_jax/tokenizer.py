@@ -1,6 +1,7 @@
 """The checkpoint's tokenizer (via transformers), its stop ids, and the check that it fits the model."""
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -23,14 +24,32 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return len(self.hf)
 
-    def encode(self, text: str) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=False)
+    def encode(self, text: str, bos: bool = False) -> list[int]:
+        """`text` as ids, with no special tokens added; `bos` puts the tokenizer's BOS first (`bos_id`),
+        unless the text begins with it, as transformers and vLLM tokenize a raw prompt."""
+        ids = self.hf.encode(text, add_special_tokens=False)
+        if bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
+            ids.insert(0, self.bos_id)
+        return ids
+
+    @functools.cached_property
+    def bos_id(self) -> int | None:
+        """The token the tokenizer puts before raw text of its own accord (Llama 3's <|begin_of_text|>);
+        None where it puts none (Qwen's)."""
+        bos = self.hf.bos_token_id
+        return bos if bos is not None and self.hf.encode("a", add_special_tokens=True)[:1] == [bos] else None
 
     def decode(self, ids) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=True)
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """A prompt rendered by the template as ids: a chat rendering holds the BOS its template writes,
+        if any; plain text is a raw prompt and gets the tokenizer's BOS (a Llama base model without it
+        sees a start it was never trained on)."""
+        return self.encode(text, bos=self.template.name == "plain")
+
     def prompt_ids(self, observation: str) -> list[int]:
-        return self.encode(self.template.render(observation, self.hf))
+        return self.encode_prompt(self.template.render(observation, self.hf))
 
     @property
     def end_of_turn_id(self) -> int:

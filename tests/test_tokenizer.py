@@ -3,7 +3,7 @@ import json
 
 import pytest
 from tokenizers import Tokenizer as RawTokenizer
-from tokenizers import models, pre_tokenizers
+from tokenizers import models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from spiral_jax.config import EMBEDDED_TOKENIZER
@@ -32,6 +32,9 @@ def llama_style(tmp_path_factory):
     vocab = {t: i for i, t in enumerate(SPECIAL + WORDS)}
     raw = RawTokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    # Llama 3's tokenizer puts <|begin_of_text|> before raw text (add_special_tokens=True) by this rule.
+    raw.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A $B",
+                                                       special_tokens=[("<|begin_of_text|>", 0)])
     hf = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>",
                                  unk_token="<unk>", additional_special_tokens=SPECIAL[2:5])
     hf.chat_template = CHAT_TEMPLATE
@@ -57,6 +60,29 @@ def test_chat_template_renders_the_tokenizers_own_format(llama_style):
     ids = tok.prompt_ids("It is your turn .")
     assert ids[:3] == [vocab["<|begin_of_text|>"], vocab["<|start_header_id|>"], vocab["user"]]  # one id each
     assert ids[-3:] == [vocab["<|start_header_id|>"], vocab["assistant"], vocab["<|end_header_id|>"]]
+
+
+def test_raw_prompts_begin_with_the_bos_the_tokenizer_adds_as_transformers_tokenizes_them(llama_style):
+    """A plain prompt (raw text) gets Llama's BOS first, as transformers and vLLM tokenize a raw prompt;
+    a chat rendering already writes it and keeps one; a text-completion request to `spiral-jax serve`
+    is a raw prompt too. Qwen's tokenizers put none before raw text, and get none."""
+    from spiral_jax.serve.protocol import Limits, parse_text
+
+    path, vocab = llama_style
+    bos = vocab["<|begin_of_text|>"]
+    plain = load_tokenizer(path, _cfg(len(vocab)), Template("plain", instruction="", suffix=""))
+    assert plain.bos_id == bos
+    text = plain.template.render("It is your turn .")
+    assert plain.prompt_ids("It is your turn .") == plain.hf.encode(text) == [bos] + plain.encode(text)
+    assert plain.encode("<|begin_of_text|> It is", bos=True) == [bos, vocab["It"], vocab["is"]]  # one BOS
+    chat = load_tokenizer(path, _cfg(len(vocab)), Template("chat", instruction="", suffix=""))
+    assert chat.prompt_ids("It is your turn .")[:2] == [bos, vocab["<|start_header_id|>"]]
+    ask = parse_text({"prompt": ["It is", "<|begin_of_text|> move"]}, chat, Limits("m", 4, 8, 64))
+    assert ask.prompts == [[bos, vocab["It"], vocab["is"]], [bos, vocab["move"]]]
+
+    qwen = load_tokenizer(EMBEDDED_TOKENIZER, _cfg(2048), Template("plain"))
+    assert qwen.bos_id is None
+    assert qwen.prompt_ids("Free cells: [4]") == qwen.hf.encode(qwen.template.render("Free cells: [4]"))
 
 
 def test_qwen_raw_needs_qwen_chat_tokens(llama_style):

@@ -191,7 +191,7 @@ def model_generate_fn(sampler, tokenizer, params, sampling, seed: int = 0, batch
     sp = dataclasses.replace(sampling, stop_token_ids=tokenizer.stop_ids)
 
     def generate(prompts: Sequence[str], k: int) -> list[list[Response]]:
-        rows = [(i, tokenizer.encode(template.render(p, tokenizer.hf))) for i, p in enumerate(prompts)]
+        rows = [(i, tokenizer.encode_prompt(template.render(p, tokenizer.hf))) for i, p in enumerate(prompts)]
         rows = [(i, ids) for i, ids in rows for _ in range(k)]
         out: list[list[Response]] = [[] for _ in prompts]
         live = []

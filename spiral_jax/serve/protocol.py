@@ -213,7 +213,7 @@ def parse_chat(body: dict, tokenizer, limits: Limits) -> Ask:
         text = tokenizer.template.render_chat(messages, tokenizer.hf)
     except Exception as err:  # noqa: BLE001 (a template that cannot render these messages)
         raise bad(f"the chat template cannot render these messages: {err}", "messages") from None
-    prompt = _check_length(tokenizer.encode(text), limits)
+    prompt = _check_length(tokenizer.encode_prompt(text), limits)
     return _ask("chat", body, [prompt], max_tokens, logprobs, top, tokenizer, limits)
 
 
@@ -233,7 +233,8 @@ def parse_text(body: dict, tokenizer, limits: Limits) -> Ask:
     n = _number(body, "n", 1, int, 1, limits.max_rows)
     if _number(body, "best_of", n, int, 1, limits.max_rows) != n:
         raise bad("best_of other than n is not supported", "best_of")
-    prompts = [_check_length(tokenizer.encode(t), limits) for t in texts]
+    # Raw text: the tokenizer's BOS first where it adds one (Llama 3), as vLLM tokenizes a prompt.
+    prompts = [_check_length(tokenizer.encode(t, bos=True), limits) for t in texts]
     return _ask("text", body, prompts, max_tokens, "logprobs" in body and body["logprobs"] is not None, top,
                 tokenizer, limits)
 
