@@ -8,6 +8,8 @@ from pathlib import Path
 from spiral_jax.models.config import CheckpointError, ModelConfig
 from spiral_jax.templates import Template
 
+# A folder holds a tokenizer when it has one of these (fast, slow BPE, or sentencepiece).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 # Tokens that end an assistant turn in the families spiral_jax supports.
 _END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>")
 
@@ -101,6 +103,11 @@ def load_tokenizer(path, cfg: ModelConfig, template: Template | None = None) -> 
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"tokenizer folder {path} does not exist")
+    if path.is_dir() and not any((path / name).exists() for name in _TOKENIZER_FILES):
+        # transformers would build an empty tokenizer from config.json alone
+        raise CheckpointError(
+            f"{path} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}); download the model's tokenizer "
+            f"with it (hf download fetches both) or point tokenizer.path at the folder that has it")
     try:
         hf = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError, TypeError) as e:

@@ -85,6 +85,14 @@ def test_raw_prompts_begin_with_the_bos_the_tokenizer_adds_as_transformers_token
     assert qwen.prompt_ids("Free cells: [4]") == qwen.hf.encode(qwen.template.render("Free cells: [4]"))
 
 
+def test_a_model_folder_without_tokenizer_files_says_so(tmp_path):
+    """Only config.json and the weights (a download that skipped the tokenizer): transformers would
+    build an empty tokenizer from config.json, which would then be refused as another model's."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    with pytest.raises(CheckpointError, match=r"has no tokenizer files \(tokenizer.json, .*point tokenizer.path"):
+        load_tokenizer(tmp_path, _cfg(512))
+
+
 def test_qwen_raw_needs_qwen_chat_tokens(llama_style):
     path, vocab = llama_style
     with pytest.raises(CheckpointError, match="template 'qwen_raw' writes <\\|im_start\\|> and <\\|im_end\\|>"):
