@@ -53,14 +53,18 @@ class Tokenizer:
     def prompt_ids(self, observation: str) -> list[int]:
         return self.encode_prompt(self.template.render(observation, self.hf))
 
-    @property
+    @functools.cached_property
     def end_of_turn_id(self) -> int:
-        """The token a turn ends with: the tokenizer's EOS (`<|im_end|>` in Qwen chat tokenizers),
-        else the first end-of-turn token it knows. Imitation targets end with it, and exact scoring
-        of answers appends it."""
+        """The token a turn ends with: the one the template closes turns with (`<|im_end|>` for
+        qwen_raw, `<|eot_id|>` for Llama 3's chat template), else the tokenizer's EOS, else the first
+        end-of-turn token it knows. Imitation targets end with it, and exact scoring of answers appends
+        it. A base checkpoint's EOS (`<|endoftext|>`) ends documents, not the template's turns."""
+        vocab = self.hf.get_vocab()
+        closing = template_end_of_turn(self.hf, self.template)
+        if closing:
+            return next(vocab[t] for t in _END_OF_TURN if vocab.get(t) in closing)
         if self.hf.eos_token_id is not None:
             return int(self.hf.eos_token_id)
-        vocab = self.hf.get_vocab()
         return next((vocab[t] for t in _END_OF_TURN if t in vocab), min(self.stop_ids))
 
 

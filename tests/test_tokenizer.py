@@ -48,7 +48,8 @@ def test_stop_ids_come_from_the_tokenizer_and_generation_config(llama_style):
     tok = load_tokenizer(path, _cfg(len(vocab)), Template("chat"))
     # EOS, the end-of-turn token <|eot_id|>, and generation_config.json's ids (7 is a word: the file rules)
     assert tok.stop_ids == {vocab["<|end_of_text|>"], vocab["<|eot_id|>"], 7}
-    assert tok.end_of_turn_id == vocab["<|end_of_text|>"]  # the tokenizer's EOS
+    assert tok.end_of_turn_id == vocab["<|eot_id|>"]  # what the chat template ends a message with
+    assert load_tokenizer(path, _cfg(len(vocab)), Template("plain")).end_of_turn_id == vocab["<|end_of_text|>"]
 
 
 def test_chat_template_renders_the_tokenizers_own_format(llama_style):
@@ -147,12 +148,15 @@ def qwen_base_style(tmp_path_factory):
     return path, vocab
 
 
-@pytest.mark.parametrize("template, stops", [
-    ("plain", {"<|endoftext|>"}),                    # the checkpoint's own end of sequence only
-    ("qwen_raw", {"<|endoftext|>", "<|im_end|>"}),   # the template closes turns with <|im_end|>
-    ("chat", {"<|endoftext|>", "<|im_end|>"}),       # so does this tokenizer's chat template
+@pytest.mark.parametrize("template, stops, turn_end", [
+    ("plain", {"<|endoftext|>"}, "<|endoftext|>"),                   # the checkpoint's own end of sequence only
+    ("qwen_raw", {"<|endoftext|>", "<|im_end|>"}, "<|im_end|>"),     # the template closes turns with <|im_end|>
+    ("chat", {"<|endoftext|>", "<|im_end|>"}, "<|im_end|>"),         # so does this tokenizer's chat template
 ])
-def test_stop_ids_add_the_templates_end_of_turn_only(qwen_base_style, template, stops):
+def test_stop_ids_add_the_templates_end_of_turn_only(qwen_base_style, template, stops, turn_end):
+    """Generation stops at either; a turn ends (imitation targets, exact scoring) with the one the
+    template closes turns with, not with a base checkpoint's end of document."""
     path, vocab = qwen_base_style
     tok = load_tokenizer(path, _cfg(len(vocab)), Template(template))
     assert tok.stop_ids == {vocab[t] for t in stops}
+    assert tok.end_of_turn_id == vocab[turn_end]
