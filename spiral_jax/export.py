@@ -9,6 +9,7 @@ from pathlib import Path
 
 from spiral_jax.models import save_adapter, save_pretrained
 from spiral_jax.run_dir import clear_export_dir, record_export
+from spiral_jax.tokenizer import read_generation_config
 
 
 # A tokenizer folder's files, by the start of their names: the tokenizer and its config, the vocabulary
@@ -34,9 +35,11 @@ def export_checkpoint(cfg, params, tokenizer, out: str | Path, *, model_path: st
         print(f"wrote a PEFT LoRA adapter (rank {cfg.lora_rank}, alpha {cfg.lora_alpha:g}, on "
               f"{', '.join(cfg.lora_targets)}) to {out}; base model: {model_path or 'the random init'}")
         return 0
-    save_pretrained(cfg, params, out, dtype=dtype, max_shard_bytes=max_shard_bytes,
-                    generation_config={"eos_token_id": sorted(tokenizer.stop_ids),
-                                       "bos_token_id": tokenizer.hf.bos_token_id})
+    # The checkpoint's own generation defaults (vLLM samples with them unless a request says otherwise),
+    # with the run's stop ids: a turn under the run's template ends at them.
+    generation = read_generation_config(model_path) if model_path and Path(model_path).is_dir() else {}
+    generation.update(eos_token_id=sorted(tokenizer.stop_ids), bos_token_id=tokenizer.hf.bos_token_id)
+    save_pretrained(cfg, params, out, dtype=dtype, max_shard_bytes=max_shard_bytes, generation_config=generation)
     source = tokenizer_path or model_path
     if source and Path(source).is_dir():  # the tokenizer's own files, as they are
         for f in Path(source).iterdir():

@@ -83,16 +83,28 @@ def template_end_of_turn(hf_tokenizer, template: Template) -> set[int]:
     return set()
 
 
+def read_generation_config(folder) -> dict:
+    """A checkpoint folder's generation_config.json (stop ids, sampling defaults); {} when it has none."""
+    file = Path(folder) / "generation_config.json"
+    if not file.is_file():
+        return {}
+    try:
+        config = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{file} is not valid JSON ({e}); re-download it or delete it") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{file} must hold a JSON object, got {type(config).__name__}")
+    return config
+
+
 def stop_ids_for(hf_tokenizer, path: Path | None = None, template: Template | None = None) -> frozenset[int]:
     """Where generation stops, as vLLM decides it: the tokenizer's EOS and generation_config.json's
     eos ids, plus the end-of-turn token of the prompt template (`template_end_of_turn`)."""
     ids = set()
     if hf_tokenizer.eos_token_id is not None:
         ids.add(int(hf_tokenizer.eos_token_id))
-    gen = Path(path) / "generation_config.json" if path is not None else None
-    if gen is not None and gen.exists():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        ids.update([eos] if isinstance(eos, int) else (eos or []))
+    eos = read_generation_config(path).get("eos_token_id") if path is not None else None
+    ids.update([eos] if isinstance(eos, int) else (eos or []))
     ids |= template_end_of_turn(hf_tokenizer, template or Template())
     if not ids:
         raise CheckpointError("the tokenizer defines no EOS / end-of-turn token, so generation could "

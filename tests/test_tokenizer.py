@@ -94,6 +94,16 @@ def test_a_model_folder_without_tokenizer_files_says_so(tmp_path):
         load_tokenizer(tmp_path, _cfg(512))
 
 
+def test_a_malformed_generation_config_is_named(llama_style, tmp_path):
+    import shutil
+
+    path, vocab = llama_style
+    shutil.copytree(path, tmp_path / "tok")
+    (tmp_path / "tok" / "generation_config.json").write_text('{"eos_token_id": [1, 4,')
+    with pytest.raises(CheckpointError, match=r"generation_config.json is not valid JSON"):
+        load_tokenizer(tmp_path / "tok", _cfg(len(vocab)), Template("chat"))
+
+
 def test_qwen_raw_needs_qwen_chat_tokens(llama_style):
     path, vocab = llama_style
     with pytest.raises(CheckpointError, match="template 'qwen_raw' writes <\\|im_start\\|> and <\\|im_end\\|>"):
