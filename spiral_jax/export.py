@@ -37,7 +37,7 @@ def export_checkpoint(cfg, params, tokenizer, out: str | Path, *, model_path: st
         return 0
     # The checkpoint's own generation defaults (vLLM samples with them unless a request says otherwise),
     # with the run's stop ids: a turn under the run's template ends at them.
-    generation = read_generation_config(model_path) if model_path and Path(model_path).is_dir() else {}
+    generation = read_generation_config(model_path) if model_path else {}
     generation.update(eos_token_id=sorted(tokenizer.stop_ids), bos_token_id=tokenizer.hf.bos_token_id)
     save_pretrained(cfg, params, out, dtype=dtype, max_shard_bytes=max_shard_bytes, generation_config=generation)
     source = tokenizer_path or model_path

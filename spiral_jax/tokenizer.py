@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 
-from spiral_jax.models.config import CheckpointError, ModelConfig
+from spiral_jax.models.config import CheckpointError, ModelConfig, read_json_object
 from spiral_jax.templates import Template
 
 # A folder holds a tokenizer when it has one of these (fast, slow BPE, or sentencepiece).
@@ -86,15 +85,7 @@ def template_end_of_turn(hf_tokenizer, template: Template) -> set[int]:
 def read_generation_config(folder) -> dict:
     """A checkpoint folder's generation_config.json (stop ids, sampling defaults); {} when it has none."""
     file = Path(folder) / "generation_config.json"
-    if not file.is_file():
-        return {}
-    try:
-        config = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{file} is not valid JSON ({e}); re-download it or delete it") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{file} must hold a JSON object, got {type(config).__name__}")
-    return config
+    return read_json_object(file) if file.is_file() else {}
 
 
 def stop_ids_for(hf_tokenizer, path: Path | None = None, template: Template | None = None) -> frozenset[int]:

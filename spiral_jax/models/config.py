@@ -25,6 +25,18 @@ class CheckpointError(ValueError):
     """A checkpoint folder or config that cannot be used, with a message saying how to fix it."""
 
 
+def read_json_object(file: Path) -> dict[str, Any]:
+    """A checkpoint's JSON file (config.json, generation_config.json) as a dict; a CheckpointError
+    naming the file when it is not a JSON object."""
+    try:
+        value = json.loads(Path(file).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{file} is not valid JSON ({e}); re-download or re-export it") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{file} must hold a JSON object, got {type(value).__name__}")
+    return value
+
+
 def _check_full_attention(hf: dict[str, Any], num_layers: int, max_positions: int) -> None:
     """Refuse a checkpoint with layers that attend over a sliding window (transformers' `layer_types`,
     or Qwen2/Qwen3's `use_sliding_window` from layer `max_window_layers` on): every layer here attends
@@ -230,13 +242,7 @@ class ModelConfig:
             raise CheckpointError(
                 f"no config.json at {file}; pass a Hugging Face checkpoint folder (config.json + "
                 f"*.safetensors), e.g. one written by save_pretrained")
-        try:
-            hf = json.loads(file.read_text())
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{file} is not valid JSON ({e}); re-download or re-export it") from None
-        if not isinstance(hf, dict):
-            raise CheckpointError(f"{file} must hold a JSON object, got {type(hf).__name__}")
-        return cls.from_hf_dict(hf, **runtime)
+        return cls.from_hf_dict(read_json_object(file), **runtime)
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A config.json that transformers (4.x and 5.x) and vLLM load."""
