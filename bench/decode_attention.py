@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl_step import measured_bandwidth, seconds
+from device import measured_bandwidth, seconds
 from spiral_jax.models import decode_attention_gpu as gpu, transformer
 from spiral_jax.models.shapes import QWEN3
 

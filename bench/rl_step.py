@@ -47,12 +47,14 @@ Decode steps and the cache they read depend on the schedule and the response len
 model: `--rollout_only 4b` plays one step's rollout (at any shape, tiny on a CPU) and prices what its
 decoding read at Qwen3-4B's sizes and the given bandwidth, to compare schedules without a GPU. It
 also packs the samples as the trainer does and says what share of the train step's slots they fill.
+
+Beside this file: step_probes.py times the trainer's phases, step_costs.py counts what a step computes
+and reads, device.py gives the device's rates and, on a GPU, its kernels' time.
 """
 import argparse
 import contextlib
 import math
 import tempfile
-import threading
 import time
 import zlib
 from pathlib import Path
@@ -70,14 +72,15 @@ from spiral_jax.models import transformer
 from spiral_jax.models.shapes import QWEN3
 from spiral_jax.run import Trainer
 from spiral_jax.rl.samples import pack
-from spiral_jax.rl.train_step import Update
 from spiral_jax.run.setup import run_spec
 from spiral_jax.sampling import SamplingParams
-from spiral_jax.sampling.ahead import WAIT_EVENT
-from spiral_jax.sampling.buckets import attention_windows
 from spiral_jax.sampling import engine as engine_module
 from spiral_jax.sampling import sampler as sampler_module
 from spiral_jax.templates import Template
+
+from device import device_rates, measured_bandwidth, print_kernels, print_pass_kernels
+from step_costs import cache_read, decode_reads, read_sizes, train_flops
+from step_probes import COMPILES, STARTED, Probes, run_program, run_timed
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,256 +150,6 @@ def geometric_lengths(mean_tokens: float, cap: int) -> tuple[float, float]:
     """(mean length, share at the cap) of responses that stop with probability 1/mean per token."""
     keep = 1 - 1 / mean_tokens
     return (1 - keep ** cap) * mean_tokens, keep ** (cap - 1)
-
-
-# --------------------------------------------------------------------------------- timers
-
-
-class CompileSeconds:
-    """Seconds JAX has spent making programs in this process's main thread: tracing them, lowering
-    them and XLA's compiling (or loading from the persistent cache), a trace nested in another (a
-    jitted function called while tracing) counted once, and waiting for a program that a background
-    thread is compiling ahead (`sampling.ahead`). The timers below leave them out: a phase's time is
-    that of its programs. Without tracing and lowering, a schedule that meets many new shapes in a
-    step (a decode engine's inserts) would have seconds of tracing counted as its prefill. Compiles on
-    background threads overlap the main thread's work, so they are counted apart (`ahead`)."""
-
-    EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
-              "/jax/core/compile/backend_compile_duration", WAIT_EVENT)
-
-    def __init__(self):
-        self.intervals = []
-        self.ahead = []  # seconds of XLA's compiling on background threads, one entry a program
-        jax.monitoring.register_event_duration_secs_listener(self._on_event)
-
-    def _on_event(self, event, duration, **kwargs):
-        if event not in self.EVENTS:
-            return
-        if threading.current_thread() is threading.main_thread():  # reported as it ends
-            self.intervals.append((event, time.perf_counter() - duration, duration))
-        elif event == self.EVENTS[2]:
-            self.ahead.append(duration)
-
-    @property
-    def total(self) -> float:
-        return busy_time(self.intervals)
-
-    @property
-    def xla(self) -> float:
-        """XLA's part alone (compiling, or loading from the persistent cache): the rest is Python's."""
-        return sum(duration for event, _, duration in self.intervals if event == self.EVENTS[2])
-
-
-COMPILES = CompileSeconds()
-STARTED = time.perf_counter()
-
-
-def progress(message: str) -> None:
-    """A line as a step goes, stamped with the seconds since the bench started: a run cut short by its
-    time limit still says how far it got and where its time went."""
-    print(f"  [{time.perf_counter() - STARTED:5.0f} s] {message}", flush=True)
-
-
-def run_timed(fn, *args, **kwargs):
-    """(fn's result, its seconds less the program making it did, that making's seconds)."""
-    start, compiled = time.perf_counter(), COMPILES.total
-    out = fn(*args, **kwargs)
-    compiled = COMPILES.total - compiled
-    return out, time.perf_counter() - start - compiled, compiled
-
-
-class SamplerCalls:
-    """Every `Sampler.generate` call of the rollout schedule "rounds": prompts, seconds, rows, steps."""
-
-    def __init__(self, s):
-        self.sampler, self.generate, self.calls = s, s.generate, []
-        s.generate = self._generate
-
-    def _generate(self, params, prompts, sp, seed=0, row_ids=None):
-        out, seconds, compiled = run_timed(self.generate, params, prompts, sp, seed=seed, row_ids=row_ids)
-        plen, slots = self.sampler._buckets(prompts, sp)
-        call = dict(prompts=prompts, sampling=sp, seconds=seconds, rows=out.batch_rows,
-                    steps=max(map(len, out.tokens)) - 1, prompt_bucket=plen,
-                    windows=attention_windows(plen, slots, self.sampler.first_window))
-        self.calls.append(call)
-        progress(f"sampler call {len(self.calls)}: {len(prompts)} prompts in {call['rows']} rows (prompt bucket "
-                 f"{call['prompt_bucket']}), {call['steps']} decode steps, {seconds:.1f} s"
-                 + (f" and {compiled:.1f} s making programs" if compiled >= 0.05 else ""))
-        return out
-
-
-def run_program(s, params, prompts, sp: SamplingParams, budget: int) -> float:
-    """Seconds of the program `s.generate(params, prompts, sp)` compiles, run for `budget` new tokens
-    (budget 1: the call's prefill and first token, with no recompile: the budget is an argument)."""
-    args, static = s._arguments(params, prompts, sp, 0, None)
-    args = (*args[:6], np.int32(budget), *args[7:])
-    start = time.perf_counter()
-    jax.block_until_ready(s._program(*args, **static))
-    return time.perf_counter() - start
-
-
-class EngineCalls:
-    """The decode engines of the rollout schedule "continuous": the seconds of their inserts (the
-    prefills), and each decode call's seconds, steps, rows live at its start, and the cache those
-    rows filled over its steps (slot-tokens read, for the memory floor)."""
-
-    def __init__(self, rollout):
-        self.seconds, self.decodes, self.make = 0.0, [], rollout._engine
-        rollout._engine = self._engine
-
-    def _engine(self, policy, games):
-        e = self.make(policy, games)
-        if not getattr(e, "timed", False):
-            insert, decode = e.insert, e.decode
-
-            def timed_insert(params, requests):
-                def prefill():
-                    insert(params, requests)
-                    jax.block_until_ready(e.state)
-
-                self.seconds += run_timed(prefill)[1]
-
-            def timed_decode(params):
-                live = [s for s, r in enumerate(e.busy) if r is not None]
-                before, slot_steps = list(e.lengths), e.stats.slot_steps
-                window = e._decode_window()[1] if live else 0
-                out, seconds, _ = run_timed(decode, params)
-                grew = {s: e.lengths[s] - before[s] for s in live}  # the steps each row was live
-                self.decodes.append(dict(seconds=seconds, steps=(e.stats.slot_steps - slot_steps) // e.slots,
-                                         rows=len(live), slots=e.slots, window=window,
-                                         filled=sum(before[s] * n + n * (n - 1) / 2 for s, n in grew.items())))
-                return out
-
-            e.insert, e.decode, e.timed = timed_insert, timed_decode, True
-        return e
-
-
-class Probes:
-    """The timers on a trainer's rollout and update (see each class)."""
-
-    def __init__(self, trainer):
-        self.calls, self.engines = SamplerCalls(trainer.sampler), EngineCalls(trainer.rollout)
-        self.played = Played(trainer)
-        self.update = trainer.update = TimedUpdate(trainer.cfg, trainer.spec.train, trainer.mesh,
-                                                   trainer.sampler.ahead)
-
-    def reset(self):
-        self.calls.calls, self.engines.seconds, self.engines.decodes = [], 0.0, []
-
-
-class Played:
-    """The games of each step's collection (`Trainer.collect`), and the seconds it spent making programs."""
-
-    def __init__(self, trainer):
-        self.collect, self.games, self.compiled = trainer.collect, [], 0.0
-        trainer.collect = self._collect
-
-    def _collect(self, params=None):
-        collected, seconds, self.compiled = run_timed(self.collect, params)
-        self.games = collected.games
-        tokens = sum(len(t.response_ids) for g in self.games for t in g.model_turns if t.response_ids)
-        progress(f"rollout: {len(self.games)} games, {tokens:,} tokens generated, {seconds:.1f} s and "
-                 f"{self.compiled:.1f} s making programs")
-        return collected
-
-
-class TimedUpdate(Update):
-    """The recipe's `Update` (no KL term), its parts timed apart: PPO's old log-probs, then the epochs;
-    it also counts the batch's tokens per row for the FLOPs."""
-
-    def __init__(self, cfg, tc, mesh, ahead):
-        if tc.kl_coef:
-            raise ValueError("bench/rl_step.py times the recipe's update, which has no KL term; use a "
-                             "config with optim.kl_coef=0")
-        super().__init__(cfg, tc, mesh, ahead)
-        self.seconds = {}
-
-    def __call__(self, state, batch, ref_params=None, frozen=None):
-        self.samples = sample_sizes(*jax.device_get((batch.segment_ids, batch.loss_mask)))
-        self.slots, self.n_rows = batch.tokens.size, batch.shape[0]
-        self.seconds = {}
-        return super().__call__(state, batch, ref_params, frozen)
-
-    def logprob_passes(self, state, batch, ref_params, weights):
-        if self.tc.on_policy:
-            return batch
-        self.batch, self.weights = batch, weights  # for a trace of the pass (print_train)
-        batch, self.seconds["old log-probs"], compiled = run_timed(
-            lambda: jax.block_until_ready(super(TimedUpdate, self).logprob_passes(state, batch, ref_params, weights)))
-        progress(f"old log-probs: {self.n_rows} rows of {batch.tokens.shape[1]} slots, "
-                 f"{self.seconds['old log-probs']:.1f} s and {compiled:.1f} s making programs")
-        return batch
-
-    def epochs(self, state, batch, weights):
-        (state, metrics), self.seconds["train"], compiled = run_timed(
-            lambda: jax.block_until_ready(super(TimedUpdate, self).epochs(state, batch, weights)))
-        progress(f"train: {self.tc.epochs} epochs, {self.seconds['train']:.1f} s and {compiled:.1f} s making programs")
-        return state, metrics
-
-
-# ------------------------------------------------------------------------------- the device
-
-
-def measured_bandwidth() -> float:
-    """Bytes/s of a reduction over 256 MiB (best of 5)."""
-    x = jnp.ones(2**26, jnp.float32)
-    total = jax.jit(jnp.sum)
-    total(x).block_until_ready()
-    return x.nbytes / min(seconds(lambda: total(x).block_until_ready()) for _ in range(5))
-
-
-def measured_flops(dtype) -> float:
-    """FLOP/s of a 2048-wide matmul in the compute dtype (best of 5)."""
-    a = jnp.ones((2048, 2048), dtype)
-    mm = jax.jit(jnp.matmul)
-    mm(a, a).block_until_ready()
-    return 2 * 2048**3 / min(seconds(lambda: mm(a, a).block_until_ready()) for _ in range(5))
-
-
-def seconds(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def device_rates(args, dtype) -> tuple[float, float, str]:
-    """(bytes/s, FLOP/s, where they came from): the flags, else the data-sheet table, else measured
-    (always on CPU, whose data sheet depends on the machine)."""
-    kind = jax.devices()[0].device_kind
-    card = None if jax.default_backend() == "cpu" else hardware.gpu_card(kind)
-    sheet = None if card is None else (card.bandwidth / 1e12, card.bf16_flops / 1e12)
-    if args.bandwidth_tbs and args.peak_tflops:
-        sheet, source = (args.bandwidth_tbs, args.peak_tflops), "flags"
-    elif sheet is None:
-        sheet, source = (measured_bandwidth() / 1e12, measured_flops(dtype) / 1e12), "measured here"
-    else:
-        source = f"{kind} data sheet"
-    if bool(args.bandwidth_tbs) != bool(args.peak_tflops):
-        source += ", and a flag"
-    bandwidth, flops = args.bandwidth_tbs or sheet[0], args.peak_tflops or sheet[1]
-    return bandwidth * 1e12, flops * 1e12, source
-
-
-# ------------------------------------------------------------------------------------ FLOPs
-
-
-def sample_sizes(segment_ids, loss_mask) -> list[tuple[int, int]]:
-    """(tokens, response tokens) of each sample of a packed batch: its segments, row by row."""
-    return [(int(np.sum(ids == j)), int(np.sum(loss[ids == j]))) for ids, loss in zip(segment_ids, loss_mask)
-            for j in range(1, int(ids.max()) + 1)]
-
-
-def train_flops(cfg: ModelConfig, samples, passes: int, attention: bool = True) -> float:
-    """Model FLOPs of `passes` (3: forward + backward, 1: forward) over samples of (tokens, response
-    tokens); without `attention`, those of the weights' products alone. Attention counts each
-    sample's own causal scores, which is all a packed row's kernel needs. With LoRA the backward
-    computes no gradient of the frozen weights, so their products count one pass fewer (the
-    adapters' own products are left out)."""
-    unembed = cfg.vocab_size * cfg.hidden_size
-    body = cfg.num_params - unembed * (1 if cfg.tie_word_embeddings else 2)
-    scores = 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * attention  # x n(n+1) per sample, causal
-    weight_passes = passes - (passes == 3 and cfg.lora_rank > 0)
-    return sum(weight_passes * (2 * body * n + 2 * unembed * r) + passes * scores * n * (n + 1) for n, r in samples)
 
 
 # ------------------------------------------------------------------------------------ the run
@@ -571,58 +324,6 @@ def print_rollout(trainer, c, metrics, probes, sampling):
           f"{lengths.sum() / sampling:,.0f} tokens/s; slot utilization {metrics['rollout/slot_utilization']:.0%}")
 
 
-def gpu_kernels(fn) -> tuple[list[tuple[str, float, float]], str]:
-    """The GPU kernels `fn()` ran, as (name, start ns, duration ns) from a device trace (jax.profiler),
-    and, where there are none (a CPU, or a trace without the GPU's streams), a note saying why."""
-    try:
-        from jax.profiler import ProfileData
-        with tempfile.TemporaryDirectory() as trace:
-            with jax.profiler.trace(trace):
-                fn()
-            data = ProfileData.from_file(str(next(Path(trace).rglob("*.xplane.pb"))))
-    except Exception as e:  # noqa: BLE001 - the trace only adds detail; the bench's figures stand without it
-        return [], f"no device trace ({type(e).__name__}: {e})"
-    lines = [line for plane in data.planes if plane.name.startswith("/device:GPU") for line in plane.lines]
-    kernels = [(e.name, e.start_ns, e.duration_ns) for line in lines if line.name.startswith("Stream")
-               for e in line.events]
-    return kernels, "" if kernels else f"no GPU kernels in the trace (its GPU lines: {[x.name for x in lines]})"
-
-
-def busy_time(intervals) -> float:
-    """The time in which at least one of the (name, start, duration) intervals ran (kernels, program
-    making), in their unit: the union of the intervals."""
-    total, end = 0.0, -math.inf
-    for _, start, duration in sorted(intervals, key=lambda k: k[1]):
-        if start + duration > end:
-            total += start + duration - max(start, end)
-            end = start + duration
-    return total
-
-
-def print_kernels(run, steps: int, step_s: float) -> None:
-    """Where a decode step's time goes on a GPU: kernels a step, the time they keep the GPU busy
-    against the step's time (the rest is launch gaps and host work), and the kernels taking the most.
-    run(n): the program decoding n tokens; the difference of n = steps and n = 1 is steps - 1 steps."""
-    (one, note), (many, _) = gpu_kernels(lambda: run(1)), gpu_kernels(lambda: run(steps))
-    if not many:
-        print(f"  kernels of a decode step: {note}")
-        return
-    count = (len(many) - len(one)) / (steps - 1)
-    busy = (busy_time(many) - busy_time(one)) / (steps - 1) / 1e9
-    top = list(kernel_seconds(many).items())[:6]
-    print(f"  on the GPU: {count:.0f} kernels a step, busy {busy * 1e3:.2f} ms of the {step_s * 1e3:.2f} ms step "
-          f"({busy / step_s:.0%}); the most time a step: "
-          + ", ".join(f"{n[:48]} {t / (steps - 1) * 1e6:.0f} us" for n, t in top))
-
-
-def kernel_seconds(kernels, key=lambda name: name) -> dict[str, float]:
-    """Seconds of the (name, start ns, duration ns) kernels summed by key(name), the most first."""
-    seconds = {}
-    for name, _, ns in kernels:
-        seconds[key(name)] = seconds.get(key(name), 0.0) + ns / 1e9
-    return dict(sorted(seconds.items(), key=lambda kv: -kv[1]))
-
-
 def print_decode(trainer, c, probes, params, bandwidth, reads) -> float:
     """The decode step against the HBM floor at batch 1 (one of the step's prompts, no stop ids,
     BATCH1_STEPS steps less one), at batch 2 (where the rollout made that program) and over the
@@ -678,52 +379,6 @@ def print_decode(trainer, c, probes, params, bandwidth, reads) -> float:
           f"HBM floor {least / steps * 1e3:.2f} ms: {seconds / least:.2f}x; {seconds / windowed:.2f}x the "
           f"{windowed / steps * 1e3:.2f} ms of its windows' reads (every row its whole attention window)")
     return step / least_one
-
-
-def read_sizes(cfg: ModelConfig, itemsize: int) -> tuple[int, int]:
-    """Bytes a decode step reads for the weights, and for each cache slot-token (keys and values)."""
-    return cfg.num_params * itemsize, 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize
-
-
-def cache_read(rows: int, prompt_bucket: int, steps: int) -> float:
-    """Slot-tokens of cache that `steps` decode steps of `rows` rows read: each row its prompt bucket
-    and the tokens so far, every step."""
-    return rows * (steps * prompt_bucket + steps * (steps + 1) / 2)
-
-
-def window_read(rows: int, prompt_bucket: int, windows, steps: int) -> int:
-    """Slot-tokens of cache that a sampler call's attention reads when every row reads its decode
-    stage's whole window (`attention_windows`), as XLA's masked attention does: step s (tokens so far)
-    runs in the first stage whose window holds slot prompt_bucket + s."""
-    read, start = 0, 1
-    for w in windows:
-        end = min(w - prompt_bucket, steps)  # the last step this stage runs
-        if end >= start:
-            read += rows * w * (end - start + 1)
-            start = end + 1
-    return read
-
-
-def decode_reads(schedule: str, probes) -> tuple[int, float, float, float, float]:
-    """What the last rollout's decoding read, whatever the model: (decode steps, rows a step on average,
-    slot-tokens of cache read over all steps, slot-tokens of the windows its programs read, seconds).
-    The first: "rounds": each call's padded rows read their prompt bucket and tokens so far every step;
-    "continuous": each engine call's live rows read the cache they filled (its idle slots are not
-    counted). The second is what XLA's attention reads, masked slots included: every row of a call
-    (padded rows, finished ones and an engine's idle slots too) its whole attention window, every step.
-    The Pallas decode kernels (TPU's; a GPU's with model.decode_attention=pallas) read about the
-    first: each live row up to its own slot, a finished row (an engine's idle slot) one block."""
-    if schedule == "rounds":
-        calls = probes.calls.calls
-        read = sum(cache_read(k["rows"], k["prompt_bucket"], k["steps"]) for k in calls)
-        windows = sum(window_read(k["rows"], k["prompt_bucket"], k["windows"], k["steps"]) for k in calls)
-        seconds = sum(k["seconds"] - k.get("prefill", 0.0) for k in calls)
-    else:
-        calls = probes.engines.decodes
-        read, seconds = sum(k["filled"] for k in calls), sum(k["seconds"] for k in calls)
-        windows = sum(k["slots"] * k["window"] * k["steps"] for k in calls)
-    steps = sum(k["steps"] for k in calls)
-    return steps, sum(k["rows"] * k["steps"] for k in calls) / max(steps, 1), read, windows, seconds
 
 
 def print_rollout_reads(trainer, c, probes, shape: str, bandwidth: float) -> None:
@@ -787,33 +442,6 @@ def print_train(cfg, c, update, peak, params) -> float:
         print_pass_kernels("the old log-probs pass (the epochs' forward)", lambda: jax.block_until_ready(
             update.compute_logprobs(params, update.batch, *update.weights)), logprob_s, train_flops(cfg, update.samples, 1, False))
     return mfu
-
-
-# The kinds of GPU kernel a training pass runs, by what their names contain (XLA's Triton products
-# are gemm_fusion_*, cuBLAS's xmma/nvjet/cutlass kernels; cuDNN's fused attention sdpa/fmha/flash).
-KERNEL_KINDS = (("matmul", ("gemm", "xmma", "nvjet", "cutlass", "matmul")),
-                ("attention", ("sdpa", "fmha", "flash", "attention")))
-
-
-def kernel_kind(name: str) -> str:
-    low = name.lower()
-    return next((kind for kind, marks in KERNEL_KINDS if any(m in low for m in marks)), "other")
-
-
-def print_pass_kernels(label: str, run, seconds: float, product_flops: float) -> None:
-    """Where a training pass's time goes on a GPU: its kernels' busy time against the pass's time
-    (`seconds`, timed without the trace), the busy time by kind of kernel, the rate of the matmul
-    kernels at the weights' product FLOPs, and the kernels taking the most."""
-    kernels, note = gpu_kernels(run)
-    if not kernels:
-        print(f"  kernels of {label}: {note}")
-        return
-    kinds, top = kernel_seconds(kernels, kernel_kind), list(kernel_seconds(kernels).items())[:4]
-    busy = busy_time(kernels) / 1e9
-    rate = f"; the matmuls at {product_flops / kinds['matmul'] / 1e12:.0f} TFLOP/s" if kinds.get("matmul") else ""
-    print(f"  on the GPU, {label}: {len(kernels):,} kernels busy {busy:.2f} s of {seconds:.2f} s ({busy / seconds:.0%}); "
-          + ", ".join(f"{kind} {t:.2f} s" for kind, t in kinds.items()) + rate
-          + "; the most time: " + ", ".join(f"{n[:40]} {t:.2f} s" for n, t in top))
 
 
 def print_memory(c, args, metrics):

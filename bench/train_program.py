@@ -92,7 +92,7 @@ def main():
         parser.error(f"--hardware {args.hardware} is not an NVIDIA card; this reads XLA:GPU's programs")
     aot.prepare(args.hardware)
 
-    from rl_step import train_flops
+    from step_costs import train_flops
     from spiral_jax.config import config_from_file
     from spiral_jax.rl.train_step import make_train_step
     from spiral_jax.run.setup import run_spec

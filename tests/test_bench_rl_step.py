@@ -24,8 +24,9 @@ LAST_LINE = re.compile(r"rl step (\d+\.\d) s, decode (\d+\.\d\d)x HBM floor, tra
 PHASES = ("prefill", "decode", "host and games", "old log-probs", "train", "hand-over, packing, metrics")
 
 
-def _bench_module():
-    return load_script("bench/rl_step.py")
+def _bench_module(name: str = "rl_step"):
+    """bench/rl_step.py, or one of the modules it is made of (step_probes, step_costs, device)."""
+    return load_script(f"bench/{name}.py")
 
 
 def _run_tiny_bench(*flags: str) -> subprocess.CompletedProcess:
@@ -131,7 +132,7 @@ def test_tiny_continuous_step_measures_its_engines_decode_calls():
 def test_a_sampler_calls_window_reads_follow_its_decode_stages():
     """Each decode step reads every row's whole window of the stage it runs in: step s (tokens so far)
     in the first stage whose window holds slot prompt_bucket + s."""
-    window_read = _bench_module().window_read
+    window_read = _bench_module("step_costs").window_read
     windows = [512, 1280, 4352]  # `attention_windows(256, 4352)`
     assert window_read(2, 256, windows, 1500) == 2 * (256 * 512 + 768 * 1280 + 476 * 4352)
     assert window_read(3, 256, windows, 100) == 3 * 100 * 512
@@ -166,7 +167,7 @@ def test_a_step_fits_the_time_limit_by_its_time_less_compiling():
 
 def test_busy_time_is_the_union_of_the_kernels_intervals():
     """The GPU-busy time of a decode step's trace counts overlapping kernels (several streams) once."""
-    busy_time = _bench_module().busy_time
+    busy_time = _bench_module("device").busy_time
     assert busy_time([]) == 0
     assert busy_time([("a", 0, 10), ("b", 20, 5)]) == 15
     assert busy_time([("a", 0, 10), ("b", 5, 10), ("c", 30, 1), ("d", 2, 3)]) == 16
@@ -175,7 +176,7 @@ def test_busy_time_is_the_union_of_the_kernels_intervals():
 def test_program_making_counts_tracing_once():
     """The seconds left out of every phase include tracing (an engine's inserts meet new shapes within a
     step), never more than the call took; events that overlap (one made while another is) count once."""
-    bench = _bench_module()
+    bench = _bench_module("step_probes")
     made = bench.CompileSeconds()
 
     def slow_to_trace(x):
@@ -209,7 +210,7 @@ def test_program_making_counts_tracing_once():
 def test_the_kernel_line_says_where_a_decode_step_goes(monkeypatch, capsys):
     """From traces of n = 1 and n = 5 decoded tokens: the kernels and busy time a step (the difference,
     over 4 steps) against the step's time, and the kernels that take the most time a step."""
-    bench = _bench_module()
+    bench = _bench_module("device")
     us = 1000  # ns
     prefill = [("prefill", 0, 400 * us)]
     steps = [(name, 1000 * us * (i + 1) + offset * us, 300 * us) for i in range(4)
@@ -226,7 +227,7 @@ def test_the_training_pass_line_says_where_its_time_goes(monkeypatch, capsys):
     """From a trace of a training pass: kernels busy against the pass's time, busy time by kind of
     kernel (named as XLA's Triton products, cuBLAS and cuDNN's attention name theirs), and the
     matmuls' rate at the weights' product FLOPs."""
-    bench = _bench_module()
+    bench = _bench_module("device")
     ms = 1_000_000  # ns
     trace = [("gemm_fusion_dot_12", 0, 300 * ms), ("sm90_xmma_gemm_bf16", 300 * ms, 100 * ms),
              ("cudnn_generated_fort_native_sdpa_sm90", 400 * ms, 200 * ms), ("loop_add_fusion_3", 650 * ms, 50 * ms)]
