@@ -27,6 +27,7 @@ from spiral_jax.models import cpu
 _BLOCK = 128
 MODES = ("greedy", "plain", "tempered", "truncated")
 _VOCAB_MAJOR_ROWS = 16  # on CPU, batches of at least this many rows are sampled vocabulary-major
+CANDIDATES = 256  # the largest values per row among which truncation looks for its cut first
 
 
 def _blocks(x: jax.Array, ax: int, fill: float) -> jax.Array:
@@ -99,23 +100,60 @@ def argmax(x: jax.Array, ax: int) -> jax.Array:
     return jnp.min(jnp.where(x == top, index, x.shape[ax]), axis=ax, keepdims=True).astype(jnp.int32)
 
 
-def truncate(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array, ax: int) -> jax.Array:
+def _smallest_kept(sorted_desc: jax.Array, k: jax.Array, top_p: jax.Array, ax: int,
+                   total: jax.Array | None = None):
+    """Top-k then top-p on a row's largest values in descending order along ax: the smallest value
+    kept, and how many of the given values are kept.
+
+    sorted_desc holds the whole vocabulary, or only its first n values with `total` the mass of the
+    row's whole vocabulary relative to its largest value (a prefix then decides the cut only where
+    fewer than n are kept, or k <= n). top_p >= 1 keeps all of the top-k.
+    """
+    n = sorted_desc.shape[ax]
+    in_top_k = jnp.expand_dims(jnp.arange(n), 1 - ax) < k
+    rel = jnp.exp(jnp.where(in_top_k, sorted_desc, -jnp.inf) - jax.lax.slice_in_dim(sorted_desc, 0, 1, axis=ax))
+    own = rel.sum(ax, keepdims=True)
+    probs = rel / (own if total is None else jnp.where(k <= n, own, total))
+    mass_before = cumsum(probs, ax) - probs
+    keep = in_top_k & ((mass_before < top_p) | (top_p >= 1))  # the first token is always kept
+    n_keep = jnp.sum(keep, axis=ax, keepdims=True)
+    return jnp.take_along_axis(sorted_desc, n_keep - 1, axis=ax), n_keep
+
+
+def truncate(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array, ax: int,
+             candidates: int = CANDIDATES) -> jax.Array:
     """Mask (to -inf) everything outside the top-k, then outside the smallest top-p nucleus.
 
-    scaled: tempered logits with the vocabulary along ax. top_k <= 0 means no top-k. Tokens tied with
-    the last kept value are kept too.
+    scaled: tempered logits with the vocabulary along ax. top_k <= 0 means no top-k; top_p >= 1 no
+    top-p. Tokens tied with the last kept value are kept too.
+
+    A full sort of a 150k vocabulary every decode step costs XLA:CPU tens of times the rest of the
+    sampling, so on CPU and TPU the cut is found among each row's `candidates` largest values
+    (`lax.top_k`), and only where the nucleus reaches past them does a sort run, under a conditional.
+    XLA:GPU runs a conditional from the host (see `sample_token`) and sorts with a library radix sort,
+    so there, and with candidates=0, every step sorts.
     """
     vocab = scaled.shape[ax]
-    ranks = jnp.expand_dims(jnp.arange(vocab), 1 - ax)
-    sorted_desc = -jnp.sort(-scaled, axis=ax)
     k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
-    in_top_k = ranks < k
-    probs = jax.nn.softmax(jnp.where(in_top_k, sorted_desc, -jnp.inf), axis=ax)
-    mass_before = cumsum(probs, ax) - probs
-    keep = in_top_k & (mass_before < top_p)  # the first token is always kept
-    n_keep = jnp.sum(keep, axis=ax, keepdims=True)
-    threshold = jnp.take_along_axis(sorted_desc, n_keep - 1, axis=ax)
-    return jnp.where(scaled >= threshold, scaled, -jnp.inf)
+    whole = (k == vocab) & (top_p >= 1)  # nothing to cut
+
+    if not 0 < candidates < vocab or cpu.platform() == "gpu":
+        threshold = _smallest_kept(-jnp.sort(-scaled, axis=ax), k, top_p, ax)[0]
+        return jnp.where(whole | (scaled >= threshold), scaled, -jnp.inf)
+    # Per row [B, 1], over row-major logits, which is what lax.top_k takes.
+    rows = scaled if ax == 1 else scaled.T
+    k_rows, p_rows, whole_rows = (x if jnp.ndim(x) == 0 else x.reshape(-1, 1) for x in (k, top_p, whole))
+    # XLA:CPU runs top_k as a partial sort only while nothing but slices reads the sort it lowers to;
+    # the barrier keeps the gather below from being folded into it, which would make it a full sort.
+    best = jax.lax.optimization_barrier(jax.lax.top_k(rows, candidates)[0])
+    total = jnp.exp(rows - best[:, :1]).sum(1, keepdims=True)
+    threshold, n_keep = _smallest_kept(best, k_rows, p_rows, 1, total)
+    decided = (k_rows <= candidates) | ((k_rows == vocab) & (n_keep < candidates)) | whole_rows
+    threshold = jax.lax.cond(
+        jnp.all(decided), lambda: threshold,
+        lambda: jnp.where(decided, threshold, _smallest_kept(-jnp.sort(-rows, axis=1), k_rows, p_rows, 1)[0]))
+    threshold = threshold if ax == 1 else threshold.T
+    return jnp.where(whole | (scaled >= threshold), scaled, -jnp.inf)
 
 
 def sample_token(logits, keys, temperature, top_k, top_p, *, mode: str, vocab_major: bool | None = None):
