@@ -130,8 +130,8 @@ def truncate(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array, ax: int,
     A full sort of a 150k vocabulary every decode step costs XLA:CPU tens of times the rest of the
     sampling, so on CPU and TPU the cut is found among each row's `candidates` largest values
     (`lax.top_k`), and only where the nucleus reaches past them does a sort run, under a conditional.
-    XLA:GPU runs a conditional from the host (see `sample_token`) and sorts with a library radix sort,
-    so there, and with candidates=0, every step sorts.
+    XLA:GPU runs a conditional from the host (see `sample_token`), so there, and with candidates=0,
+    every step sorts.
     """
     vocab = scaled.shape[ax]
     k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
