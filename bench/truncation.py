@@ -1,5 +1,5 @@
 """Top-k/top-p sampling at a real vocabulary: the cut found among each row's largest values
-(`lax.top_k`, the default off GPUs) against a full sort of the vocabulary every step.
+(`lax.top_k`, the default off GPUs) against a full sort of the vocabulary every step (the GPUs').
 
 One decode step's sampling, `sample_token(mode="truncated")`, at Qwen3's vocabulary of 151,936 (or
 --vocab), on this machine's default device, for two kinds of rows:
@@ -45,10 +45,10 @@ def seconds(fn, *args, repeats: int = 5) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def sampler(mode: str, top_k: int, top_p: float, candidates: int | None = None):
-    """A jitted decode step's sampling; candidates=0 makes truncation sort the whole vocabulary."""
+def sampler(mode: str, top_k: int, top_p: float, candidates: int = 0):
+    """A jitted decode step's sampling, truncating among `candidates` values a row (0: sorting)."""
     real = logits_module.truncate
-    truncate = real if candidates is None else functools.partial(real, candidates=candidates)
+    truncate = functools.partial(real, candidates=candidates)
 
     def step(x, keys):
         logits_module.truncate = truncate  # read when the step is traced, inside this call
@@ -79,7 +79,7 @@ def main() -> None:
     print(f"{'rows':>5s} {'logits':>7s} {'nucleus':>8s} {'tempered ms':>12s} {'candidates ms':>14s} "
           f"{'sort ms':>9s} {'sort / candidates':>18s}")
     tempered = sampler("tempered", 0, 1.0)
-    candidates = sampler("truncated", args.top_k, args.top_p)
+    candidates = sampler("truncated", args.top_k, args.top_p, logits_module.CANDIDATES)
     sort = sampler("truncated", args.top_k, args.top_p, candidates=0)
     for rows in args.rows:
         keys = jax.random.split(jax.random.key(1), rows)

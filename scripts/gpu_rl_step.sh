@@ -40,6 +40,9 @@
 #               against part continuous's decode lines (GRAPHS_S, 240).
 #   lora        Qwen3-8B with LoRA as its one-H100 preset (configs/kuhn_qwen3_8b_lora_1xh100.py), at
 #               part preset's cap, one step (LORA_S, 450).
+#   truncation  bench/truncation.py at 1, 32 and 128 rows: top-p among each row's largest values (with
+#               a conditional, which XLA:GPU runs from the host) against the sort GPU programs run
+#               every step (TRUNCATION_S, 90).
 # PER_ROW=N packs up to N samples a training row in parts preset, full, rounds and medium
 # (--samples_per_row; unset: the config's choice). Run part attention before them, so that a failed
 # check of cuDNN's packed layout falls back to one sample a row.
@@ -47,7 +50,7 @@
 # A session's device time takes two calls at most, the second at once (a machine idle for 30 s is
 # given back, and a fresh one compiles everything again): PER_ROW=16 PARTS="attention preset" with
 # timeout_s 590 first, then PARTS="decode continuous" ("decode pallas" where part decode found the
-# kernel faster; "continuous graphs" after) with the time left.
+# kernel faster; "continuous graphs" after; "truncation" last) with the time left.
 #
 # Logs go to $OUT (default /tmp/gpu_rl_step), one per part; summary.txt collects each bench's last
 # line. Run from the repository root with spiral_jax importable (pip install -e '.[cuda]', or
@@ -164,6 +167,10 @@ for part in ${PARTS:-preset small continuous}; do
       section "bench/decode_attention.py"
       timeout "${DECODE_S:-120}" python3 bench/decode_attention.py 2>&1 | tee "$OUT/decode.log" | tail -12
       echo "decode attention: exit ${PIPESTATUS[0]}: $(tail -1 "$OUT/decode.log")" | tee -a "$OUT/summary.txt";;
+    truncation)
+      section "bench/truncation.py"
+      timeout "${TRUNCATION_S:-90}" python3 bench/truncation.py --rows 1 32 128 2>&1 | tee "$OUT/truncation.log" | tail -8
+      echo "truncation: exit ${PIPESTATUS[0]}: $(tail -1 "$OUT/truncation.log")" | tee -a "$OUT/summary.txt";;
     attention)
       section "scripts/gpu_attention_check.py"
       timeout "${ATTENTION_S:-75}" python3 scripts/gpu_attention_check.py 2>&1 | tee "$OUT/attention.log" | tail -30
@@ -175,7 +182,7 @@ for part in ${PARTS:-preset small continuous}; do
         PER_ROW=
       fi;;
     *) echo "unknown part $part: preset, rounds, small, continuous, pallas, packed, medium, full, graphs," \
-         "lora, attention or decode" >&2; exit 2;;
+         "lora, truncation, attention or decode" >&2; exit 2;;
   esac
 done
 

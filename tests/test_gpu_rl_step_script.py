@@ -29,7 +29,7 @@ def run_script(tmp_path: Path, card: str, parts: str, **env) -> tuple[subprocess
         env={**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PARTS": parts,
              "OUT": str(tmp_path / "out"), **env})
     lines = calls.read_text().splitlines() if calls.exists() else []
-    return result, [line for line in lines if line.startswith("bench/rl_step.py")]
+    return result, [line for line in lines if line.startswith(("bench/rl_step.py", "bench/truncation.py"))]
 
 
 @pytest.mark.parametrize("card, hardware, preset", [
@@ -64,3 +64,10 @@ def test_part_graphs_puts_the_loops_in_cuda_graphs_for_its_run_alone(tmp_path):
     assert continuous.split(" | ")[0] == graphs.split(" | ")[0]  # the same step
     assert "command_buffer" not in continuous
     assert "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1" in graphs
+
+
+def test_part_truncation_times_both_ways_at_the_rollouts_batch(tmp_path):
+    result, benches = run_script(tmp_path, "NVIDIA H200", "truncation")
+    assert result.returncode == 0, result.stderr
+    assert [b.split(" | ")[0] for b in benches] == ["bench/truncation.py --rows 1 32 128"]
+    assert "truncation: exit 0" in (tmp_path / "out" / "summary.txt").read_text()

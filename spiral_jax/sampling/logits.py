@@ -121,7 +121,7 @@ def _smallest_kept(sorted_desc: jax.Array, k: jax.Array, top_p: jax.Array, ax: i
 
 
 def truncate(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array, ax: int,
-             candidates: int = CANDIDATES) -> jax.Array:
+             candidates: int | None = None) -> jax.Array:
     """Mask (to -inf) everything outside the top-k, then outside the smallest top-p nucleus.
 
     scaled: tempered logits with the vocabulary along ax. top_k <= 0 means no top-k; top_p >= 1 no
@@ -130,14 +130,16 @@ def truncate(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array, ax: int,
     A full sort of a 150k vocabulary every decode step costs XLA:CPU tens of times the rest of the
     sampling, so on CPU and TPU the cut is found among each row's `candidates` largest values
     (`lax.top_k`), and only where the nucleus reaches past them does a sort run, under a conditional.
-    XLA:GPU runs a conditional from the host (see `sample_token`), so there, and with candidates=0,
-    every step sorts.
+    XLA:GPU runs a conditional from the host (see `sample_token`), so there every step sorts.
+    candidates (static): how many values a row looks among, 0 to sort every step; None picks by platform.
     """
+    if candidates is None:
+        candidates = 0 if cpu.platform() == "gpu" else CANDIDATES
     vocab = scaled.shape[ax]
     k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
     whole = (k == vocab) & (top_p >= 1)  # nothing to cut
 
-    if not 0 < candidates < vocab or cpu.platform() == "gpu":
+    if not 0 < candidates < vocab:
         threshold = _smallest_kept(-jnp.sort(-scaled, axis=ax), k, top_p, ax)[0]
         return jnp.where(whole | (scaled >= threshold), scaled, -jnp.inf)
     # Per row [B, 1], over row-major logits, which is what lax.top_k takes.
