@@ -8,6 +8,9 @@ the chosen block, both as small matmuls with a triangular matrix. Vocabulary-maj
 distribution itself is not stored either: the block masses are one fused exp-and-sum pass over the
 logits, and only the chosen block's probabilities are computed again.
 
+Top-k and top-p look for their cut among each row's largest values instead of sorting the whole
+vocabulary every step (`truncate`).
+
 The helpers take the vocabulary axis `ax` of a 2-D array, 1 for [B, V] or 0 for [V, B], and keep
 per-row results with that axis kept at size 1, so they broadcast against the logits either way. On
 CPU, batches of 16 rows or more are sampled vocabulary-major: the unembedding produces the logits
