@@ -5,7 +5,7 @@ One decode step's sampling, `sample_token(mode="truncated")`, at Qwen3's vocabul
 --vocab), on this machine's default device, for two kinds of rows:
 - peaked: a Zipf law (p ~ 1/rank^1.2, shuffled) at temperature 0.7, as a trained model's next-token
   distribution; its nucleus fits among the candidates;
-- flat: normal logits with standard deviation 3, a nucleus of thousands of tokens, where the
+- flat: normal logits with standard deviation 3, a nucleus of about a thousand tokens, where the
   candidates do not decide the cut and the sort runs as well.
 
 The "tempered" column samples at the same temperature without truncation, the cost of the rest.
