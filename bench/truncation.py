@@ -4,9 +4,10 @@
 One decode step's sampling, `sample_token(mode="truncated")`, at Qwen3's vocabulary of 151,936 (or
 --vocab), on this machine's default device, for two kinds of rows:
 - peaked: a Zipf law (p ~ 1/rank^1.2, shuffled) at temperature 0.7, as a trained model's next-token
-  distribution; its nucleus fits among the candidates;
-- flat: normal logits with standard deviation 3, a nucleus of about a thousand tokens, where the
-  candidates do not decide the cut and the sort runs as well.
+  distribution; its nucleus fits among the first candidates;
+- flat: normal logits with standard deviation 3, a nucleus of about a thousand tokens, past the
+  first candidates: the second, larger set decides the cut (the sort when the candidates are ());
+- mixed: peaked rows and one flat row, which takes the whole batch to the second set.
 
 The "tempered" column samples at the same temperature without truncation, the cost of the rest.
 
@@ -37,6 +38,10 @@ def flat(rows: int, vocab: int) -> jax.Array:
     return jax.random.normal(jax.random.key(0), (rows, vocab)) * 3
 
 
+def mixed(rows: int, vocab: int) -> jax.Array:
+    return peaked(rows, vocab).at[-1].set(flat(1, vocab)[0])
+
+
 def seconds(fn, *args, repeats: int = 5) -> float:
     jax.block_until_ready(fn(*args))
     start = time.perf_counter()
@@ -45,8 +50,9 @@ def seconds(fn, *args, repeats: int = 5) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def sampler(mode: str, top_k: int, top_p: float, candidates: int = 0):
-    """A jitted decode step's sampling, truncating among `candidates` values a row (0: sorting)."""
+def sampler(mode: str, top_k: int, top_p: float, candidates: tuple[int, ...] = ()):
+    """A jitted decode step's sampling, truncating among each row's `candidates` largest values in turn
+    (() sorts)."""
     real = logits_module.truncate
     truncate = functools.partial(real, candidates=candidates)
 
@@ -61,9 +67,9 @@ def sampler(mode: str, top_k: int, top_p: float, candidates: int = 0):
 
 
 def nucleus(x: jax.Array, top_k: int, top_p: float) -> int:
-    """Tokens kept in the first row."""
-    cut = logits_module.truncate(x[:1] / TEMPERATURE, jnp.int32(top_k), jnp.float32(top_p), 1, candidates=0)
-    return int(jnp.isfinite(cut).sum())
+    """Tokens kept in the widest row."""
+    cut = logits_module.truncate(x / TEMPERATURE, jnp.int32(top_k), jnp.float32(top_p), 1, candidates=())
+    return int(jnp.isfinite(cut).sum(1).max())
 
 
 def main() -> None:
@@ -75,15 +81,16 @@ def main() -> None:
     args = parser.parse_args()
     device = jax.devices()[0]
     print(f"sampling one token per row, vocabulary {args.vocab:,}, temperature {TEMPERATURE}, top-k {args.top_k}, "
-          f"top-p {args.top_p}, {logits_module.CANDIDATES} candidates, {device.platform} ({device.device_kind})")
-    print(f"{'rows':>5s} {'logits':>7s} {'nucleus':>8s} {'tempered ms':>12s} {'candidates ms':>14s} "
+          f"top-p {args.top_p}, candidates {' then '.join(map(str, logits_module.CANDIDATES))}, "
+          f"{device.platform} ({device.device_kind})")
+    print(f"{'rows':>5s} {'logits':>7s} {'widest':>8s} {'tempered ms':>12s} {'candidates ms':>14s} "
           f"{'sort ms':>9s} {'sort / candidates':>18s}")
     tempered = sampler("tempered", 0, 1.0)
     candidates = sampler("truncated", args.top_k, args.top_p, logits_module.CANDIDATES)
-    sort = sampler("truncated", args.top_k, args.top_p, candidates=0)
+    sort = sampler("truncated", args.top_k, args.top_p)
     for rows in args.rows:
         keys = jax.random.split(jax.random.key(1), rows)
-        for name, make in (("peaked", peaked), ("flat", flat)):
+        for name, make in (("peaked", peaked), ("flat", flat), ("mixed", mixed)):
             x = make(rows, args.vocab)
             t, c, s = (seconds(f, x, keys) * 1e3 for f in (tempered, candidates, sort))
             print(f"{rows:5d} {name:>7s} {nucleus(x, args.top_k, args.top_p):8,d} {t:12.2f} {c:14.2f} {s:9.2f} "

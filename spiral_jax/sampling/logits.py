@@ -30,7 +30,7 @@ from spiral_jax.models import cpu
 _BLOCK = 128
 MODES = ("greedy", "plain", "tempered", "truncated")
 _VOCAB_MAJOR_ROWS = 16  # on CPU, batches of at least this many rows are sampled vocabulary-major
-CANDIDATES = 256  # the largest values per row among which truncation looks for its cut first
+CANDIDATES = (256, 4096)  # how many of a row's largest values truncation looks among, in turn
 
 
 def _blocks(x: jax.Array, ax: int, fill: float) -> jax.Array:
@@ -123,40 +123,50 @@ def _smallest_kept(sorted_desc: jax.Array, k: jax.Array, top_p: jax.Array, ax: i
     return jnp.take_along_axis(sorted_desc, n_keep - 1, axis=ax), n_keep
 
 
+def _cut_among(rows: jax.Array, k: jax.Array, top_p: jax.Array, total: jax.Array, settled: jax.Array,
+               sizes: tuple[int, ...]) -> jax.Array:
+    """The smallest kept value of each row of `rows` [B, V], looked for among its sizes[0] largest
+    values; rows those leave undecided (unless `settled`) look among the next size's, then sort."""
+    vocab = rows.shape[1]
+    if not sizes or sizes[0] >= vocab:
+        return _smallest_kept(-jnp.sort(-rows, axis=1), k, top_p, 1)[0]
+    n = sizes[0]
+    # XLA:CPU runs top_k as a partial sort only while nothing but slices reads the sort it lowers to;
+    # the barrier keeps the gather below from being folded into it, which would make it a full sort.
+    best = jax.lax.optimization_barrier(jax.lax.top_k(rows, n)[0])
+    threshold, n_keep = _smallest_kept(best, k, top_p, 1, total)
+    decided = settled | (k <= n) | ((k == vocab) & (n_keep < n))
+    return jax.lax.cond(jnp.all(decided), lambda: threshold, lambda: jnp.where(
+        decided, threshold, _cut_among(rows, k, top_p, total, decided, sizes[1:])))
+
+
 def truncate(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array, ax: int,
-             candidates: int | None = None) -> jax.Array:
+             candidates: tuple[int, ...] | None = None) -> jax.Array:
     """Mask (to -inf) everything outside the top-k, then outside the smallest top-p nucleus.
 
     scaled: tempered logits with the vocabulary along ax. top_k <= 0 means no top-k; top_p >= 1 no
     top-p. Tokens tied with the last kept value are kept too.
 
     A full sort of a 150k vocabulary every decode step costs XLA:CPU tens of times the rest of the
-    sampling, so on CPU and TPU the cut is found among each row's `candidates` largest values
-    (`lax.top_k`), and only where the nucleus reaches past them does a sort run, under a conditional.
-    XLA:GPU runs a conditional from the host (see `sample_token`), so there every step sorts.
-    candidates (static): how many values a row looks among, 0 to sort every step; None picks by platform.
+    sampling, so on CPU and TPU the cut is looked for among each row's largest values (`lax.top_k`),
+    first the `candidates[0]` largest, then, under a conditional, for rows whose nucleus reaches past
+    those, the next size's, and only past the last size does a sort run. XLA:GPU runs a conditional
+    from the host (see `sample_token`), so there every step sorts. candidates (static): the sizes, ()
+    to sort every step; None picks by platform.
     """
     if candidates is None:
-        candidates = 0 if cpu.platform() == "gpu" else CANDIDATES
+        candidates = () if cpu.platform() == "gpu" else CANDIDATES
     vocab = scaled.shape[ax]
     k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
     whole = (k == vocab) & (top_p >= 1)  # nothing to cut
-
-    if not 0 < candidates < vocab:
+    if not candidates or candidates[0] >= vocab:
         threshold = _smallest_kept(-jnp.sort(-scaled, axis=ax), k, top_p, ax)[0]
         return jnp.where(whole | (scaled >= threshold), scaled, -jnp.inf)
     # Per row [B, 1], over row-major logits, which is what lax.top_k takes.
     rows = scaled if ax == 1 else scaled.T
     k_rows, p_rows, whole_rows = (x if jnp.ndim(x) == 0 else x.reshape(-1, 1) for x in (k, top_p, whole))
-    # XLA:CPU runs top_k as a partial sort only while nothing but slices reads the sort it lowers to;
-    # the barrier keeps the gather below from being folded into it, which would make it a full sort.
-    best = jax.lax.optimization_barrier(jax.lax.top_k(rows, candidates)[0])
-    total = jnp.exp(rows - best[:, :1]).sum(1, keepdims=True)
-    threshold, n_keep = _smallest_kept(best, k_rows, p_rows, 1, total)
-    decided = (k_rows <= candidates) | ((k_rows == vocab) & (n_keep < candidates)) | whole_rows
-    threshold = jax.lax.cond(
-        jnp.all(decided), lambda: threshold,
-        lambda: jnp.where(decided, threshold, _smallest_kept(-jnp.sort(-rows, axis=1), k_rows, p_rows, 1)[0]))
+    total = jnp.exp(rows - jnp.max(rows, axis=1, keepdims=True)).sum(1, keepdims=True)
+    threshold = _cut_among(rows, k_rows, p_rows, total, whole_rows, tuple(candidates))
     threshold = threshold if ax == 1 else threshold.T
     return jnp.where(whole | (scaled >= threshold), scaled, -jnp.inf)
 

@@ -182,28 +182,29 @@ def test_a_draw_of_a_zero_probability_token_steps_back_to_the_most_likely(platfo
 
 def _rows_to_truncate():
     """Rows of 1000 logits from peaked to flat, one with ties across its top 300, and per-row settings
-    that cover no top-k, top-k within and past 16 candidates and past the vocabulary, top-p 1."""
+    that cover no top-k, top-k within and past 16 and 64 candidates and past the vocabulary, top-p 1."""
     rng = np.random.default_rng(0)
     scales = np.array([0.05, 0.5, 3.0, 10.0, 1.0, 0.01, 2.0, 0.3])[:, None]
     logits = jnp.asarray(rng.normal(size=(8, 1000)) * scales, jnp.float32).at[5, :300].set(2.0)
     top_k = jnp.array([0, 5, 16, 17, 300, 0, 2000, 0], jnp.int32)
-    top_p = jnp.array([0.95, 1.0, 0.9, 0.5, 0.99, 0.7, 0.8, 1.0], jnp.float32)
+    top_p = jnp.array([0.95, 1.0, 0.9, 0.5, 0.99, 0.7, 0.5, 1.0], jnp.float32)
     return logits, top_k, top_p
 
 
 @pytest.mark.parametrize("ax", [1, 0])
 def test_truncation_among_candidates_cuts_where_the_full_sort_does(ax):
-    """The cut found among each row's largest values (falling back to the sort where the nucleus
-    reaches past them) keeps exactly what the sort of the whole vocabulary keeps, in either layout,
+    """The cut found among each row's 16, then 64 largest values, then by the sort where the nucleus
+    reaches past those, keeps exactly what the sort of the whole vocabulary keeps, in either layout,
     and what the numpy reference keeps."""
     logits, top_k, top_p = _rows_to_truncate()
     x = logits if ax == 1 else logits.T
     k, p = jnp.expand_dims(top_k, ax), jnp.expand_dims(top_p, ax)
-    among = jax.jit(functools.partial(logits_module.truncate, ax=ax, candidates=16))(x, k, p)
-    every = logits_module.truncate(x, k, p, ax, candidates=0)
+    among = jax.jit(functools.partial(logits_module.truncate, ax=ax, candidates=(16, 64)))(x, k, p)
+    every = logits_module.truncate(x, k, p, ax, candidates=())
     kept = np.isfinite(np.asarray(among if ax == 1 else among.T))
     np.testing.assert_array_equal(kept, np.isfinite(np.asarray(every if ax == 1 else every.T)))
-    assert kept[[0, 4]].sum(1).min() > 16 and kept[[1, 2]].sum(1).max() <= 16  # both ways were taken
+    n = kept.sum(1)  # every way was taken: among 16, among 64 (by top-k, by top-p), the sort
+    assert n[[1, 2]].max() <= 16 and top_k[3] == 17 and 16 < n[6] < 64 and n[[0, 4]].min() > 64
     assert kept[7].all() and kept[5, :300].all()  # top-p 1 cuts nothing; ties with the cut stay
     for row in (0, 1, 2, 3, 4, 6, 7):  # the reference breaks ties by position; row 5 has ties
         ref = _truncated_logprobs(np.asarray(logits[row:row + 1]), 1.0, int(top_k[row]), float(top_p[row]))
@@ -224,7 +225,8 @@ def test_truncation_sorts_the_vocabulary_only_where_it_must(platform):
     assert ("top_k" in text) == (platform != "gpu")
     if platform == "cpu":
         compiled = cut.lower(logits, top_k[:, None], top_p[:, None]).compile().as_text()
-        assert 'custom_call_target="TopK"' in compiled
+        # 256 candidates; the next size, 4096, is past this vocabulary of 1000, so the sort follows.
+        assert compiled.count('custom_call_target="TopK"') == 1 and " sort(" in compiled
 
 
 @pytest.mark.parametrize("mode", ["greedy", "plain", "tempered", "truncated"])
