@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import gc
+import logging
 import re
 import shutil
 import sys
@@ -68,12 +69,18 @@ def _drop_closed_loop_noise() -> None:
       asyncio event loop orbax has closed: RuntimeError("Event loop is closed"), raised where
       nothing can catch it;
     * orbax's read coroutines that never finished are closed when garbage-collected, and turn the
-      GeneratorExit into an exception of their own ("Exception ignored in: <coroutine ...>").
+      GeneratorExit into an exception of their own ("Exception ignored in: <coroutine ...>");
+    * orbax's read tasks that failed after the first failure was raised are garbage-collected with
+      their errors unread, which asyncio logs ("Task exception was never retrieved").
 
-    Both reach sys.unraisablehook; those are dropped, and anything else goes to the previous hook."""
+    The first two reach sys.unraisablehook; those are dropped, and anything else goes to the previous
+    hook. The third is dropped from asyncio's log where the task is one of orbax's."""
     previous = sys.unraisablehook
     if getattr(previous, "drops_closed_loop_noise", False):
         return
+    logging.getLogger("asyncio").addFilter(
+        lambda record: not (str(record.msg).startswith("Task exception was never retrieved")
+                            and "orbax" in str(record.msg)))
 
     def hook(unraisable):
         error, source = unraisable.exc_value, unraisable.object

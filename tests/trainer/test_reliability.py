@@ -1,7 +1,9 @@
 """Runs never mix or lose work: the out_dir claim, damaged checkpoints, preemption in the bootstrap,
 safe export, clear errors for config files, prompts, tokenizers and diverging updates."""
+import asyncio
 import gc
 import json
+import logging
 import os
 import re
 import signal
@@ -94,6 +96,31 @@ def test_resume_falls_back_past_a_truncated_checkpoint(tmp_path, monkeypatch):
     del resumed  # what held the failed read's coroutines
     gc.collect()
     assert not unraisable, [f"{u.exc_value!r:.200}" for u in unraisable[:3]]
+
+
+def test_asyncio_says_nothing_of_orbax_reads_left_failed_and_all_else_as_before(caplog):
+    """A restore that fails leaves orbax's other read tasks failed, and asyncio logs each as it is
+    collected ("Task exception was never retrieved", with a traceback). Those of orbax's reads are
+    dropped once a fallback has begun; anything else asyncio says still comes through."""
+    from spiral_jax import checkpoint
+
+    def failed_task_of(filename):
+        code = compile("async def read():\n    raise ValueError('DATA_LOSS')\n", filename, "exec")
+        namespace = {}
+        exec(code, namespace)
+        loop = asyncio.new_event_loop()
+        task = loop.create_task(namespace["read"]())
+        loop.run_until_complete(asyncio.sleep(0.01))
+        loop.close()
+        del task
+        gc.collect()
+
+    checkpoint._drop_closed_loop_noise()
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        failed_task_of("/site-packages/orbax/checkpoint/_src/serialization/serialization.py")
+        failed_task_of("/site-packages/elsewhere/reads.py")
+    logged = [r.getMessage() for r in caplog.records if "never retrieved" in r.getMessage()]
+    assert len(logged) == 1 and "elsewhere/reads.py" in logged[0], logged
 
 
 def test_the_fallback_past_a_damaged_checkpoint_is_one_line_without_tracebacks(tmp_path):
