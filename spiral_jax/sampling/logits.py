@@ -123,10 +123,11 @@ def _smallest_kept(sorted_desc: jax.Array, k: jax.Array, top_p: jax.Array, ax: i
     return jnp.take_along_axis(sorted_desc, n_keep - 1, axis=ax), n_keep
 
 
-def _cut_among(rows: jax.Array, k: jax.Array, top_p: jax.Array, total: jax.Array, settled: jax.Array,
-               sizes: tuple[int, ...]) -> jax.Array:
+def _cut_among(rows: jax.Array, k: jax.Array, top_p: jax.Array, settled: jax.Array, sizes: tuple[int, ...],
+               total: jax.Array | None = None) -> jax.Array:
     """The smallest kept value of each row of `rows` [B, V], looked for among its sizes[0] largest
-    values; rows those leave undecided (unless `settled`) look among the next size's, then sort."""
+    values; rows those leave undecided (unless `settled`) look among the next size's, then sort.
+    total: each row's mass relative to its largest value, once the first size has found it."""
     vocab = rows.shape[1]
     if not sizes or sizes[0] >= vocab:
         return _smallest_kept(-jnp.sort(-rows, axis=1), k, top_p, 1)[0]
@@ -134,10 +135,12 @@ def _cut_among(rows: jax.Array, k: jax.Array, top_p: jax.Array, total: jax.Array
     # XLA:CPU runs top_k as a partial sort only while nothing but slices reads the sort it lowers to;
     # the barrier keeps the gather below from being folded into it, which would make it a full sort.
     best = jax.lax.optimization_barrier(jax.lax.top_k(rows, n)[0])
+    if total is None:
+        total = jnp.exp(rows - best[:, :1]).sum(1, keepdims=True)
     threshold, n_keep = _smallest_kept(best, k, top_p, 1, total)
     decided = settled | (k <= n) | ((k == vocab) & (n_keep < n))
     return jax.lax.cond(jnp.all(decided), lambda: threshold, lambda: jnp.where(
-        decided, threshold, _cut_among(rows, k, top_p, total, decided, sizes[1:])))
+        decided, threshold, _cut_among(rows, k, top_p, decided, sizes[1:], total)))
 
 
 def truncate(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array, ax: int,
@@ -159,14 +162,10 @@ def truncate(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array, ax: int,
     vocab = scaled.shape[ax]
     k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
     whole = (k == vocab) & (top_p >= 1)  # nothing to cut
-    if not candidates or candidates[0] >= vocab:
-        threshold = _smallest_kept(-jnp.sort(-scaled, axis=ax), k, top_p, ax)[0]
-        return jnp.where(whole | (scaled >= threshold), scaled, -jnp.inf)
-    # Per row [B, 1], over row-major logits, which is what lax.top_k takes.
+    # Per row [B, 1], over row-major logits, which is what lax.top_k and the sort take.
     rows = scaled if ax == 1 else scaled.T
     k_rows, p_rows, whole_rows = (x if jnp.ndim(x) == 0 else x.reshape(-1, 1) for x in (k, top_p, whole))
-    total = jnp.exp(rows - jnp.max(rows, axis=1, keepdims=True)).sum(1, keepdims=True)
-    threshold = _cut_among(rows, k_rows, p_rows, total, whole_rows, tuple(candidates))
+    threshold = _cut_among(rows, k_rows, p_rows, whole_rows, tuple(candidates))
     threshold = threshold if ax == 1 else threshold.T
     return jnp.where(whole | (scaled >= threshold), scaled, -jnp.inf)
 
