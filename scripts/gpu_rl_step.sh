@@ -40,9 +40,9 @@
 #               against part continuous's decode lines (GRAPHS_S, 240).
 #   lora        Qwen3-8B with LoRA as its one-H100 preset (configs/kuhn_qwen3_8b_lora_1xh100.py), at
 #               part preset's cap, one step (LORA_S, 450).
-#   truncation  bench/truncation.py at 1, 32 and 128 rows: top-p among each row's largest values (with
-#               a conditional, which XLA:GPU runs from the host) against the sort GPU programs run
-#               every step (TRUNCATION_S, 90).
+#   truncation  bench/truncation.py at 1, 32 and 128 rows: top-p by halving, as GPU programs find it
+#               every step, against the sort it replaced and against the candidates of CPU and TPU
+#               programs (whose conditional XLA:GPU runs from the host) (TRUNCATION_S, 90).
 # PER_ROW=N packs up to N samples a training row in parts preset, full, rounds and medium
 # (--samples_per_row; unset: the config's choice). Run part attention before them, so that a failed
 # check of cuDNN's packed layout falls back to one sample a row.
@@ -169,7 +169,7 @@ for part in ${PARTS:-preset small continuous}; do
       echo "decode attention: exit ${PIPESTATUS[0]}: $(tail -1 "$OUT/decode.log")" | tee -a "$OUT/summary.txt";;
     truncation)
       section "bench/truncation.py"
-      timeout "${TRUNCATION_S:-90}" python3 bench/truncation.py --rows 1 32 128 2>&1 | tee "$OUT/truncation.log" | tail -8
+      timeout "${TRUNCATION_S:-90}" python3 bench/truncation.py --rows 1 32 128 2>&1 | tee "$OUT/truncation.log" | tail -13
       echo "truncation: exit ${PIPESTATUS[0]}: $(tail -1 "$OUT/truncation.log")" | tee -a "$OUT/summary.txt";;
     attention)
       section "scripts/gpu_attention_check.py"

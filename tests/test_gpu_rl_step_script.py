@@ -66,7 +66,7 @@ def test_part_graphs_puts_the_loops_in_cuda_graphs_for_its_run_alone(tmp_path):
     assert "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1" in graphs
 
 
-def test_part_truncation_times_both_ways_at_the_rollouts_batch(tmp_path):
+def test_part_truncation_times_every_way_at_the_rollouts_batch(tmp_path):
     result, benches = run_script(tmp_path, "NVIDIA H200", "truncation")
     assert result.returncode == 0, result.stderr
     assert [b.split(" | ")[0] for b in benches] == ["bench/truncation.py --rows 1 32 128"]

@@ -8,8 +8,8 @@ the chosen block, both as small matmuls with a triangular matrix. Vocabulary-maj
 distribution itself is not stored either: the block masses are one fused exp-and-sum pass over the
 logits, and only the chosen block's probabilities are computed again.
 
-Top-k and top-p look for their cut among each row's largest values instead of sorting the whole
-vocabulary every step (`truncate`).
+Top-k and top-p find their cut without sorting the vocabulary: among each row's largest values, or
+by halving the range of values (`truncate`).
 
 The helpers take the vocabulary axis `ax` of a 2-D array, 1 for [B, V] or 0 for [V, B], and keep
 per-row results with that axis kept at size 1, so they broadcast against the logits either way. On
@@ -30,7 +30,7 @@ from spiral_jax.models import cpu
 _BLOCK = 128
 MODES = ("greedy", "plain", "tempered", "truncated")
 _VOCAB_MAJOR_ROWS = 16  # on CPU, batches of at least this many rows are sampled vocabulary-major
-CANDIDATES = (256, 4096)  # how many of a row's largest values truncation looks among, in turn
+CANDIDATES = 256  # how many of a row's largest values truncation looks among first
 
 
 def _blocks(x: jax.Array, ax: int, fill: float) -> jax.Array:
@@ -103,69 +103,115 @@ def argmax(x: jax.Array, ax: int) -> jax.Array:
     return jnp.min(jnp.where(x == top, index, x.shape[ax]), axis=ax, keepdims=True).astype(jnp.int32)
 
 
-def _smallest_kept(sorted_desc: jax.Array, k: jax.Array, top_p: jax.Array, ax: int,
-                   total: jax.Array | None = None):
-    """Top-k then top-p on a row's largest values in descending order along ax: the smallest value
-    kept, and how many of the given values are kept.
-
-    sorted_desc holds the whole vocabulary, or only its first n values with `total` the mass of the
-    row's whole vocabulary relative to its largest value (a prefix then decides the cut only where
-    fewer than n are kept, or k <= n). top_p >= 1 keeps all of the top-k.
-    """
-    n = sorted_desc.shape[ax]
-    in_top_k = jnp.expand_dims(jnp.arange(n), 1 - ax) < k
-    rel = jnp.exp(jnp.where(in_top_k, sorted_desc, -jnp.inf) - jax.lax.slice_in_dim(sorted_desc, 0, 1, axis=ax))
-    own = rel.sum(ax, keepdims=True)
-    probs = rel / (own if total is None else jnp.where(k <= n, own, total))
-    mass_before = cumsum(probs, ax) - probs
+def _smallest_kept(best: jax.Array, k: jax.Array, top_p: jax.Array, total: jax.Array):
+    """Top-k then top-p on a row's n largest values best [B, n] in descending order, with `total` the
+    mass of the row's whole vocabulary relative to its largest value: the smallest value kept, and how
+    many of the n are kept. They decide the cut only where fewer than n are kept, or k <= n.
+    top_p >= 1 keeps all of the top-k."""
+    n = best.shape[1]
+    in_top_k = jnp.arange(n) < k
+    rel = jnp.exp(jnp.where(in_top_k, best, -jnp.inf) - best[:, :1])
+    probs = rel / jnp.where(k <= n, rel.sum(1, keepdims=True), total)
+    mass_before = cumsum(probs, 1) - probs
     keep = in_top_k & ((mass_before < top_p) | (top_p >= 1))  # the first token is always kept
-    n_keep = jnp.sum(keep, axis=ax, keepdims=True)
-    return jnp.take_along_axis(sorted_desc, n_keep - 1, axis=ax), n_keep
+    n_keep = jnp.sum(keep, axis=1, keepdims=True)
+    return jnp.take_along_axis(best, n_keep - 1, axis=1), n_keep
 
 
-def _cut_among(rows: jax.Array, k: jax.Array, top_p: jax.Array, settled: jax.Array, sizes: tuple[int, ...],
-               total: jax.Array | None = None) -> jax.Array:
-    """The smallest kept value of each row of `rows` [B, V], looked for among its sizes[0] largest
-    values; rows those leave undecided (unless `settled`) look among the next size's, then sort.
-    total: each row's mass relative to its largest value, once the first size has found it."""
+def _keys(x: jax.Array) -> jax.Array:
+    """Each float's bits as an unsigned integer that orders as the float does (-0 just below +0: both
+    have the same probability, and the mask compares floats, so a cut at either keeps both)."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    return bits ^ jnp.where(bits >> 31 == 1, jnp.uint32(0xFFFFFFFF), jnp.uint32(0x80000000))
+
+
+def _float(key: jax.Array) -> jax.Array:
+    """The float whose `_keys` is key."""
+    bits = key ^ jnp.where(key >> 31 == 1, jnp.uint32(0x80000000), jnp.uint32(0xFFFFFFFF))
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def _least_key(holds, shape: tuple[int, ...]) -> jax.Array:
+    """The least key where holds(key) is true, per row, for a predicate that holds at every key above
+    one where it holds: 32 halvings of the key space, each one evaluation."""
+    key = jnp.zeros(shape, jnp.uint32)
+    for bit in reversed(range(32)):
+        below = key | jnp.uint32((1 << bit) - 1)  # the largest key under the bits fixed so far, this one 0
+        key = jnp.where(holds(below), key, key | jnp.uint32(1 << bit))
+    return key
+
+
+def _cut_by_halving(rows: jax.Array, k: jax.Array, top_p: jax.Array, settled: jax.Array, top: jax.Array,
+                    total: jax.Array) -> jax.Array:
+    """The smallest kept value of each row of `rows` [B, V], found without sorting: a value is kept
+    when fewer than k values and less than top_p of the top-k mass lie strictly above it, so the cut
+    is the least value where both hold, searched for by halving the 32-bit key space (32 passes over
+    the row for top-p, 32 more for a top-k below the vocabulary). Values tied with the cut stay.
+    top: each row's largest value; total: its mass relative to that value; the top-k search is skipped
+    where every row is `settled` or has no top-k (always run on GPUs, where a conditional syncs with the
+    host)."""
+    keys, rel = _keys(rows), jnp.exp(rows - top)
+    top_key = _keys(top)  # the largest value is always kept
+
+    def count_above(key):
+        return jnp.sum(keys > key, axis=1, keepdims=True)
+
+    def mass_above(key):
+        return jnp.sum(jnp.where(keys > key, rel, 0.0), axis=1, keepdims=True)
+
+    def kth():  # the k-th largest value, and the mass of the k largest (as many of its ties as fill k)
+        key = _least_key(lambda key: (count_above(key) < k) | (key >= top_key), top.shape)
+        return key, mass_above(key) + (k - count_above(key)) * jnp.exp(_float(key) - top)
+
+    everything = (jnp.zeros(top.shape, jnp.uint32), total)
+    no_top_k = jnp.all(settled | (k >= rows.shape[1]))
+    k_key, k_mass = kth() if cpu.platform() == "gpu" else jax.lax.cond(no_top_k, lambda: everything, kth)
+    p_key = _least_key(lambda key: (mass_above(key) < top_p * k_mass) | (top_p >= 1) | (key >= top_key), top.shape)
+    return _float(jnp.maximum(k_key, p_key))
+
+
+def _cut(rows: jax.Array, k: jax.Array, top_p: jax.Array, settled: jax.Array, candidates: int) -> jax.Array:
+    """The smallest kept value of each row of `rows` [B, V] (none of `settled`'s is looked for), looked
+    for among its `candidates` largest values, then by halving for the rows those leave undecided."""
     vocab = rows.shape[1]
-    if not sizes or sizes[0] >= vocab:
-        return _smallest_kept(-jnp.sort(-rows, axis=1), k, top_p, 1)[0]
-    n = sizes[0]
+    if not 0 < candidates < vocab:
+        top = jnp.max(rows, axis=1, keepdims=True)
+        return _cut_by_halving(rows, k, top_p, settled, top, jnp.exp(rows - top).sum(1, keepdims=True))
     # XLA:CPU runs top_k as a partial sort only while nothing but slices reads the sort it lowers to;
     # the barrier keeps the gather below from being folded into it, which would make it a full sort.
-    best = jax.lax.optimization_barrier(jax.lax.top_k(rows, n)[0])
-    if total is None:
-        total = jnp.exp(rows - best[:, :1]).sum(1, keepdims=True)
-    threshold, n_keep = _smallest_kept(best, k, top_p, 1, total)
-    decided = settled | (k <= n) | ((k == vocab) & (n_keep < n))
+    best = jax.lax.optimization_barrier(jax.lax.top_k(rows, candidates)[0])
+    top = best[:, :1]
+    total = jnp.exp(rows - top).sum(1, keepdims=True)
+    threshold, n_keep = _smallest_kept(best, k, top_p, total)
+    decided = settled | (k <= candidates) | ((k == vocab) & (n_keep < candidates))
     return jax.lax.cond(jnp.all(decided), lambda: threshold, lambda: jnp.where(
-        decided, threshold, _cut_among(rows, k, top_p, decided, sizes[1:], total)))
+        decided, threshold, _cut_by_halving(rows, k, top_p, decided, top, total)))
 
 
 def truncate(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array, ax: int,
-             candidates: tuple[int, ...] | None = None) -> jax.Array:
+             candidates: int | None = None) -> jax.Array:
     """Mask (to -inf) everything outside the top-k, then outside the smallest top-p nucleus.
 
     scaled: tempered logits with the vocabulary along ax. top_k <= 0 means no top-k; top_p >= 1 no
     top-p. Tokens tied with the last kept value are kept too.
 
-    A full sort of a 150k vocabulary every decode step costs XLA:CPU tens of times the rest of the
-    sampling, so on CPU and TPU the cut is looked for among each row's largest values (`lax.top_k`),
-    first the `candidates[0]` largest, then, under a conditional, for rows whose nucleus reaches past
-    those, the next size's, and only past the last size does a sort run. XLA:GPU runs a conditional
-    from the host (see `sample_token`), so there every step sorts. candidates (static): the sizes, ()
-    to sort every step; None picks by platform.
+    Nothing sorts the vocabulary: a sort of 150k values every decode step costs XLA:CPU tens of times
+    the rest of the sampling. The cut is found by halving the range of values (`_cut_by_halving`), a
+    fixed number of passes over each row. On CPU and TPU it is first looked for among each row's
+    `candidates` largest values (`lax.top_k`), which decide it for a nucleus narrower than those, as a
+    trained model's mostly is; the halving then runs under a conditional, only in a step where some
+    row needs it. XLA:GPU runs a conditional from the host (see `sample_token`), so there every step
+    halves. candidates (static): how many, 0 to halve every step; None picks by platform.
     """
     if candidates is None:
-        candidates = () if cpu.platform() == "gpu" else CANDIDATES
+        candidates = 0 if cpu.platform() == "gpu" else CANDIDATES
     vocab = scaled.shape[ax]
     k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
     whole = (k == vocab) & (top_p >= 1)  # nothing to cut
-    # Per row [B, 1], over row-major logits, which is what lax.top_k and the sort take.
+    # Per row [B, 1], over row-major logits, which is what lax.top_k takes.
     rows = scaled if ax == 1 else scaled.T
     k_rows, p_rows, whole_rows = (x if jnp.ndim(x) == 0 else x.reshape(-1, 1) for x in (k, top_p, whole))
-    threshold = _cut_among(rows, k_rows, p_rows, whole_rows, tuple(candidates))
+    threshold = _cut(rows, k_rows, p_rows, whole_rows, candidates)
     threshold = threshold if ax == 1 else threshold.T
     return jnp.where(whole | (scaled >= threshold), scaled, -jnp.inf)
 

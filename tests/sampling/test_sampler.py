@@ -182,7 +182,7 @@ def test_a_draw_of_a_zero_probability_token_steps_back_to_the_most_likely(platfo
 
 def _rows_to_truncate():
     """Rows of 1000 logits from peaked to flat, one with ties across its top 300, and per-row settings
-    that cover no top-k, top-k within and past 16 and 64 candidates and past the vocabulary, top-p 1."""
+    that cover no top-k, top-k within and past 16 candidates and past the vocabulary, top-p 1."""
     rng = np.random.default_rng(0)
     scales = np.array([0.05, 0.5, 3.0, 10.0, 1.0, 0.01, 2.0, 0.3])[:, None]
     logits = jnp.asarray(rng.normal(size=(8, 1000)) * scales, jnp.float32).at[5, :300].set(2.0)
@@ -191,42 +191,70 @@ def _rows_to_truncate():
     return logits, top_k, top_p
 
 
+def _kept_by_sorting(logits, top_k, top_p):
+    """Reference, ties kept (numpy, float64): sort each row, keep its top-k values while the mass
+    before each (of the top-k's) is below top_p, then every value at least the last one kept."""
+    kept = []
+    for row, k, p in zip(np.asarray(logits, np.float64), np.broadcast_to(top_k, len(logits)),
+                         np.broadcast_to(top_p, len(logits))):
+        desc = np.sort(row)[::-1][:k if k > 0 else None]
+        probs = np.exp(desc - desc[0]) / np.exp(desc - desc[0]).sum()
+        n = np.sum((np.cumsum(probs) - probs < p) | (p >= 1))
+        kept.append(row >= desc[n - 1])
+    return np.asarray(kept)
+
+
 @pytest.mark.parametrize("ax", [1, 0])
-def test_truncation_among_candidates_cuts_where_the_full_sort_does(ax):
-    """The cut found among each row's 16, then 64 largest values, then by the sort where the nucleus
-    reaches past those, keeps exactly what the sort of the whole vocabulary keeps, in either layout,
-    and what the numpy reference keeps."""
+def test_truncation_among_candidates_or_by_halving_cuts_where_a_sort_does(ax):
+    """The cut found among each row's 16 largest values, then by halving where the nucleus or the top-k
+    reaches past those, and the cut found by halving alone, keep what sorting the vocabulary keeps, in
+    either layout: ties with the cut included, and against the position-ordered reference too."""
     logits, top_k, top_p = _rows_to_truncate()
     x = logits if ax == 1 else logits.T
     k, p = jnp.expand_dims(top_k, ax), jnp.expand_dims(top_p, ax)
-    among = jax.jit(functools.partial(logits_module.truncate, ax=ax, candidates=(16, 64)))(x, k, p)
-    every = logits_module.truncate(x, k, p, ax, candidates=())
+    among = jax.jit(functools.partial(logits_module.truncate, ax=ax, candidates=16))(x, k, p)
+    halved = jax.jit(functools.partial(logits_module.truncate, ax=ax, candidates=0))(x, k, p)
     kept = np.isfinite(np.asarray(among if ax == 1 else among.T))
-    np.testing.assert_array_equal(kept, np.isfinite(np.asarray(every if ax == 1 else every.T)))
-    n = kept.sum(1)  # every way was taken: among 16, among 64 (by top-k, by top-p), the sort
-    assert n[[1, 2]].max() <= 16 and top_k[3] == 17 and 16 < n[6] < 64 and n[[0, 4]].min() > 64
+    np.testing.assert_array_equal(kept, np.isfinite(np.asarray(halved if ax == 1 else halved.T)))
+    np.testing.assert_array_equal(kept, _kept_by_sorting(logits, np.asarray(top_k), np.asarray(top_p)))
+    n = kept.sum(1)  # every way was taken: among 16; by halving, with top-k (row 4) and without
+    assert n[[1, 2]].max() <= 16 and top_k[3] == 17 and 16 < n[4] < 300 and n[[0, 6]].min() > 16
     assert kept[7].all() and kept[5, :300].all()  # top-p 1 cuts nothing; ties with the cut stay
     for row in (0, 1, 2, 3, 4, 6, 7):  # the reference breaks ties by position; row 5 has ties
         ref = _truncated_logprobs(np.asarray(logits[row:row + 1]), 1.0, int(top_k[row]), float(top_p[row]))
         np.testing.assert_array_equal(kept[row], np.isfinite(ref[0]), err_msg=f"row {row}")
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_halving_finds_the_sorts_cut_on_ties_zeros_and_masked_values(seed):
+    """Rows drawn from few distinct values (ties everywhere, 0.0 and -0.0 among them) and with masked
+    (-inf) entries, at every top-k and top-p: halving keeps what the sort keeps."""
+    rng = np.random.default_rng(seed)
+    values = np.array([-np.inf, -3.5, -1.0, -0.0, 0.0, 0.25, 1.0, 2.0, 2.5, 4.0], np.float32)
+    logits = jnp.asarray(values[rng.integers(0, len(values), size=(24, 200))]).at[:, 0].set(4.0)
+    top_k = jnp.asarray(rng.choice([0, 1, 3, 17, 150, 199, 200], size=24), jnp.int32)
+    top_p = jnp.asarray(rng.choice([0.05, 0.3, 0.6, 0.9, 0.999, 1.0], size=24), jnp.float32)
+    cut = logits_module.truncate(logits, top_k[:, None], top_p[:, None], 1, candidates=0)
+    finite = np.isfinite(logits)  # a masked value stays -inf, kept or not
+    np.testing.assert_array_equal(np.isfinite(cut)[finite],
+                                  _kept_by_sorting(logits, np.asarray(top_k), np.asarray(top_p))[finite])
+
+
 @pytest.mark.parametrize("platform", ["cpu", "tpu", "gpu"])
-def test_truncation_sorts_the_vocabulary_only_where_it_must(platform):
-    """On CPU and TPU a step takes each row's largest values (lax.top_k) and sorts the vocabulary only
-    under a conditional; XLA:CPU runs that top_k as a partial sort (its TopK), not a full one. A GPU
-    program, where a conditional syncs with the host, sorts every step and has no conditional."""
+def test_truncation_never_sorts_the_vocabulary(platform):
+    """On CPU and TPU a step takes each row's largest values (lax.top_k) and halves only under a
+    conditional; XLA:CPU runs that top_k as a partial sort (its TopK), not a full one. A GPU program,
+    where a conditional syncs with the host, halves every step and has no conditional. None sorts."""
     logits, top_k, top_p = _rows_to_truncate()
     cut = jax.jit(functools.partial(logits_module.truncate, ax=1))
     with cpu.compiling_for(platform):
         text = cut.lower(logits, top_k[:, None], top_p[:, None]).as_text()
     has_conditional = "stablehlo.case" in text or "stablehlo.if" in text
-    assert has_conditional == (platform != "gpu") and "stablehlo.sort" in text
+    assert has_conditional == (platform != "gpu") and "stablehlo.sort" not in text
     assert ("top_k" in text) == (platform != "gpu")
     if platform == "cpu":
         compiled = cut.lower(logits, top_k[:, None], top_p[:, None]).compile().as_text()
-        # 256 candidates; the next size, 4096, is past this vocabulary of 1000, so the sort follows.
-        assert compiled.count('custom_call_target="TopK"') == 1 and " sort(" in compiled
+        assert compiled.count('custom_call_target="TopK"') == 1 and " sort(" not in compiled
 
 
 @pytest.mark.parametrize("mode", ["greedy", "plain", "tempered", "truncated"])
