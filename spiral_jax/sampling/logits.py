@@ -141,15 +141,14 @@ def _least_key(holds, shape: tuple[int, ...]) -> jax.Array:
     return key
 
 
-def _cut_by_halving(rows: jax.Array, k: jax.Array, top_p: jax.Array, settled: jax.Array, top: jax.Array,
-                    total: jax.Array) -> jax.Array:
+def _cut_by_halving(rows: jax.Array, k: jax.Array, top_p: jax.Array, settled: jax.Array) -> jax.Array:
     """The smallest kept value of each row of `rows` [B, V], found without sorting: a value is kept
     when fewer than k values and less than top_p of the top-k mass lie strictly above it, so the cut
     is the least value where both hold, searched for by halving the 32-bit key space (32 passes over
     the row for top-p, 32 more for a top-k below the vocabulary). Values tied with the cut stay.
-    top: each row's largest value; total: its mass relative to that value; the top-k search is skipped
-    where every row is `settled` or has no top-k (always run on GPUs, where a conditional syncs with the
-    host)."""
+    The top-k search is skipped where every row is `settled` or has no top-k (always run on GPUs, where
+    a conditional syncs with the host)."""
+    top = jnp.max(rows, axis=1, keepdims=True)
     keys, rel = _keys(rows), jnp.exp(rows - top)
     top_key = _keys(top)  # the largest value is always kept
 
@@ -163,7 +162,7 @@ def _cut_by_halving(rows: jax.Array, k: jax.Array, top_p: jax.Array, settled: ja
         key = _least_key(lambda key: (count_above(key) < k) | (key >= top_key), top.shape)
         return key, mass_above(key) + (k - count_above(key)) * jnp.exp(_float(key) - top)
 
-    everything = (jnp.zeros(top.shape, jnp.uint32), total)
+    everything = (jnp.zeros(top.shape, jnp.uint32), rel.sum(1, keepdims=True))
     no_top_k = jnp.all(settled | (k >= rows.shape[1]))
     k_key, k_mass = kth() if cpu.platform() == "gpu" else jax.lax.cond(no_top_k, lambda: everything, kth)
     p_key = _least_key(lambda key: (mass_above(key) < top_p * k_mass) | (top_p >= 1) | (key >= top_key), top.shape)
@@ -175,17 +174,15 @@ def _cut(rows: jax.Array, k: jax.Array, top_p: jax.Array, settled: jax.Array, ca
     for among its `candidates` largest values, then by halving for the rows those leave undecided."""
     vocab = rows.shape[1]
     if not 0 < candidates < vocab:
-        top = jnp.max(rows, axis=1, keepdims=True)
-        return _cut_by_halving(rows, k, top_p, settled, top, jnp.exp(rows - top).sum(1, keepdims=True))
+        return _cut_by_halving(rows, k, top_p, settled)
     # XLA:CPU runs top_k as a partial sort only while nothing but slices reads the sort it lowers to;
     # the barrier keeps the gather below from being folded into it, which would make it a full sort.
     best = jax.lax.optimization_barrier(jax.lax.top_k(rows, candidates)[0])
-    top = best[:, :1]
-    total = jnp.exp(rows - top).sum(1, keepdims=True)
+    total = jnp.exp(rows - best[:, :1]).sum(1, keepdims=True)
     threshold, n_keep = _smallest_kept(best, k, top_p, total)
     decided = settled | (k <= candidates) | ((k == vocab) & (n_keep < candidates))
     return jax.lax.cond(jnp.all(decided), lambda: threshold, lambda: jnp.where(
-        decided, threshold, _cut_by_halving(rows, k, top_p, decided, top, total)))
+        decided, threshold, _cut_by_halving(rows, k, top_p, decided)))
 
 
 def truncate(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array, ax: int,
