@@ -18,7 +18,7 @@ from spiral_jax.plan.arrays import kv_cache_bytes, logprob_row_bytes, sampler_ro
 from spiral_jax.plan.sizes import MeshShape, Workload, shard_elements
 from spiral_jax.rl.train_step import TrainConfig
 from spiral_jax.sampling import batch_bucket, cache_slots
-from spiral_jax.sampling.buckets import insert_rows, largest_insert
+from spiral_jax.sampling.buckets import insert_rows
 from spiral_jax.sharding import Rules
 
 
@@ -119,10 +119,10 @@ def sampling(cfg: ModelConfig, w: Workload, mesh: MeshShape, games: int, new_tok
              fused_attention: bool = False) -> tuple[int, int]:
     """(KV cache, prefill transients) per device for one generate call over `games` prompts, or with
     the continuous schedule (`Workload.continuous`) for a decode engine of `games` slots: its largest
-    transients are an insert's (`largest_insert` into `insert_rows` slots), those rows' prompts
+    transients are an insert's (`insert_rows` prompts of the longest bucket), those rows' prompts
     prefilled in place into their rows of the cache, attending by XLA's attention (the rows start at
-    slots of their own, which the fused kernels do not take) over a layer's window of those rows,
-    gathered, in chunks of queries (`query_chunk`)."""
+    slots of their own, which the fused kernels do not take) over a layer's whole cache of those
+    rows, gathered, in chunks of queries (`query_chunk`)."""
     cb = jnp.dtype(cfg.compute_dtype).itemsize
     dp = mesh.batch_shards
     batch = batch_bucket(games, dp)
@@ -131,10 +131,9 @@ def sampling(cfg: ModelConfig, w: Workload, mesh: MeshShape, games: int, new_tok
     b, plen, t = batch // dp, w.prompt_len, mesh.tensor
     heads, kv = _split(cfg.num_heads, t), _split(cfg.num_kv_heads, t)
     if w.continuous:
-        tokens, window = largest_insert(plen, 16, slots)  # prompts bucketed from 16 tokens, as `plen`
-        rows = _split(insert_rows(batch), dp)
-        scores = rows * heads * query_chunk(tokens, window, rows, heads) * window * 4
-        windows, b = 2 * rows * kv * window * cfg.head_dim * cb, rows
+        rows = _split(insert_rows(batch), dp)  # prompts of `plen` tokens, over the whole cache
+        scores = rows * heads * query_chunk(plen, slots, rows, heads) * slots * 4
+        windows, b = 2 * rows * kv * slots * cfg.head_dim * cb, rows
     else:  # the prefill attends over the prompt only
         scores, windows = 0 if fused_attention else b * heads * query_chunk(plen, plen, b, heads) * plen * 4, 0
     attention = 2 * scores + 2 * b * plen * (heads + 2 * kv) * cfg.head_dim * cb

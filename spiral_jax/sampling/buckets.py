@@ -62,16 +62,3 @@ def engine_windows(cache_len: int) -> list[int]:
 def insert_rows(prompts: int) -> int:
     """Rows of a decode engine's insert of `prompts` prompts (at most INSERT_ROWS): a power of two."""
     return bucket_length(min(prompts, INSERT_ROWS), 1)
-
-
-def largest_insert(max_prompt_len: int, min_prompt_bucket: int, cache_len: int) -> tuple[int, int]:
-    """(block tokens, attention window) of the insert whose prefill is largest (the most attention
-    scores, block times window): prompts of max_prompt_len tokens, each after the cached prefix that
-    makes it so. A reused prefix shortens the block but moves it up the cache, into a larger window."""
-    windows = engine_windows(cache_len)
-
-    def shape(reused: int) -> tuple[int, int]:
-        tokens = bucket_length(max_prompt_len - reused, min_prompt_bucket)
-        return tokens, next(w for w in windows if w >= min(reused + tokens, cache_len))
-
-    return max((shape(reused) for reused in range(max_prompt_len)), key=lambda s: (s[0] * s[1], s[1]))

@@ -41,7 +41,7 @@ from spiral_jax.models.transformer import KVCache, decoder, unembed
 from spiral_jax.sampling.finish import check_finite, finish_reason, finished_sees_first, row_stops
 from spiral_jax.sampling.ahead import CompileAhead
 from spiral_jax.sampling.logits import sample_token
-from spiral_jax.sampling.buckets import INSERT_ROWS, bucket_length, engine_windows, insert_rows, largest_insert
+from spiral_jax.sampling.buckets import INSERT_ROWS, bucket_length, engine_windows, insert_rows
 from spiral_jax.sampling.sampler import Sampler, SamplingParams
 from spiral_jax.sampling.setup import DecodeSetup
 from spiral_jax.sampling.stats import DecodeStats
@@ -116,10 +116,12 @@ class DecodeEngine:
         self.max_steps, self.min_steps = max_steps, min_steps
         self.budget = bucket_length(sampling.max_new_tokens, 1)
         self.cache_len = bucket_length(setup.max_prompt_len, setup.min_prompt_bucket) + self.budget
-        # Prefill and decode attend over the first `window` cache slots, the smallest size on this
-        # ladder that holds every row's tokens (rows are left-aligned; decode leaves room for some
-        # steps): reading the unfilled rest of the cache would cost time only. Each size compiles
-        # its own programs.
+        # Decode attends over the first `window` cache slots, the smallest size on this ladder that
+        # holds every row's tokens and room for some steps (rows are left-aligned): reading the
+        # unfilled rest of the cache every step would cost time only. Each size compiles its own
+        # decode program. An insert attends over the whole cache: it runs once a turn, where decode
+        # runs once a token, and a window per insert would multiply its programs (rows x block
+        # length) by the ladder's length, each a compile of the whole model.
         self.windows = engine_windows(self.cache_len)
         if self.cache_len > setup.max_cache_len:
             raise ValueError(
@@ -140,14 +142,11 @@ class DecodeEngine:
 
     # --------------------------------------------------------------------------------- host side
 
-    def _window(self, slots: int) -> int:
-        """The smallest attention window that holds this many cache slots (or the whole cache)."""
-        return next(w for w in self.windows if w >= min(slots, self.cache_len))
-
     def _decode_window(self) -> tuple[int, int]:
-        """(the longest live row's length, a decode call's window: room for min_steps more tokens)."""
+        """(the longest live row's length, a decode call's window: the smallest that leaves room for
+        min_steps more tokens, or the whole cache)."""
         longest = max(self.lengths[s] for s, r in enumerate(self.busy) if r is not None)
-        return longest, self._window(longest + self.min_steps)
+        return longest, next(w for w in self.windows if w >= min(longest + self.min_steps, self.cache_len))
 
     def forget(self) -> None:
         """Free the KV cache and what the slots remember of it, so no prefix is reused: call it when the
@@ -186,9 +185,9 @@ class DecodeEngine:
 
     def lower(self, params) -> dict[str, jax.stages.Lowered]:
         """The engine's largest programs lowered, for their compiled memory (`spiral_jax.aot`): "insert"
-        (`largest_insert` into `insert_rows` slots), "decode" (over the whole cache). `params` may be
-        abstract, as for `Sampler.lower`; weights and state go where their programs put them, host arrays
-        everywhere."""
+        (`insert_rows` prompts of the longest prompt bucket), "decode" (over the whole cache). `params`
+        may be abstract, as for `Sampler.lower`; weights and state go where their programs put them,
+        host arrays everywhere."""
         placed = lambda shapes, shardings: jax.tree.map(  # noqa: E731
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
         cast = jax.jit(self.setup.decode_weights).lower(params).compile()
@@ -201,11 +200,11 @@ class DecodeEngine:
             everywhere, empty = self.setup.rules.replicated(), self._programs.empty.lower().compile()
             state = placed(empty.out_info, empty.output_shardings)
         host = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=everywhere)  # noqa: E731
-        rows, (tokens, window) = insert_rows(self.slots), largest_insert(
-            self.setup.max_prompt_len, self.setup.min_prompt_bucket, self.cache_len)
+        rows = insert_rows(self.slots)
+        tokens = bucket_length(self.setup.max_prompt_len, self.setup.min_prompt_bucket)
         ints, floats = host((rows,)), host((rows,), jnp.float32)
         insert = self._programs.insert.lower(weights, state, ints, host((rows, tokens)), ints, ints, ints,
-                                             host((rows,), jnp.uint32), (floats, ints, floats, ints), window=window)
+                                             host((rows,), jnp.uint32), (floats, ints, floats, ints))
         decode = self._programs.decode.lower(weights, state, host(()), host(()), window=self.cache_len)
         return {"insert": insert, "decode": decode}
 
@@ -268,9 +267,8 @@ class DecodeEngine:
             seeds[i], row_ids[i] = requests[j].seed % (1 << 31), requests[j].row_id % (1 << 32)
             sp = settings[j]
             temperature[i], top_k[i], top_p[i], max_new[i] = sp.temperature, sp.top_k, sp.top_p, sp.max_new_tokens
-        window = self._window(int(start_arr.max()) + t)
         self.state = self._programs.insert(params, self.state, slot_ids, block, lens, start_arr, seeds, row_ids,
-                                           (temperature, top_k, top_p, max_new), window=window)
+                                           (temperature, top_k, top_p, max_new))
 
     def decode(self, params) -> list[Finished]:
         """Run decode steps until some rows finish; return them (their slots are free again)."""
@@ -342,18 +340,17 @@ def _programs(cfg, rules, mode: str, stop_ids: tuple[int, ...], slots: int, cach
                            jax.random.split(jax.random.key(0), slots), zeros(jnp.int32), zeros(jnp.float32),
                            zeros(jnp.float32), floats, ints, floats, ints)
 
-    def insert(params, state: EngineState, slot_ids, block, lens, starts, seeds, row_ids, settings, window):
+    def insert(params, state: EngineState, slot_ids, block, lens, starts, seeds, row_ids, settings):
         """Prefill `block` [k, T] (each row's new tokens, right-padded) after each slot's first `starts`
-        cached tokens, in place in the slots' rows of the cache, attending over the first `window` cache
-        slots; sample each first token and make the slots live. settings: each row's (temperature,
-        top_k, top_p, max_new). Rows past the requests repeat the first one (same slot, same values)."""
+        cached tokens, in place in the slots' rows of the cache, attending over the whole cache; sample
+        each first token and make the slots live. settings: each row's (temperature, top_k, top_p,
+        max_new). Rows past the requests repeat the first one (same slot, same values)."""
         temperature, top_k, top_p, max_new = settings
         k, t = block.shape
         ends = starts + lens
         mask = jnp.arange(cache_len)[None, :] < ends[:, None]
         positions = starts[:, None] + jnp.arange(t)[None, :]
-        hidden, cache = decoder(params, cfg, block, positions, mask, state.cache, starts, rules, kv_len=window,
-                                cache_rows=slot_ids)
+        hidden, cache = decoder(params, cfg, block, positions, mask, state.cache, starts, rules, cache_rows=slot_ids)
         last = hidden[jnp.arange(k), lens - 1]
         keys = jax.vmap(lambda s, r: jax.random.fold_in(jax.random.key(s), r))(seeds, row_ids)
         token, lp, raw = pick(logits(params, last), jax.vmap(jax.random.fold_in, (0, None))(keys, 0), temperature,
@@ -396,5 +393,5 @@ def _programs(cfg, rules, mode: str, stop_ids: tuple[int, ...], slots: int, cach
         steps, state, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), state, jnp.int32(0)))
         return state, steps
 
-    return _Programs(jax.jit(empty), jax.jit(insert, donate_argnums=(1,), static_argnames=("window",)),
+    return _Programs(jax.jit(empty), jax.jit(insert, donate_argnums=(1,)),
                      jax.jit(decode, donate_argnums=(1,), static_argnames=("window",)))

@@ -171,9 +171,9 @@ def test_inserts_past_the_score_budget_attend_in_query_chunks_alike(params, monk
     """An insert whose fp32 scores would pass `transformer.SCORE_BYTES` attends in chunks of its
     queries, one after another: the same tokens and log-probs as generate's prefill at once, for fresh
     slots and for slots that reuse a prefix (each row's queries at its own slots)."""
-    # Qwen3-4B on one GPU, the largest insert (2048 tokens over 3072 slots) into 8 slots of 32 heads:
-    # 6 GiB of scores at once, 0.19 GiB in chunks of 64 queries.
-    assert transformer.query_chunk(2048, 3072, 8, 32) == 64 and transformer.query_chunk(64, 96, 4, 4) == 64
+    # Qwen3-4B on one GPU, the largest insert (2048 tokens over the 6144-slot cache) into 8 slots of 32
+    # heads: 12 GiB of scores at once, 0.19 GiB in chunks of 32 queries.
+    assert transformer.query_chunk(2048, 6144, 8, 32) == 32 and transformer.query_chunk(64, 96, 4, 4) == 64
     sampler = Sampler(CFG, max_prompt_len=96, max_cache_len=256)
     first = _prompts(16, seed=3)
     want_first = sampler.generate(params, first, SP, seed=4, row_ids=range(16))
@@ -253,12 +253,22 @@ def test_clear_errors(params):
         engine.forget()
 
 
-def test_the_largest_insert_reuses_a_prefix_into_a_larger_window():
-    """A 128-token prompt whose first 63 tokens are cached: its block still buckets to 128 tokens but
-    reaches slot 191, so it attends over the 192-slot window (more scores than a fresh prompt's 128 x
-    128, or a 64-token block's)."""
-    from spiral_jax.sampling.buckets import engine_windows, largest_insert
-
-    assert engine_windows(256) == [64, 96, 128, 192, 256]
-    assert largest_insert(128, 16, 256) == (128, 192)
-    assert largest_insert(2048, 16, 6144) == (2048, 3072)
+def test_an_insert_compiles_per_rows_and_block_not_per_prefix(params):
+    """A game's turns reuse ever longer prefixes in their slot. An insert attends over the whole cache,
+    so turns whose new tokens fill the same block bucket run one insert program however far up the
+    cache they start (a window per insert would compile one for each of the 64, 96, 128 and 144-slot
+    windows here); and each turn samples what generate samples from its whole prompt."""
+    engine_module._programs.cache_clear()
+    sampler = Sampler(CFG, max_prompt_len=128, max_cache_len=144)
+    sp = SamplingParams(max_new_tokens=12, temperature=0.9, stop_token_ids=frozenset({0, 1}))
+    engine = DecodeEngine(sampler, sp, 1)
+    assert engine.windows == [64, 96, 128, 144]
+    rng = np.random.default_rng(6)
+    prompt, starts = rng.integers(8, 64, 10).tolist(), []
+    while len(prompt) <= 128:
+        starts.append(len(engine.cached[0]))
+        turn = _run(engine, params, [Request(prompt, 7, len(starts))])[len(starts)]
+        assert turn.tokens == sampler.generate(params, [prompt], sp, seed=7, row_ids=[len(starts)]).tokens[0]
+        prompt = prompt + turn.tokens + rng.integers(8, 64, 4).tolist()  # the answer, then the next observation
+    assert max(starts) > 96 and engine._programs.insert._cache_size() == 1, starts
+    engine_module._programs.cache_clear()
