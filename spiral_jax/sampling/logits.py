@@ -162,9 +162,11 @@ def _cut_by_halving(rows: jax.Array, k: jax.Array, top_p: jax.Array, settled: ja
         key = _least_key(lambda key: (count_above(key) < k) | (key >= top_key), top.shape)
         return key, mass_above(key) + (k - count_above(key)) * jnp.exp(_float(key) - top)
 
-    everything = (jnp.zeros(top.shape, jnp.uint32), rel.sum(1, keepdims=True))
-    no_top_k = jnp.all(settled | (k >= rows.shape[1]))
-    k_key, k_mass = kth() if cpu.platform() == "gpu" else jax.lax.cond(no_top_k, lambda: everything, kth)
+    if cpu.platform() == "gpu":
+        k_key, k_mass = kth()
+    else:
+        everything = lambda: (jnp.zeros(top.shape, jnp.uint32), rel.sum(1, keepdims=True))  # noqa: E731
+        k_key, k_mass = jax.lax.cond(jnp.all(settled | (k >= rows.shape[1])), everything, kth)
     p_key = _least_key(lambda key: (mass_above(key) < top_p * k_mass) | (top_p >= 1) | (key >= top_key), top.shape)
     return _float(jnp.maximum(k_key, p_key))
 
