@@ -3,7 +3,8 @@
 XLA compiles one program on about one core, and a real model's sampler program takes tens of seconds
 (its decode step unrolled over the layers on a GPU). A rollout meets its programs one after another,
 in a known order: a round of games starts at the full batch bucket, and later rounds have fewer games
-live, so the smaller buckets follow; a decode engine's rows grow into ever larger attention windows.
+live, so the smaller buckets follow; a decode engine's rows grow into ever larger attention windows,
+and its inserts after the first take fewer prompts and shorter blocks.
 Compiling those ahead, in parallel and while the accelerator runs the current call, takes most of
 the program making off a first step's critical path.
 

@@ -59,6 +59,14 @@ def engine_windows(cache_len: int) -> list[int]:
                   | {cache_len})
 
 
+def halvings(bucket: int, min_length: int) -> list[int]:
+    """`bucket` (a `bucket_length`) and the smaller buckets of at least `min_length` below it, largest first."""
+    out = [bucket]
+    while bucket_length(out[-1] // 2, min_length) == out[-1] // 2:
+        out.append(out[-1] // 2)
+    return out
+
+
 def insert_rows(prompts: int) -> int:
     """Rows of a decode engine's insert of `prompts` prompts (at most INSERT_ROWS): a power of two."""
     return bucket_length(min(prompts, INSERT_ROWS), 1)

@@ -41,7 +41,7 @@ from spiral_jax.models.transformer import KVCache, decoder, unembed
 from spiral_jax.sampling.finish import check_finite, finish_reason, finished_sees_first, row_stops
 from spiral_jax.sampling.ahead import CompileAhead
 from spiral_jax.sampling.logits import sample_token
-from spiral_jax.sampling.buckets import INSERT_ROWS, bucket_length, engine_windows, insert_rows
+from spiral_jax.sampling.buckets import INSERT_ROWS, bucket_length, engine_windows, halvings, insert_rows
 from spiral_jax.sampling.sampler import Sampler, SamplingParams
 from spiral_jax.sampling.setup import DecodeSetup
 from spiral_jax.sampling.stats import DecodeStats
@@ -199,13 +199,11 @@ class DecodeEngine:
         else:
             everywhere, empty = self.setup.rules.replicated(), self._programs.empty.lower().compile()
             state = placed(empty.out_info, empty.output_shardings)
-        host = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=everywhere)  # noqa: E731
-        rows = insert_rows(self.slots)
-        tokens = bucket_length(self.setup.max_prompt_len, self.setup.min_prompt_bucket)
-        ints, floats = host((rows,)), host((rows,), jnp.float32)
-        insert = self._programs.insert.lower(weights, state, ints, host((rows, tokens)), ints, ints, ints,
-                                             host((rows,), jnp.uint32), (floats, ints, floats, ints))
-        decode = self._programs.decode.lower(weights, state, host(()), host(()), window=self.cache_len)
+        host = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=everywhere)  # noqa: E731
+        arrays = _insert_arrays(insert_rows(self.slots), bucket_length(self.setup.max_prompt_len,
+                                                                       self.setup.min_prompt_bucket))
+        insert = self._programs.insert.lower(weights, state, *jax.tree.map(host, arrays))
+        decode = self._programs.decode.lower(weights, state, *map(host, (np.int32(0),) * 2), window=self.cache_len)
         return {"insert": insert, "decode": decode}
 
     def free_slots(self) -> list[int]:
@@ -258,17 +256,29 @@ class DecodeEngine:
     def _prefill(self, params, requests, chosen, starts, blocks, settings) -> None:
         """One insert program: each block after its slot's first `starts` cached tokens."""
         k, t = insert_rows(len(requests)), bucket_length(max(map(len, blocks)), self.setup.min_prompt_bucket)
-        block = np.zeros((k, t), np.int32)
-        lens, start_arr, slot_ids, top_k, max_new = np.zeros((5, k), np.int32)
-        (seeds, row_ids), (temperature, top_p) = np.zeros((2, k), np.uint32), np.zeros((2, k), np.float32)
+        arrays = _insert_arrays(k, t)
+        slot_ids, block, lens, start_arr, seeds, row_ids, (temperature, top_k, top_p, max_new) = arrays
         for i in range(k):  # padding rows repeat the first request: they compute and write the same
             j = i if i < len(requests) else 0
             block[i, :len(blocks[j])], lens[i], start_arr[i], slot_ids[i] = blocks[j], len(blocks[j]), starts[j], chosen[j]
             seeds[i], row_ids[i] = requests[j].seed % (1 << 31), requests[j].row_id % (1 << 32)
             sp = settings[j]
             temperature[i], top_k[i], top_p[i], max_new[i] = sp.temperature, sp.top_k, sp.top_p, sp.max_new_tokens
-        self.state = self._programs.insert(params, self.state, slot_ids, block, lens, start_arr, seeds, row_ids,
-                                           (temperature, top_k, top_p, max_new))
+        self._insert_ahead(params, k, t)
+        self.ahead.wait((self._programs, k, t))
+        self.state = self._programs.insert(params, self.state, *arrays)
+
+    def _insert_ahead(self, params, rows: int, tokens: int) -> None:
+        """Queue, for the `ahead` threads, the inserts of fewer rows than this one and of the next
+        shorter block: after a batch's first prompts, slots free one or two at a time, and a game's
+        later turns prefill only what it added since the slot's last turn. Each shape's first use
+        queues its next shorter block, not every smaller shape: most of those a run never meets, and
+        each is a compile of the whole model."""
+        shorter = halvings(tokens, self.setup.min_prompt_bucket)[1:2]
+        for k, t in [(k, tokens) for k in reversed(halvings(rows, 1)[1:])] + [(rows, t) for t in shorter]:
+            if self.ahead.workers and (key := (self._programs, k, t)) not in self.ahead:
+                self.ahead.submit(key, functools.partial(self._programs.insert.lower, params, self.state,
+                                                         *_insert_arrays(k, t)))
 
     def decode(self, params) -> list[Finished]:
         """Run decode steps until some rows finish; return them (their slots are free again)."""
@@ -305,6 +315,14 @@ class DecodeEngine:
         self.stats += DecodeStats(time.perf_counter() - start, generated, generated - len(out),
                                   int(steps) * self.slots)
         return out
+
+
+def _insert_arrays(k: int, t: int):
+    """An insert program's host arguments for k rows of t-token blocks, zeroed: slot ids, blocks, block
+    lengths, starts, seeds, row ids, and the settings (temperature, top_k, top_p, max_new)."""
+    ints = lambda *shape: np.zeros(shape or (k,), np.int32)  # noqa: E731
+    return (ints(), ints(k, t), ints(), ints(), np.zeros(k, np.uint32), np.zeros(k, np.uint32),
+            (np.zeros(k, np.float32), ints(), np.zeros(k, np.float32), ints()))
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:

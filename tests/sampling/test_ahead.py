@@ -148,7 +148,7 @@ def test_engine_compiles_the_windows_its_rows_grow_into_ahead():
     sampler = Sampler(cfg, max_prompt_len=64, max_cache_len=128, compile_ahead=2)
     engine = DecodeEngine(sampler, sp, 2, min_steps=2)  # 2 slots: shapes no other test in this file uses
     used, wait = [], engine.ahead.wait
-    engine.ahead.wait = lambda key: used.append(key[1]) or wait(key)
+    engine.ahead.wait = lambda key: (used.append(key[1]) if len(key) == 2 else None) or wait(key)  # windows
     start, queue, out = len(decodes), [Request(p, 2, i) for i, p in enumerate(prompts)], {}
     while queue or engine.live:
         free = len(engine.free_slots())
@@ -160,6 +160,50 @@ def test_engine_compiles_the_windows_its_rows_grow_into_ahead():
     sampler.ahead.join()
     assert len(decodes) - start == len(set(used) | set(queued)), "a window's decode program compiled twice"
     assert [out[i] for i in range(len(prompts))] == ref.tokens
+
+
+def test_engine_compiles_smaller_inserts_ahead():
+    """A decode engine's insert queues the inserts of fewer rows and of the next shorter block: a game's
+    next turns in its slot (one row, ever shorter blocks) then run programs compiled ahead, once each,
+    and sample what an engine that compiles nothing ahead does."""
+    from spiral_jax.models import init_params
+    from spiral_jax.sampling.engine import DecodeEngine, Request
+    from tests.tiny_models import TINY
+
+    cfg, sp = TINY.replace(max_position_embeddings=256), SamplingParams(max_new_tokens=8, temperature=0.7)
+    params = init_params(cfg, jax.random.key(2))
+    inserts = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, seconds, **kw: inserts.append(1) if event.endswith("backend_compile_duration")
+        and kw.get("fun_name") == "jit(insert)" else None)
+
+    def play(compile_ahead, slots):  # engines of the same shapes share their programs
+        sampler = Sampler(cfg, max_prompt_len=64, max_cache_len=128, compile_ahead=compile_ahead)
+        engine = DecodeEngine(sampler, sp, slots)
+        queued = lambda: {(k, t) for k in (1, 2, 4, 8) for t in (16, 32, 64)  # noqa: E731
+                          if (engine._programs, k, t) in engine.ahead}
+        prompts = [[5 + i] * (20 + i) for i in range(3)]  # 3 rows of 32-token blocks: insert (4, 32)
+        engine.insert(params, [Request(p, 1, i) for i, p in enumerate(prompts)])
+        seen, out = [queued()], {}
+        while engine.live:
+            out.update({f.request.row_id: f for f in engine.decode(params)})
+        compiled, game = [], out[1]
+        for row_id, new in [(7, 17), (8, 3)]:  # the game's next turns: a 32-token block, then a 16-token one
+            sampler.ahead.join()
+            before = len(inserts)
+            engine.insert(params, [Request(game.request.prompt + game.tokens + [9] * new, 1, row_id, slot=game.slot)])
+            seen.append(queued())
+            compiled.append(len(inserts) - before)
+            while engine.live:
+                (game,) = engine.decode(params)
+        return seen, compiled, [out[i].tokens for i in range(3)] + [game.tokens]
+
+    seen, compiled, tokens = play(2, 4)
+    assert seen[0] == {(1, 32), (2, 32), (4, 16)}, "fewer rows, and the next shorter block"
+    assert seen[1] - seen[0] == {(1, 16)} and seen[2] == seen[1]
+    assert compiled == [0, 0], "a turn's insert compiled ahead was compiled again"
+    plain_seen, plain_compiled, plain_tokens = play(0, 8)
+    assert plain_seen == [set()] * 3 and plain_compiled == [1, 1] and plain_tokens == tokens
 
 
 def test_close_drops_what_has_not_started_and_idle_threads_end(monkeypatch):
