@@ -74,7 +74,7 @@ from spiral_jax.run import Trainer
 from spiral_jax.rl.samples import pack
 from spiral_jax.run.setup import run_spec
 from spiral_jax.sampling import SamplingParams
-from spiral_jax.sampling import engine as engine_module
+from spiral_jax.sampling import engine_programs as engine_module
 from spiral_jax.sampling import sampler as sampler_module
 from spiral_jax.templates import Template
 

@@ -15,6 +15,8 @@ import pytest
 
 from spiral_jax.models import init_params
 from spiral_jax.sampling import Sampler, SamplingParams
+from spiral_jax.sampling.engine import DecodeEngine, Request
+from spiral_jax.sampling.engine_programs import engine_programs
 from tests.scripts import load_script
 from tests.tiny_models import TINY
 
@@ -149,8 +151,18 @@ def test_the_stop_token_is_drawn_with_the_stated_probability():
     with bench.stop_probability(stop, mean_tokens=8):
         biased = Sampler(TINY, max_prompt_len=16, max_cache_len=16 + 64)  # compiles its program in here
         lengths = np.array([len(t) for t in biased.generate(params, prompts, sp, seed=0).tokens])
+        # The decode engine's programs too (the continuous schedule's), for 128 of the prompts.
+        engine, queue, engine_lengths = DecodeEngine(biased, sp, 32), [Request(p, 0, i) for i, p in
+                                                                      enumerate(prompts[:128])], []
+        while queue or engine.live:
+            free = len(engine.free_slots())
+            engine.insert(params, queue[:free])
+            queue = queue[free:]
+            engine_lengths += [len(f.tokens) for f in engine.decode(params)]
+    engine_programs.cache_clear()  # the engine's programs, shared by shape, keep the bias
     expected, capped = bench.geometric_lengths(8, 64)
     assert abs(lengths.mean() / expected - 1) < 0.1, (lengths.mean(), expected)
+    assert len(engine_lengths) == 128 and abs(np.mean(engine_lengths) / expected - 1) < 0.3, np.mean(engine_lengths)
     assert capped < 1e-3 and lengths.max() < 64
     # Without it the random model almost never draws the one stop token among 64.
     sampler = Sampler(TINY, max_prompt_len=16, max_cache_len=16 + 64)

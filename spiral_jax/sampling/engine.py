@@ -29,40 +29,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from spiral_jax.models import transformer
 from spiral_jax.models.params import check_params
-from spiral_jax.models.transformer import KVCache, decoder, unembed
-from spiral_jax.sampling.finish import check_finite, finish_reason, finished_sees_first, row_stops
 from spiral_jax.sampling.ahead import CompileAhead
-from spiral_jax.sampling.logits import sample_token
 from spiral_jax.sampling.buckets import INSERT_ROWS, bucket_length, engine_windows, halvings, insert_rows
+from spiral_jax.sampling.engine_programs import engine_programs, insert_arrays
+from spiral_jax.sampling.finish import check_finite, finish_reason
 from spiral_jax.sampling.sampler import Sampler, SamplingParams
 from spiral_jax.sampling.setup import DecodeSetup
 from spiral_jax.sampling.stats import DecodeStats
-
-
-class EngineState(NamedTuple):
-    """Everything the compiled programs carry between calls, one row per slot."""
-
-    cache: KVCache  # [layers, slots, kv_heads, cache_len, head_dim]
-    length: jax.Array  # [slots] int32: cache slots holding this row's tokens = the next token's slot
-    last: jax.Array  # [slots] int32: the last sampled token, fed at the next step
-    step: jax.Array  # [slots] int32: tokens generated for the current prompt
-    done: jax.Array  # [slots] bool: finished (or never used)
-    keys: jax.Array  # [slots] PRNG keys of the current prompt
-    tokens: jax.Array  # [slots, budget] int32 generated ids
-    logprobs: jax.Array  # [slots, budget] float32 behaviour log-probs
-    raw_logprobs: jax.Array  # [slots, budget] float32 temperature-1 log-probs
-    temperature: jax.Array  # [slots] float32: each row's sampling settings
-    top_k: jax.Array  # [slots] int32
-    top_p: jax.Array  # [slots] float32
-    max_new: jax.Array  # [slots] int32: the row stops after this many new tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +72,9 @@ class DecodeEngine:
     """N decode slots for one set of parameters and one `SamplingParams`.
 
     sampler: the `Sampler` whose `setup` (model, sharding rules, prompt and cache limits, buckets) the
-        engine decodes with, and whose `ahead` threads compile the decode programs of the larger
-        windows its rows grow into; or that `DecodeSetup` itself (nothing compiled ahead).
+        engine decodes with, and whose `ahead` threads compile the programs it will likely run next
+        (the decode of each window its rows grow into, inserts of fewer rows and shorter blocks); or
+        that `DecodeSetup` itself (nothing compiled ahead).
     min_finished: `decode` returns once this many rows have finished since it was called (or none is
         left running); None: an eighth of the slots. Fewer means more host round trips, more means
         finished slots idle longer before new prompts take them.
@@ -128,7 +108,7 @@ class DecodeEngine:
                 f"max_prompt_len={setup.max_prompt_len} plus the {self.budget}-token budget is "
                 f"{self.cache_len} cache slots > max_cache_len={setup.max_cache_len}; lower "
                 f"max_new_tokens or max_prompt_len, or raise max_cache_len")
-        self._programs = _programs(setup.cfg, setup.rules, sampling.mode, tuple(sampling.stop_array()), slots,
+        self._programs = engine_programs(setup.cfg, setup.rules, sampling.mode, tuple(sampling.stop_array()), slots,
                                    self.cache_len, self.budget)
         self.ahead = sampler.ahead if isinstance(sampler, Sampler) else CompileAhead(0)
         self.state = None
@@ -200,7 +180,7 @@ class DecodeEngine:
             everywhere, empty = self.setup.rules.replicated(), self._programs.empty.lower().compile()
             state = placed(empty.out_info, empty.output_shardings)
         host = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=everywhere)  # noqa: E731
-        arrays = _insert_arrays(insert_rows(self.slots), bucket_length(self.setup.max_prompt_len,
+        arrays = insert_arrays(insert_rows(self.slots), bucket_length(self.setup.max_prompt_len,
                                                                        self.setup.min_prompt_bucket))
         insert = self._programs.insert.lower(weights, state, *jax.tree.map(host, arrays))
         decode = self._programs.decode.lower(weights, state, *map(host, (np.int32(0),) * 2), window=self.cache_len)
@@ -247,6 +227,7 @@ class DecodeEngine:
             self.cached[slot], self.busy[slot] = prompt, dataclasses.replace(r, slot=slot)
             self.lengths[slot] = len(prompt)
         params = self.setup.place(params)
+        self._decode_ahead(params)  # beside the insert's own program
         for first in range(0, len(requests), INSERT_ROWS):  # bounded transients: see INSERT_ROWS
             group = slice(first, first + INSERT_ROWS)
             self._prefill(params, requests[group], chosen[group], starts[group], blocks[group], settings[group])
@@ -256,7 +237,7 @@ class DecodeEngine:
     def _prefill(self, params, requests, chosen, starts, blocks, settings) -> None:
         """One insert program: each block after its slot's first `starts` cached tokens."""
         k, t = insert_rows(len(requests)), bucket_length(max(map(len, blocks)), self.setup.min_prompt_bucket)
-        arrays = _insert_arrays(k, t)
+        arrays = insert_arrays(k, t)
         slot_ids, block, lens, start_arr, seeds, row_ids, (temperature, top_k, top_p, max_new) = arrays
         for i in range(k):  # padding rows repeat the first request: they compute and write the same
             j = i if i < len(requests) else 0
@@ -278,7 +259,15 @@ class DecodeEngine:
         for k, t in [(k, tokens) for k in reversed(halvings(rows, 1)[1:])] + [(rows, t) for t in shorter]:
             if self.ahead.workers and (key := (self._programs, k, t)) not in self.ahead:
                 self.ahead.submit(key, functools.partial(self._programs.insert.lower, params, self.state,
-                                                         *_insert_arrays(k, t)))
+                                                         *insert_arrays(k, t)))
+
+    def _decode_ahead(self, params) -> None:
+        """Queue, for the `ahead` threads, the decode programs of the window the next decode takes and
+        of every larger one its rows grow into (the first calls run a few steps each: the smallest
+        window that holds their rows leaves room for `min_steps`)."""
+        for w in self.windows[self.windows.index(self._decode_window()[1]):]:
+            self.ahead.submit((self._programs, w), functools.partial(
+                self._programs.decode.lower, params, self.state, np.int32(0), np.int32(0), window=w))
 
     def decode(self, params) -> list[Finished]:
         """Run decode steps until some rows finish; return them (their slots are free again)."""
@@ -292,9 +281,6 @@ class DecodeEngine:
         self.ahead.wait((self._programs, window))
         self.state, steps = self._programs.decode(params, self.state, np.int32(min(self.min_finished, live)),
                                                  np.int32(max_steps), window=window)
-        for w in self.windows[self.windows.index(window) + 1:]:  # the windows rows grow into, compiled ahead
-            self.ahead.submit((self._programs, w), functools.partial(
-                self._programs.decode.lower, params, self.state, np.int32(0), np.int32(0), window=w))
         done, step, lengths = jax.device_get((self.state.done, self.state.step, self.state.length))
         self.lengths = lengths.tolist()
         ready = [s for s in range(self.slots) if self.busy[s] is not None and done[s]]
@@ -317,99 +303,6 @@ class DecodeEngine:
         return out
 
 
-def _insert_arrays(k: int, t: int):
-    """An insert program's host arguments for k rows of t-token blocks, zeroed: slot ids, blocks, block
-    lengths, starts, seeds, row ids, and the settings (temperature, top_k, top_p, max_new)."""
-    ints = lambda *shape: np.zeros(shape or (k,), np.int32)  # noqa: E731
-    return (ints(), ints(k, t), ints(), ints(), np.zeros(k, np.uint32), np.zeros(k, np.uint32),
-            (np.zeros(k, np.float32), ints(), np.zeros(k, np.float32), ints()))
-
-
 def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
     """How many leading tokens a and b share, at most `limit`."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y or i >= limit), min(len(a), len(b), limit))
-
-
-class _Programs(NamedTuple):
-    empty: object  # () -> EngineState
-    insert: object
-    decode: object
-
-
-@functools.lru_cache(maxsize=None)
-def _programs(cfg, rules, mode: str, stop_ids: tuple[int, ...], slots: int, cache_len: int, budget: int) -> _Programs:
-    """The engine's compiled programs, shared by every engine of the same shapes and sampling mode
-    (engines come and go with rollouts; their programs must not recompile)."""
-    stop_ids = np.asarray(stop_ids, np.int32)
-
-    pick = functools.partial(sample_token, mode=mode)
-
-    def sharded(x, axes):
-        return x if rules is None else jax.lax.with_sharding_constraint(x, rules.sharding(axes, x.shape))
-
-    def logits(params, hidden):
-        return unembed(params, cfg, hidden, local=rules is None)
-
-    def empty() -> EngineState:
-        cache = KVCache(*(sharded(c, transformer.CACHE_AXES) for c in KVCache.zeros(cfg, slots, cache_len)))
-        zeros = lambda dtype: sharded(jnp.zeros((slots, budget), dtype), ("batch", None))  # noqa: E731
-        ints, floats = jnp.zeros((slots,), jnp.int32), jnp.ones((slots,), jnp.float32)
-        return EngineState(cache, ints, ints, ints, jnp.ones((slots,), bool),
-                           jax.random.split(jax.random.key(0), slots), zeros(jnp.int32), zeros(jnp.float32),
-                           zeros(jnp.float32), floats, ints, floats, ints)
-
-    def insert(params, state: EngineState, slot_ids, block, lens, starts, seeds, row_ids, settings):
-        """Prefill `block` [k, T] (each row's new tokens, right-padded) after each slot's first `starts`
-        cached tokens, in place in the slots' rows of the cache, attending over the whole cache; sample
-        each first token and make the slots live. settings: each row's (temperature, top_k, top_p,
-        max_new). Rows past the requests repeat the first one (same slot, same values)."""
-        temperature, top_k, top_p, max_new = settings
-        k, t = block.shape
-        ends = starts + lens
-        mask = jnp.arange(cache_len)[None, :] < ends[:, None]
-        positions = starts[:, None] + jnp.arange(t)[None, :]
-        hidden, cache = decoder(params, cfg, block, positions, mask, state.cache, starts, rules, cache_rows=slot_ids)
-        last = hidden[jnp.arange(k), lens - 1]
-        keys = jax.vmap(lambda s, r: jax.random.fold_in(jax.random.key(s), r))(seeds, row_ids)
-        token, lp, raw = pick(logits(params, last), jax.vmap(jax.random.fold_in, (0, None))(keys, 0), temperature,
-                              top_k, top_p)
-        put = lambda x, new: x.at[slot_ids].set(new)  # noqa: E731
-        first = lambda new: jnp.zeros((k, budget), new.dtype).at[:, 0].set(new)  # noqa: E731
-        return EngineState(
-            cache, put(state.length, ends), put(state.last, token), put(state.step, jnp.ones_like(token)),
-            put(state.done, row_stops(token, 1, max_new, stop_ids)), put(state.keys, keys),
-            put(state.tokens, first(token)), put(state.logprobs, first(lp)), put(state.raw_logprobs, first(raw)),
-            put(state.temperature, temperature), put(state.top_k, top_k), put(state.top_p, top_p),
-            put(state.max_new, max_new))
-
-    def decode(params, state: EngineState, min_finished, max_steps, window):
-        """Decode steps until `min_finished` rows have finished, none is live, or `max_steps` ran,
-        attending over the first `window` cache slots. Returns the state and the number of steps run."""
-        rows = jnp.arange(slots)
-
-        def cond(carry):
-            i, st, finished = carry
-            return (i < max_steps) & ~jnp.all(st.done) & (finished < min_finished)
-
-        def body(carry):
-            i, st, finished = carry
-            live = ~st.done
-            mask = finished_sees_first(jnp.arange(cache_len)[None, :] <= st.length[:, None], st.done)
-            hidden, cache = decoder(params, cfg, st.last[:, None], st.length[:, None], mask, st.cache,
-                                    st.length, rules, kv_len=window)
-            token, lp, raw = pick(logits(params, hidden[:, 0]), jax.vmap(jax.random.fold_in)(st.keys, st.step),
-                                  st.temperature, st.top_k, st.top_p)
-            col = jnp.where(live, st.step, budget)  # finished rows write nowhere
-            step = st.step + live
-            stopped = live & row_stops(token, step, st.max_new, stop_ids)
-            st = st._replace(cache=cache, length=st.length + live, last=jnp.where(live, token, st.last), step=step,
-                             done=st.done | stopped, tokens=st.tokens.at[rows, col].set(token, mode="drop"),
-                             logprobs=st.logprobs.at[rows, col].set(lp, mode="drop"),
-                             raw_logprobs=st.raw_logprobs.at[rows, col].set(raw, mode="drop"))
-            return i + 1, st, finished + jnp.sum(stopped)
-
-        steps, state, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), state, jnp.int32(0)))
-        return state, steps
-
-    return _Programs(jax.jit(empty), jax.jit(insert, donate_argnums=(1,)),
-                     jax.jit(decode, donate_argnums=(1,), static_argnames=("window",)))

@@ -8,7 +8,7 @@ import pytest
 from spiral_jax.compilation import compile_count
 from spiral_jax.models import cpu, init_params, transformer
 from spiral_jax.sampling import Sampler, SamplingParams
-from spiral_jax.sampling import engine as engine_module
+from spiral_jax.sampling.engine_programs import engine_programs
 from spiral_jax.sampling.buckets import INSERT_ROWS
 from spiral_jax.sampling.engine import DecodeEngine, Request
 from spiral_jax.sharding import make_mesh
@@ -184,13 +184,13 @@ def test_inserts_past_the_score_budget_attend_in_query_chunks_alike(params, monk
     query_chunk = transformer.query_chunk
     monkeypatch.setattr(transformer, "SCORE_BYTES", 1)  # every block of more than 16 queries splits
     monkeypatch.setattr(transformer, "query_chunk", lambda *a: chunks.append((a[0], query_chunk(*a))) or chunks[-1][1])
-    engine_module._programs.cache_clear()  # traced afresh, under the small budget
+    engine_programs.cache_clear()  # traced afresh, under the small budget
     engine = DecodeEngine(sampler, SP, 16)
     _assert_same(_run(engine, params, [Request(p, 4, i, slot=i) for i, p in enumerate(first)]), want_first, range(16))
     _assert_same(_run(engine, params, [Request(p, 5, i, slot=i) for i, p in enumerate(second)]), want_second,
                  range(16))
     assert any(chunk < tokens for tokens, chunk in chunks) and all(chunk == 16 for t, chunk in chunks if t > 16)
-    engine_module._programs.cache_clear()
+    engine_programs.cache_clear()
 
 
 def test_no_recompilation_after_warm_up(params):
@@ -258,7 +258,7 @@ def test_an_insert_compiles_per_rows_and_block_not_per_prefix(params):
     so turns whose new tokens fill the same block bucket run one insert program however far up the
     cache they start (a window per insert would compile one for each of the 64, 96, 128 and 144-slot
     windows here); and each turn samples what generate samples from its whole prompt."""
-    engine_module._programs.cache_clear()
+    engine_programs.cache_clear()
     sampler = Sampler(CFG, max_prompt_len=128, max_cache_len=144)
     sp = SamplingParams(max_new_tokens=12, temperature=0.9, stop_token_ids=frozenset({0, 1}))
     engine = DecodeEngine(sampler, sp, 1)
@@ -271,4 +271,4 @@ def test_an_insert_compiles_per_rows_and_block_not_per_prefix(params):
         assert turn.tokens == sampler.generate(params, [prompt], sp, seed=7, row_ids=[len(starts)]).tokens[0]
         prompt = prompt + turn.tokens + rng.integers(8, 64, 4).tolist()  # the answer, then the next observation
     assert max(starts) > 96 and engine._programs.insert._cache_size() == 1, starts
-    engine_module._programs.cache_clear()
+    engine_programs.cache_clear()
