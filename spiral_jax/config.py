@@ -24,8 +24,8 @@ def base_config() -> ConfigDict:
     # XLA's persistent compilation cache for train, eval and serve (spiral_jax/compilation.py): a run
     # that meets programs compiled before loads them. Empty: off; JAX_COMPILATION_CACHE_DIR wins.
     c.compile_cache_dir = "~/.cache/spiral_jax/xla"
-    # Threads that compile the sampler's smaller batch buckets and the decode engine's larger windows
-    # while a call runs, and the train step while the old-log-prob pass compiles and runs
+    # Threads that compile the sampler's smaller batch buckets, and the decode engine's larger windows
+    # and smaller inserts, while a call runs, and the train step while the old-log-prob pass compiles and runs
     # (spiral_jax/sampling/ahead.py). -1: half the host's cores, at most 8, on a GPU or TPU, none on a
     # CPU; 0: off.
     c.compile_ahead = -1
