@@ -255,9 +255,11 @@ class DecodeEngine:
         later turns prefill only what it added since the slot's last turn. Each shape's first use
         queues its next shorter block, not every smaller shape: most of those a run never meets, and
         each is a compile of the whole model."""
+        if not self.ahead.workers:
+            return
         shorter = halvings(tokens, self.setup.min_prompt_bucket)[1:2]
         for k, t in [(k, tokens) for k in reversed(halvings(rows, 1)[1:])] + [(rows, t) for t in shorter]:
-            if self.ahead.workers and (key := (self._programs, k, t)) not in self.ahead:
+            if (key := (self._programs, k, t)) not in self.ahead:
                 self.ahead.submit(key, functools.partial(self._programs.insert.lower, params, self.state,
                                                          *insert_arrays(k, t)))
 
@@ -265,6 +267,8 @@ class DecodeEngine:
         """Queue, for the `ahead` threads, the decode programs of the window the next decode takes and
         of every larger one its rows grow into (the first calls run a few steps each: the smallest
         window that holds their rows leaves room for `min_steps`)."""
+        if not self.ahead.workers:
+            return
         for w in self.windows[self.windows.index(self._decode_window()[1]):]:
             self.ahead.submit((self._programs, w), functools.partial(
                 self._programs.decode.lower, params, self.state, np.int32(0), np.int32(0), window=w))
