@@ -65,9 +65,10 @@ class CompileAhead:
     """A queue of programs to compile, worked by `workers` daemon threads (0: never compile ahead).
 
     submit(key, lower) queues `lower().compile()` once per key; `lower` runs on the worker under the
-    submitter's context variables (what platform a program is traced for, say). wait(key) returns
-    once that key's compile has ended; at once for a key never submitted, and for one still queued,
-    which it drops (the caller's own call compiles it)."""
+    submitter's context variables (what platform a program is traced for, say), and may return None
+    to withdraw the job (what it would lower for is gone): its key may then be submitted again.
+    wait(key) returns once that key's compile has ended; at once for a key never submitted, and for
+    one still queued, which it drops (the caller's own call compiles it)."""
 
     def __init__(self, workers: int):
         self.workers = workers
@@ -79,7 +80,7 @@ class CompileAhead:
         self._closed = False
 
     def __contains__(self, key: Hashable) -> bool:
-        """Whether `key` was queued."""
+        """Whether `key` was queued (and not withdrawn)."""
         return key in self._ended
 
     def submit(self, key: Hashable, lower: Callable[[], jax.stages.Lowered]) -> bool:
@@ -143,13 +144,18 @@ class CompileAhead:
             with self._lock:  # a job a caller took is left to the caller's own call
                 mine = key in self._queued
                 self._queued.discard(key)
+                ended = self._ended[key]
             try:
                 if mine and not self._closed:
                     lowered = context.run(lower)
                     lower = None  # what it holds (the parameters) is not needed to compile
-                    context.run(lowered.compile)
+                    if lowered is None:  # withdrawn: a later submit queues it again
+                        with self._lock:
+                            del self._ended[key]
+                    else:
+                        context.run(lowered.compile)
             except Exception:  # noqa: BLE001 - the caller's own call compiles it, and raises there
                 pass
             finally:
                 lower = lowered = None  # nothing of the job outlives it, while the thread idles
-                self._ended[key].set()
+                ended.set()

@@ -112,6 +112,7 @@ class DecodeEngine:
                                    self.cache_len, self.budget)
         self.ahead = sampler.ahead if isinstance(sampler, Sampler) else CompileAhead(0)
         self.state = None
+        self._ahead_params = None  # the weights the `ahead` threads lower for, until `forget`
         self.cached: list[list[int]] = [[] for _ in range(slots)]  # the tokens each slot's cache holds
         self.busy: list[Request | None] = [None] * slots
         self.lengths = [0] * slots  # tokens in each slot's cache (as of the last call)
@@ -134,7 +135,7 @@ class DecodeEngine:
         memory is needed elsewhere (a training step's update). The next insert starts a new cache."""
         if any(r is not None for r in self.busy):
             raise RuntimeError("forget() with prompts still decoding; collect them first")
-        self.state = None
+        self.state = self._ahead_params = None
         self.cached = [[] for _ in range(self.slots)]
 
     def _settings(self, r: Request) -> SamplingParams:
@@ -227,7 +228,9 @@ class DecodeEngine:
             self.cached[slot], self.busy[slot] = prompt, dataclasses.replace(r, slot=slot)
             self.lengths[slot] = len(prompt)
         params = self.setup.place(params)
-        self._decode_ahead(params)  # beside the insert's own program
+        if self.ahead.workers:
+            self._ahead_params = params
+        self._decode_ahead()  # beside the insert's own program
         for first in range(0, len(requests), INSERT_ROWS):  # bounded transients: see INSERT_ROWS
             group = slice(first, first + INSERT_ROWS)
             self._prefill(params, requests[group], chosen[group], starts[group], blocks[group], settings[group])
@@ -245,11 +248,21 @@ class DecodeEngine:
             seeds[i], row_ids[i] = requests[j].seed % (1 << 31), requests[j].row_id % (1 << 32)
             sp = settings[j]
             temperature[i], top_k[i], top_p[i], max_new[i] = sp.temperature, sp.top_k, sp.top_p, sp.max_new_tokens
-        self._insert_ahead(params, k, t)
+        self._insert_ahead(k, t)
         self.ahead.wait((self._programs, k, t))
         self.state = self._programs.insert(params, self.state, *arrays)
 
-    def _insert_ahead(self, params, rows: int, tokens: int) -> None:
+    def _lower(self, program, *args, **static) -> jax.stages.Lowered | None:
+        """`program` lowered, on an `ahead` thread, for the weights and cache the engine holds when the
+        thread takes the job (a later call of the same types runs it); None, withdrawing the job, once
+        `forget` has dropped them. A job queued near a rollout's end so holds no copy of the weights
+        (a rollout casts its own) into the training step."""
+        params, state = self._ahead_params, self.state
+        if params is None or state is None:
+            return None
+        return program.lower(params, state, *args, **static)
+
+    def _insert_ahead(self, rows: int, tokens: int) -> None:
         """Queue, for the `ahead` threads, the inserts of fewer rows than this one and of the next
         shorter block: after a batch's first prompts, slots free one or two at a time, and a game's
         later turns prefill only what it added since the slot's last turn. Each shape's first use
@@ -260,10 +273,9 @@ class DecodeEngine:
         shorter = halvings(tokens, self.setup.min_prompt_bucket)[1:2]
         for k, t in [(k, tokens) for k in reversed(halvings(rows, 1)[1:])] + [(rows, t) for t in shorter]:
             if (key := (self._programs, k, t)) not in self.ahead:
-                self.ahead.submit(key, functools.partial(self._programs.insert.lower, params, self.state,
-                                                         *insert_arrays(k, t)))
+                self.ahead.submit(key, functools.partial(self._lower, self._programs.insert, *insert_arrays(k, t)))
 
-    def _decode_ahead(self, params) -> None:
+    def _decode_ahead(self) -> None:
         """Queue, for the `ahead` threads, the decode programs of the window the next decode takes and
         of every larger one its rows grow into (the first calls run a few steps each: the smallest
         window that holds their rows leaves room for `min_steps`)."""
@@ -271,7 +283,7 @@ class DecodeEngine:
             return
         for w in self.windows[self.windows.index(self._decode_window()[1]):]:
             self.ahead.submit((self._programs, w), functools.partial(
-                self._programs.decode.lower, params, self.state, np.int32(0), np.int32(0), window=w))
+                self._lower, self._programs.decode, np.int32(0), np.int32(0), window=w))
 
     def decode(self, params) -> list[Finished]:
         """Run decode steps until some rows finish; return them (their slots are free again)."""

@@ -1,7 +1,9 @@
 """Compiling ahead: the sampler's smaller batch buckets compile on background threads, once each, and
 the calls that need them later run those programs without compiling again."""
+import gc
 import threading
 import time
+import weakref
 
 import jax
 import pytest
@@ -79,7 +81,8 @@ def _gated(gate: threading.Event, compiled: list):
 
 
 def test_compile_ahead_queue():
-    """Each key is compiled once; a failed compile is dropped; the job sees the submitter's context."""
+    """Each key is compiled once; a failed compile is dropped; a job whose lowering returns None is
+    withdrawn, to be queued again; the job sees the submitter's context."""
     ahead = CompileAhead(workers=2)
     seen, gate = [], threading.Event()
 
@@ -97,11 +100,13 @@ def test_compile_ahead_queue():
         assert ahead.submit("a", Lowered)
     assert not ahead.submit("a", Lowered), "a key is queued once"
     assert ahead.submit("b", lambda: Lowered(fail=True))
+    assert ahead.submit("gone", lambda: None)
     assert "a" in ahead and "b" in ahead and "c" not in ahead
     gate.set()
     assert ahead.join(5)
     ahead.wait("c")  # never queued: no wait
     assert seen == ["tpu"]
+    assert "gone" not in ahead and ahead.submit("gone", Lowered) and ahead.join(5) and seen == ["tpu", "cpu"]
     assert not CompileAhead(workers=0).submit("a", Lowered)
 
 
@@ -206,6 +211,40 @@ def test_engine_compiles_smaller_inserts_ahead():
     assert compiled == [0, 0], "a turn's insert compiled ahead was compiled again"
     plain_seen, plain_compiled, plain_tokens = play(0, 8)
     assert plain_seen == [set()] * 3 and plain_compiled == [1, 1] and plain_tokens == tokens
+
+
+def test_an_engine_job_not_begun_when_it_forgets_holds_no_weights_and_is_queued_again():
+    """A job no thread has begun when the engine forgets its cache (a rollout's end) is withdrawn: the
+    queue holds neither the weights (a rollout casts its own copy) nor the cache into the training
+    step, and the next insert queues the job again."""
+    from spiral_jax.models import init_params
+    from spiral_jax.sampling.engine import DecodeEngine, Request
+    from tests.tiny_models import TINY
+
+    cfg, sp = TINY.replace(max_position_embeddings=256), SamplingParams(max_new_tokens=8, temperature=0.7)
+    sampler = Sampler(cfg, max_prompt_len=64, max_cache_len=128, compile_ahead=1)
+    gate, compiled, began = threading.Event(), [], threading.Event()
+    sampler.ahead.submit("busy", lambda: began.set() or _gated(gate, compiled)("busy"))
+    assert began.wait(30)  # the one thread waits at the gate: the engine's jobs stay queued
+    engine = DecodeEngine(sampler, sp, 4)  # the shapes of test_engine_compiles_smaller_inserts_ahead
+    inserts = {(engine._programs, k, t) for k, t in [(1, 32), (2, 32), (4, 16)]}
+    requests = [Request([5 + i] * (20 + i), 1, i) for i in range(3)]  # insert (4, 32)
+    params = init_params(cfg, jax.random.key(2))
+    weights = weakref.ref(params["embed"])
+    engine.insert(params, requests)
+    while engine.live:
+        engine.decode(params)
+    assert all(key in sampler.ahead for key in inserts)
+    engine.forget()
+    del params
+    gc.collect()
+    assert weights() is None, "a queued job holds the weights"
+    gate.set()
+    assert sampler.ahead.join(30) and compiled == ["busy"]
+    assert not any(key in sampler.ahead for key in inserts), "withdrawn, to be queued again"
+    engine.insert(init_params(cfg, jax.random.key(3)), requests)
+    assert all(key in sampler.ahead for key in inserts)
+    assert sampler.ahead.join(60)
 
 
 def test_close_drops_what_has_not_started_and_idle_threads_end(monkeypatch):
