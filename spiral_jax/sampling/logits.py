@@ -133,11 +133,19 @@ def _float(key: jax.Array) -> jax.Array:
 
 def _least_key(holds, shape: tuple[int, ...]) -> jax.Array:
     """The least key where holds(key) is true, per row, for a predicate that holds at every key above
-    one where it holds: 32 halvings of the key space, each one evaluation."""
+    one where it holds: 32 halvings of the key space, each one evaluation. A loop on CPU and TPU, which
+    compiles one halving instead of 32 and runs as fast; unrolled on GPUs, where XLA reads a loop's
+    condition back to the host every iteration."""
+    def halve(i, key):  # fixes the key's bit 31 - i
+        bit = jnp.uint32(1 << 31) >> jnp.asarray(i, jnp.uint32)
+        below = key | (bit - 1)  # the largest key under the bits fixed so far, this one 0
+        return jnp.where(holds(below), key, key | bit)
+
     key = jnp.zeros(shape, jnp.uint32)
-    for bit in reversed(range(32)):
-        below = key | jnp.uint32((1 << bit) - 1)  # the largest key under the bits fixed so far, this one 0
-        key = jnp.where(holds(below), key, key | jnp.uint32(1 << bit))
+    if cpu.platform() != "gpu":
+        return jax.lax.fori_loop(0, 32, halve, key)
+    for i in range(32):
+        key = halve(i, key)
     return key
 
 
