@@ -74,7 +74,7 @@ from spiral_jax.run import Trainer
 from spiral_jax.rl.samples import pack
 from spiral_jax.run.setup import run_spec
 from spiral_jax.sampling import SamplingParams
-from spiral_jax.sampling import engine_programs as engine_module
+from spiral_jax.sampling import engine_programs
 from spiral_jax.sampling import sampler as sampler_module
 from spiral_jax.templates import Template
 
@@ -139,11 +139,11 @@ def stop_probability(stop_id: int, mean_tokens: float):
         rest = jax.nn.logsumexp(logits.at[..., stop_id].set(-jnp.inf), axis=-1)
         return logits.at[..., stop_id].set(rest + bias)
 
-    sampler_module.unembed = engine_module.unembed = unembed
+    sampler_module.unembed = engine_programs.unembed = unembed
     try:
         yield
     finally:
-        sampler_module.unembed = engine_module.unembed = plain
+        sampler_module.unembed = engine_programs.unembed = plain
 
 
 def geometric_lengths(mean_tokens: float, cap: int) -> tuple[float, float]:
