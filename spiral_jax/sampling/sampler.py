@@ -266,14 +266,26 @@ class Sampler:
         if not self.ahead.workers:
             return
         plen, slots = self._buckets([[0] * longest], sp)
+        held = _held_weakly(params)
         rows = batch // 2
         while rows >= self.min_batch_bucket and batch_bucket(rows, self.min_batch_bucket) == rows:
             if (key := ((rows, plen), slots, sp.mode)) not in self.ahead:
-                # The parameters themselves, not their shapes: a call with uncommitted arrays runs only
-                # a program lowered for such arrays (lowering reads their types: a donated one will do).
-                args, static = self._arguments(params, [[0] * longest] * rows, sp, 0, None)
-                self.ahead.submit(key, functools.partial(self._program.lower, *args, **static))
+                self.ahead.submit(key, functools.partial(self._lower_ahead, held, [[0] * longest] * rows, sp))
             rows //= 2
+
+    def _lower_ahead(self, held, prompts, sp: SamplingParams) -> jax.stages.Lowered | None:
+        """The program for these prompts, lowered on an `ahead` thread for the caller's parameters while
+        they live (a later call with arrays of the same types runs it); None, withdrawing the job, once
+        the caller has dropped them. A job no thread takes before a rollout's end so holds no copy of
+        the weights (a rollout casts its own) into the training step.
+
+        The parameters themselves, not their shapes: a call with uncommitted arrays runs only a program
+        lowered for such arrays (lowering reads their types: a donated one will do)."""
+        params = held()
+        if params is None:
+            return None
+        args, static = self._arguments(params, prompts, sp, 0, None)
+        return self._program.lower(*args, **static)
 
     def lower(self, params, prompts: Sequence[Sequence[int]], sampling_params: SamplingParams) -> jax.stages.Lowered:
         """The program `generate` runs for these prompts, lowered (not run): for its compiled memory
@@ -318,6 +330,19 @@ class Sampler:
                 np.int32(sp.max_new_tokens), np.float32(sp.temperature), np.int32(sp.top_k), np.float32(sp.top_p),
                 sp.stop_array())
         return args, dict(slots=slots, mode=sp.mode)
+
+
+def _held_weakly(tree):
+    """A function that returns `tree` while every array in it is alive, else None: what holds the
+    parameters for a queued compile without keeping them alive."""
+    leaves, treedef = jax.tree.flatten(tree)
+    refs = [weakref.ref(x) for x in leaves]
+
+    def get():
+        alive = [r() for r in refs]
+        return None if any(x is None for x in alive) else jax.tree.unflatten(treedef, alive)
+
+    return get
 
 
 def _program_key(args, static) -> tuple:

@@ -213,6 +213,35 @@ def test_engine_compiles_smaller_inserts_ahead():
     assert plain_seen == [set()] * 3 and plain_compiled == [1, 1] and plain_tokens == tokens
 
 
+def test_a_sampler_job_not_begun_when_its_caller_drops_the_weights_holds_none_and_is_queued_again(qwen3):
+    """A smaller batch bucket queued by a round's call holds the caller's parameters weakly: once the
+    caller drops them (a rollout's cast copy at its end) they are freed, the job is withdrawn when a
+    thread takes it, and a later call queues it again."""
+    cfg, weights = qwen3
+    sp = SamplingParams(max_new_tokens=4, greedy=True)
+    sampler = Sampler(cfg, compile_ahead=1)
+    gate, compiled, began = threading.Event(), [], threading.Event()
+    sampler.ahead.submit("busy", lambda: began.set() or _gated(gate, compiled)("busy"))
+    assert began.wait(30)  # the one thread waits at the gate: the sampler's jobs stay queued
+    queued = [((rows, 32), 32 + 4, "greedy") for rows in (2, 1)]
+    params = jax.tree.map(lambda x: x + 0, weights)  # a copy, as a rollout's cast is
+    copy = weakref.ref(params["embed"])
+    sampler.generate(params, PROMPTS, sp)
+    assert all(key in sampler.ahead for key in queued)
+    del params
+    gc.collect()
+    assert copy() is None, "a queued job holds the weights"
+    gate.set()
+    assert sampler.ahead.join(30) and compiled == ["busy"]
+    assert not any(key in sampler.ahead for key in queued), "withdrawn, to be queued again"
+    sampler.generate(weights, PROMPTS, sp)
+    assert all(key in sampler.ahead for key in queued)
+    assert sampler.ahead.join(60)
+    before = compile_count()
+    sampler.generate(weights, PROMPTS[2:], sp)  # the 20-token prompt keeps the prompt bucket
+    assert compile_count() == before, "the program queued again was compiled ahead"
+
+
 def test_an_engine_job_not_begun_when_it_forgets_holds_no_weights_and_is_queued_again():
     """A job no thread has begun when the engine forgets its cache (a rollout's end) is withdrawn: the
     queue holds neither the weights (a rollout casts its own copy) nor the cache into the training
