@@ -335,8 +335,14 @@ class Sampler:
 def _held_weakly(tree):
     """A function that returns `tree` while every array in it is alive, else None: what holds the
     parameters for a queued compile without keeping them alive."""
+    def ref(x):
+        try:
+            return weakref.ref(x)
+        except TypeError:  # a scalar (no weak references): nothing worth freeing
+            return lambda: x
+
     leaves, treedef = jax.tree.flatten(tree)
-    refs = [weakref.ref(x) for x in leaves]
+    refs = [ref(x) for x in leaves]
 
     def get():
         alive = [r() for r in refs]
