@@ -277,7 +277,7 @@ class Sampler:
         """The program for these prompts, lowered on an `ahead` thread for the caller's parameters while
         they live (a later call with arrays of the same types runs it); None, withdrawing the job, once
         the caller has dropped them. A job no thread takes before a rollout's end so holds no copy of
-        the weights (a rollout casts its own) into the training step.
+        the weights made for sampling (merged LoRA weights, the sampling layout's) into the training step.
 
         The parameters themselves, not their shapes: a call with uncommitted arrays runs only a program
         lowered for such arrays (lowering reads their types: a donated one will do)."""
