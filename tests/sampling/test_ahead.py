@@ -80,6 +80,15 @@ def _gated(gate: threading.Event, compiled: list):
     return Lowered
 
 
+def _busy(ahead: CompileAhead) -> tuple[threading.Event, list]:
+    """Occupy `ahead`'s one thread with a compile that waits at the returned gate, so that what is
+    submitted next stays queued; (the gate, the names compiled)."""
+    gate, compiled, began = threading.Event(), [], threading.Event()
+    ahead.submit("busy", lambda: began.set() or _gated(gate, compiled)("busy"))
+    assert began.wait(30)
+    return gate, compiled
+
+
 def test_compile_ahead_queue():
     """Each key is compiled once; a failed compile is dropped; a job whose lowering returns None is
     withdrawn, to be queued again; the job sees the submitter's context."""
@@ -220,9 +229,7 @@ def test_a_sampler_job_not_begun_when_its_caller_drops_the_weights_holds_none_an
     cfg, weights = qwen3
     sp = SamplingParams(max_new_tokens=4, greedy=True)
     sampler = Sampler(cfg, compile_ahead=1)
-    gate, compiled, began = threading.Event(), [], threading.Event()
-    sampler.ahead.submit("busy", lambda: began.set() or _gated(gate, compiled)("busy"))
-    assert began.wait(30)  # the one thread waits at the gate: the sampler's jobs stay queued
+    gate, compiled = _busy(sampler.ahead)  # the sampler's jobs stay queued
     queued = [((rows, 32), 32 + 4, "greedy") for rows in (2, 1)]
     params = jax.tree.map(lambda x: x + 0, weights)  # a copy, as a rollout's cast is
     copy = weakref.ref(params["embed"])
@@ -252,9 +259,7 @@ def test_an_engine_job_not_begun_when_it_forgets_holds_no_weights_and_is_queued_
 
     cfg, sp = TINY.replace(max_position_embeddings=256), SamplingParams(max_new_tokens=8, temperature=0.7)
     sampler = Sampler(cfg, max_prompt_len=64, max_cache_len=128, compile_ahead=1)
-    gate, compiled, began = threading.Event(), [], threading.Event()
-    sampler.ahead.submit("busy", lambda: began.set() or _gated(gate, compiled)("busy"))
-    assert began.wait(30)  # the one thread waits at the gate: the engine's jobs stay queued
+    gate, compiled = _busy(sampler.ahead)  # the engine's jobs stay queued
     engine = DecodeEngine(sampler, sp, 4)  # the shapes of test_engine_compiles_smaller_inserts_ahead
     inserts = {(engine._programs, k, t) for k, t in [(1, 32), (2, 32), (4, 16)]}
     requests = [Request([5 + i] * (20 + i), 1, i) for i in range(3)]  # insert (4, 32)
