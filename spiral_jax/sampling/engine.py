@@ -210,6 +210,8 @@ class DecodeEngine:
         chosen = []
         for r in requests:
             if r.slot is not None:
+                if not 0 <= r.slot < self.slots:
+                    raise ValueError(f"slot {r.slot} is outside the engine's {self.slots} slots (0 to {self.slots - 1})")
                 if self.busy[r.slot] is not None or r.slot in chosen:
                     raise ValueError(f"slot {r.slot} is not free")
                 chosen.append(r.slot)
@@ -245,7 +247,7 @@ class DecodeEngine:
         for i in range(k):  # padding rows repeat the first request: they compute and write the same
             j = i if i < len(requests) else 0
             block[i, :len(blocks[j])], lens[i], start_arr[i], slot_ids[i] = blocks[j], len(blocks[j]), starts[j], chosen[j]
-            seeds[i], row_ids[i] = requests[j].seed % (1 << 31), requests[j].row_id % (1 << 32)
+            seeds[i], row_ids[i] = requests[j].seed % (1 << 32), requests[j].row_id % (1 << 32)
             sp = settings[j]
             temperature[i], top_k[i], top_p[i], max_new[i] = sp.temperature, sp.top_k, sp.top_p, sp.max_new_tokens
         self._insert_ahead(k, t)

@@ -41,6 +41,9 @@ from spiral_jax.sampling.setup import DecodeSetup
 from spiral_jax.sampling.stats import DecodeStats
 
 _MAX_STOP_IDS = 8
+# Below this temperature, float32 logits divided by it lose their precision or overflow to inf (NaN
+# probabilities); the argmax (greedy=True) is what such a temperature asks for.
+MIN_TEMPERATURE = 1e-5
 _transpose = jax.jit(jnp.transpose)
 
 
@@ -59,12 +62,15 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", frozenset(int(t) for t in self.stop_token_ids))
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not self.greedy and not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not self.greedy and not self.temperature >= MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be at least {MIN_TEMPERATURE} (use greedy=True for argmax), "
+                             f"got {self.temperature}")
+        if not (np.float32(self.top_p) > 0 and self.top_p <= 1):  # the programs take it as a float32
+            raise ValueError(f"top_p must be in (0, 1] and not round to 0 in float32, got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        # The programs take top_k as an int32; a cut past the vocabulary keeps all of it either way.
+        object.__setattr__(self, "top_k", min(int(self.top_k), np.iinfo(np.int32).max))
         if len(self.stop_token_ids) > _MAX_STOP_IDS:
             raise ValueError(f"at most {_MAX_STOP_IDS} stop token ids, got {len(self.stop_token_ids)}")
 
@@ -129,6 +135,8 @@ class Sampler:
                  first_window: int = 256, compile_ahead: int | None = None):
         self.setup = DecodeSetup.create(cfg, mesh, max_prompt_len, max_cache_len, min_prompt_bucket,
                                         min_batch_bucket)
+        if first_window < 1:
+            raise ValueError(f"first_window must be >= 1 new-token slots, got {first_window}")
         self.first_window = first_window
         self.ahead = CompileAhead(auto_workers(cpu.platform()) if compile_ahead is None else compile_ahead)
         self._table_t = (None, None)  # (weak reference to an unembedding table, its transposed copy)
@@ -163,7 +171,7 @@ class Sampler:
 
         @functools.partial(jax.jit, static_argnames=("slots", "mode"))
         def program(params, table_t, prompt, prompt_mask, key, row_ids, max_new, temperature, top_k, top_p,
-                    stop_ids, *, slots, mode):
+                    stop_ids, real_rows, *, slots, mode):
             batch, plen = prompt.shape
             budget = slots - plen  # output buffer length (the new-token bucket)
             params = decode_weights(params, cfg)  # once per call, not per decode step
@@ -187,8 +195,9 @@ class Sampler:
                 step=jnp.int32(1), tokens=jnp.zeros((batch, budget), jnp.int32).at[:, 0].set(token),
                 logprobs=jnp.zeros((batch, budget), jnp.float32).at[:, 0].set(lp),
                 raw_logprobs=jnp.zeros((batch, budget), jnp.float32).at[:, 0].set(raw),
-                done=row_stops(token, 1, max_new, stop_ids), lengths=jnp.ones((batch,), jnp.int32), cache=cache,
-                kv_mask=kv_mask)
+                # The batch bucket's padding rows start done: the loop ends when the real rows do.
+                done=row_stops(token, 1, max_new, stop_ids) | (jnp.arange(batch) >= real_rows),
+                lengths=jnp.ones((batch,), jnp.int32), cache=cache, kv_mask=kv_mask)
             next_pos = positions[:, -1] + 1
 
             def decode(state: _DecodeState, window: int) -> _DecodeState:
@@ -328,7 +337,7 @@ class Sampler:
             prompt, mask = jax.device_put(prompt, rows), jax.device_put(mask, rows)
         args = (params, self._one_row_table(params, batch), prompt, mask, jax.random.key(seed), ids,
                 np.int32(sp.max_new_tokens), np.float32(sp.temperature), np.int32(sp.top_k), np.float32(sp.top_p),
-                sp.stop_array())
+                sp.stop_array(), np.int32(n))
         return args, dict(slots=slots, mode=sp.mode)
 
 

@@ -21,6 +21,9 @@ def sequence_logprobs(params, cfg, pairs: Sequence[tuple[Sequence[int], Sequence
     """log p(continuation | prompt) for each (prompt ids, continuation ids) pair, in one forward
     pass. Rows are left padded to a multiple of `bucket` and their count to a power of two, so
     repeated calls reuse a few compiled programs."""
+    if empty := [i for i, (p, _) in enumerate(pairs) if not len(p)]:
+        raise ValueError(f"pair {empty[0]} has an empty prompt: its first continuation token would have "
+                         f"nothing to be predicted from (start the prompt with the chat template or a BOS token)")
     rows = [list(p) + list(c) for p, c in pairs]
     width = -(-max(len(r) for r in rows) // bucket) * bucket
     n = bucket_length(len(rows), 8)

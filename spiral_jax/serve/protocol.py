@@ -16,7 +16,9 @@ import math
 import time
 import uuid
 
-from spiral_jax.sampling import SamplingParams
+import numpy as np
+
+from spiral_jax.sampling import MIN_TEMPERATURE, SamplingParams
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_STRINGS = 4
@@ -140,9 +142,9 @@ def _check_fields(body: dict, allowed: set[str], limits: Limits) -> None:
 def _sampling(body: dict, limits: Limits, max_tokens: int, stop_ids) -> SamplingParams:
     temperature = _number(body, "temperature", 1.0, float, 0.0, 2.0)
     top_p = _number(body, "top_p", 1.0, float, 0.0, 1.0)
-    if top_p == 0:
+    if not np.float32(top_p) > 0:  # the sampler takes it as a float32
         raise bad("top_p must be above 0 (1 keeps the whole distribution)", "top_p")
-    if temperature == 0:  # what OpenAI clients send for the most likely answer
+    if temperature < MIN_TEMPERATURE:  # 0 is what OpenAI clients send for the most likely answer
         return SamplingParams(max_tokens, greedy=True, stop_token_ids=stop_ids)
     return SamplingParams(max_tokens, temperature, 0, top_p, stop_token_ids=stop_ids)
 

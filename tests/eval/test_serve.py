@@ -110,10 +110,12 @@ def test_answers_equal_the_samplers(served, tiny_ctx, sampler):
     assert tok.encode(rendered) == tok.prompt_ids(observation)
     assert [m.id for m in client(served).models.list()] == ["tiny"]
 
-    greedy = client(served).chat.completions.create(model="tiny", messages=USER, temperature=0, max_tokens=8)
     want = sampler.generate(tiny_ctx.params, [prompt], SamplingParams(8, greedy=True,
                                                                                stop_token_ids=tok.stop_ids))
-    assert greedy.choices[0].message.content == tok.decode(want.tokens[0])
+    for temperature in (0, 1e-9):  # a temperature too small to divide float32 logits by asks for the same
+        greedy = client(served).chat.completions.create(model="tiny", messages=USER, temperature=temperature,
+                                                        max_tokens=8)
+        assert greedy.choices[0].message.content == tok.decode(want.tokens[0])
 
 
 def test_streaming_gives_the_same_text_and_usage(served):
@@ -267,6 +269,7 @@ def test_malformed_requests_are_refused_at_once(served, request_bytes, status, m
     ({"messages": USER, "max_tokens": 17}, "max_tokens must be between 1 and 16"),
     ({"messages": USER, "temperature": "hot"}, "temperature must be a finite number"),
     ({"messages": USER, "top_p": 0}, "top_p must be above 0"),
+    ({"messages": USER, "top_p": 1e-46}, "top_p must be above 0"),  # 0 as the sampler's float32
     ({"messages": USER, "temperature": float("inf")}, "not JSON"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "n": 1e400}', "n must be a finite whole number"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "n": NaN}', "not JSON"),

@@ -77,17 +77,20 @@ def test_engine_samples_what_generate_samples(params, slots, min_finished, min_s
 
 
 def test_rows_with_their_own_settings_sample_what_generate_samples(params):
-    """Requests with other temperatures, top-p and new-token limits share the engine's slots; each row
-    samples what `generate` gives with that row's settings."""
+    """Requests with other temperatures, top-p, new-token limits and seeds share the engine's slots;
+    each row samples what `generate` gives with that row's settings and seed. Seeds past int32's range
+    or below 0 key the engine's rows as they key the sampler's (modulo 2**32, as `jax.random.key`)."""
     prompts = _prompts(6, seed=3)
     sampler = Sampler(CFG, max_prompt_len=64, max_cache_len=128)
     settings = [SamplingParams(max_new_tokens=n, temperature=t, top_p=p, stop_token_ids=SP.stop_token_ids)
                 for n, t, p in [(64, 0.9, 0.95), (5, 0.5, 0.8), (64, 1.5, 0.97), (12, 0.9, 0.5), (1, 1.0, 0.9),
                                 (30, 0.7, 0.99)]]
+    seeds = [4, 2**31 + 4, 4, 2**32 + 5, 4, -3]
     engine = DecodeEngine(sampler, SP, 8)
-    got = _run(engine, params, [Request(p, 4, i, sampling=sp) for i, (p, sp) in enumerate(zip(prompts, settings))])
-    for i, (p, sp) in enumerate(zip(prompts, settings)):
-        _assert_same(got, sampler.generate(params, [p], sp, seed=4, row_ids=[i]), [i])
+    got = _run(engine, params, [Request(p, seed, i, sampling=sp)
+                                for i, (p, sp, seed) in enumerate(zip(prompts, settings, seeds))])
+    for i, (p, sp, seed) in enumerate(zip(prompts, settings, seeds)):
+        _assert_same(got, sampler.generate(params, [p], sp, seed=seed, row_ids=[i]), [i])
     assert len(got[1].tokens) <= 5 and len(got[4].tokens) == 1
     with pytest.raises(ValueError, match="engine's mode"):
         engine.insert(params, [Request(prompts[0], 0, 0, sampling=SamplingParams(greedy=True))])
@@ -246,6 +249,9 @@ def test_clear_errors(params):
         engine.insert(params, [Request([9], 0, i) for i in range(3)])
     with pytest.raises(ValueError, match="max_prompt_len"):
         engine.insert(params, [Request([9] * 65, 0, 0)])
+    for slot in (-1, 2):
+        with pytest.raises(ValueError, match=f"slot {slot} is outside the engine's 2 slots"):
+            engine.insert(params, [Request([9], 0, 0, slot=slot)])
     engine.insert(params, [Request([9, 10], 0, 0, slot=1)])
     with pytest.raises(ValueError, match="slot 1 is not free"):
         engine.insert(params, [Request([9], 0, 1, slot=1)])

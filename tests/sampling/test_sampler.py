@@ -14,6 +14,7 @@ from spiral_jax.sampling import Sampler, SamplingParams, sample_token
 from spiral_jax.models import transformer
 from spiral_jax.sampling import logits as logits_module
 from spiral_jax.sampling import sampler as sampler_module
+from spiral_jax.sampling.scoring import sequence_logprobs
 from spiral_jax.sharding import make_mesh
 
 PROMPTS = [[5, 6, 7, 8, 9], [1, 2, 3], list(range(10, 47)), [100] * 17]
@@ -392,6 +393,24 @@ def test_staged_decode_equals_one_stage(qwen3):
     np.testing.assert_allclose(staged.raw_logprobs[0], expected, atol=1e-5)
 
 
+def test_padding_rows_start_done_so_decoding_ends_with_the_real_rows(qwen3):
+    """Three prompts take a four-row batch bucket; its padding row (a dummy prompt) is never live, so
+    the decode loop, which runs until every row is done, stops when the real rows stop instead of
+    decoding the dummy prompt up to max_new_tokens."""
+    cfg, params = qwen3
+    sampler, prompts = Sampler(cfg), PROMPTS[:3]
+    free = sampler.generate(params, prompts, SamplingParams(max_new_tokens=40, greedy=True))
+    stops = frozenset(t[2] for t in free.tokens)  # every real row stops by its third token
+    sp = SamplingParams(max_new_tokens=40, greedy=True, stop_token_ids=stops)
+    args, static = sampler._arguments(params, prompts, sp, 0, None)
+    assert args[2].shape[0] == 4
+    tokens, _, _, lengths = jax.device_get(sampler._program(*args, **static))
+    assert lengths.tolist()[3:] == [1] and not tokens[3, 1:].any(), lengths
+    out = sampler.generate(params, prompts, sp)
+    assert [len(t) for t in out.tokens] == lengths.tolist()[:3] and max(lengths) <= 3
+    assert out.stats.slot_steps == 4 * (max(lengths) - 1)
+
+
 def test_decode_loops_carry_weights_in_the_compute_dtype(qwen3):
     """fp32 parameters, bf16 compute: the weights are cast once per call, so the decode loops carry
     bf16 weights, not fp32 ones that each step would read and cast again (twice the bytes); the norms
@@ -585,8 +604,16 @@ def test_clear_errors(qwen3):
             sampler.generate(broken, [[1, 2, 3]], broken_sp)
     with pytest.raises(ValueError, match="max_new_tokens=100 does not fit the KV cache"):
         sampler.generate(params, [[1] * 40], SamplingParams(max_new_tokens=100))
-    with pytest.raises(ValueError, match="temperature must be > 0"):
-        SamplingParams(temperature=0.0)
+    for temperature in (0.0, 1e-46, 1e-6):  # 1e-46 is 0 in float32
+        with pytest.raises(ValueError, match="temperature must be at least 1e-05 .use greedy=True"):
+            SamplingParams(temperature=temperature)
+    with pytest.raises(ValueError, match="top_p must be in .0, 1. and not round to 0 in float32"):
+        SamplingParams(top_p=1e-46)
+    assert SamplingParams(top_k=2**40).top_k == np.iinfo(np.int32).max  # keeps the whole vocabulary
+    with pytest.raises(ValueError, match="first_window must be >= 1"):
+        Sampler(cfg, first_window=0)
+    with pytest.raises(ValueError, match="pair 1 has an empty prompt"):
+        sequence_logprobs(params, cfg, [([1], [2]), ([], [3])])
 
 
 @pytest.mark.slow
