@@ -34,7 +34,10 @@ def extract_action(response: str) -> str:
         action = text.strip()
     elif action.startswith("\\text{") and action.endswith("}"):
         action = action[len("\\text{"):-1]
-    action = _INNER_BOXED.sub(r"[\1]", action)
+    # A box closes at a "}", so none starts after the last one: leaving that tail out keeps text full
+    # of unclosed boxes from costing time quadratic in its length.
+    closed = action.rfind("}") + 1
+    action = _INNER_BOXED.sub(r"[\1]", action[:closed]) + action[closed:]
     if "[" not in action and "]" not in action and len(action.split()) <= 5:
         action = f"[{action}]"
     return _SPACE.sub(" ", action).strip()

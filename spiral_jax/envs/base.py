@@ -41,7 +41,9 @@ class StepResult(NamedTuple):
 
 
 def to_int(digits: str) -> int:
-    """Parse a run of digits; absurdly long runs become a huge number instead of raising."""
+    """Parse a run of digits as int() does, leading zeros included; a run of more than 18 significant
+    digits becomes 10**18 (beyond any move) instead of a slow or refused conversion."""
+    digits = digits.lstrip("0") or "0"
     return int(digits) if len(digits) <= 18 else 10**18
 
 

@@ -32,13 +32,47 @@ PASS = "[Pass]"  # a canonical chat action, so a player can always move without 
 
 _ACCEPT = re.compile(r"\[Accept\]", re.IGNORECASE)
 _DENY = re.compile(r"\[Deny\]", re.IGNORECASE)
-_OFFER = re.compile(r"\[Offer:\s*(?:I\s+(?:give|offer)\s+)?([^\[\]]+?)\s*\.*\]", re.IGNORECASE | re.DOTALL)
+_OFFER_START = re.compile(r"\[Offer:", re.IGNORECASE)
 _LEAD = re.compile(r"^I\s+(?:give|offer)\s+", re.IGNORECASE)
 _ITEM_SEP = re.compile(r",\s*|\s+and\s+", re.IGNORECASE)
 _ITEM = re.compile(r"^(\d+)\s+(.+)$")
 _PLURALS = {"Woods": "Wood", "Golds": "Gold"}
 
 Items = tuple[tuple[str, int], ...]
+
+
+def offer_body(action: str) -> str | None:
+    """The inside of the first `[Offer: ...]` in `action` as the reference's pattern reads it, or None.
+
+    That pattern (leading whitespace, an optional "I give"/"I offer", then the shortest body that
+    leaves only spaces and dots before the "]") backtracks over a long run of spaces or dots with no
+    "]" after it in time quadratic in the run's length. This reads the same body in linear time: the
+    text after the whitespace and the optional words, up to the first "]", less its trailing dots and
+    whitespace, and never empty.
+    """
+    for start in _OFFER_START.finditer(action):
+        close = action.find("]", start.end())
+        if close < 0:
+            return None
+        body = None if action.find("[", start.end(), close) >= 0 else _body(action[start.end():close])
+        if body is not None:  # a bracket inside, or nothing at all, and the pattern looks further on
+            return body
+    return None
+
+
+def _body(inside: str) -> str | None:
+    """The pattern's body within one bracket, its backtracking written out (`offer_body`)."""
+    rest = inside.lstrip()
+    if not rest:  # whitespace alone: the pattern gives the body its last character
+        return inside[-1:] or None
+    lead = _LEAD.match(rest)
+    if lead and lead.end() < len(rest):
+        rest = rest[lead.end():]
+    elif lead:  # only "I give" and whitespace: the words' last whitespace, if it can spare one, or the words
+        words = rest[:lead.end()]
+        if len(words) - len(words.rstrip()) >= 2:
+            return words[-1]
+    return rest.rstrip(".").rstrip() or rest[0]
 
 
 def parse_offer(body: str) -> tuple[Items, Items] | None:
@@ -164,10 +198,10 @@ class SimpleNegotiation(Env):
             self._offer = None
 
     def _new_offer(self, player: int, action: str) -> None:
-        match = _OFFER.search(action)
-        if match is None:
+        body = offer_body(action)
+        if body is None:
             return
-        parsed = parse_offer(match.group(1).strip())
+        parsed = parse_offer(body.strip())
         if parsed is None:
             self._invalid(player, "offer_format", "Write offers like [Offer: 3 Wood -> 2 Gold].")
             return

@@ -17,7 +17,6 @@ from spiral_jax.envs.connect_four import DISCS, drop_row, four_in_line
 from spiral_jax.envs.exploitability import nash_policy
 from spiral_jax.envs.negotiation import RESOURCES, VALUES
 from spiral_jax.envs.placement import SYMBOLS
-from spiral_jax.envs.tak import joins_edges
 from spiral_jax.envs.tictactoe import LINES
 
 
@@ -186,7 +185,7 @@ class TakHeuristic:
         for symbol in (me, them):
             for i in free:
                 cells[i] = symbol
-                wins = joins_edges(cells, n, i, symbol)
+                wins = env.wins_with(cells, i, symbol)
                 cells[i] = ""
                 if wins:
                     return f"[{i}]"

@@ -1,10 +1,14 @@
 """Trainer-side rules: `\\boxed{}` extraction and strict matching with invalid-move rewards."""
+import re
+import time
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spiral_jax.envs import (EVAL_INVALID_REWARDS, apply_action, extract_action, make,
                              registered_ids)
+from spiral_jax.envs.negotiation import offer_body
 
 
 @pytest.mark.parametrize("response, action", [
@@ -95,3 +99,43 @@ def test_env_mode_uses_the_env_rules_and_retries():
     assert result.info["valid"]
     with pytest.raises(ValueError):
         apply_action(env, "[bet]", mode="lenient")
+
+
+def test_env_mode_reads_numbers_with_leading_zeros_as_the_reference_does():
+    env = make("TicTacToe-v0")
+    env.reset(0)
+    zeros = "0" * 30  # past the 18 digits a number may have
+    assert apply_action(env, f"[{zeros}4]", mode="env").info["valid"] and env.state()["board"][1][1] == "O"
+    assert not apply_action(env, f"[{zeros}4]", mode="env").info["valid"]  # occupied, as [4] would be
+    env.reset(0)
+    assert not apply_action(env, "[" + "9" * 30 + "]", mode="env").info["valid"]  # no such cell
+    assert ("invalid", (0, "range")) in [(m.kind, m.data) for m in env.messages(0)]
+
+
+# The reference's offer pattern, the oracle for `offer_body`.
+_REFERENCE_OFFER = re.compile(r"\[Offer:\s*(?:I\s+(?:give|offer)\s+)?([^\[\]]+?)\s*\.*\]", re.IGNORECASE)
+_OFFERISH = st.builds(
+    str.__add__, st.sampled_from(["", "[Offer:", "chat [offer:"]),
+    st.lists(st.sampled_from(["[Offer:", "[", "]", " ", "  ", "\t", "\n", "\xa0", ".", "..", "I", " give", "OFFER",
+                              " offer ", "I give ", "3 Wood", "->", "2 Gold", ",", "x"]), max_size=12).map("".join))
+
+
+@given(_OFFERISH)
+@settings(max_examples=3000, deadline=None)
+def test_offer_bodies_are_what_the_reference_pattern_reads(text):
+    match = _REFERENCE_OFFER.search(text)
+    assert offer_body(text) == (match.group(1) if match else None)
+
+
+def test_long_hostile_responses_are_read_in_linear_time():
+    """Unclosed boxes, and offers whose "]" never comes after a long run of spaces or dots: patterns
+    that backtrack over them took a minute at these lengths (time quadratic in the length)."""
+    start = time.perf_counter()
+    boxes = "\\boxed{" * 50_000
+    assert extract_action(boxes) == f"[{boxes}]"
+    for tail in (" " * 50_000, "." * 50_000, " " * 50_000 + "x]"):
+        env = make("SimpleNegotiation-v1")
+        env.reset(0)
+        result = apply_action(env, "[Offer: 1 Wood" + tail, mode="env")
+        assert result.info["valid"] == (tail[-1] != "]")  # no "]": chat; "1 Wood ... x": unreadable
+    assert time.perf_counter() - start < 2.0
