@@ -77,7 +77,7 @@ class Batch(NamedTuple):
     sampler_logprobs: np.ndarray  # float32
     old_logprobs: np.ndarray  # float32
     ref_logprobs: np.ndarray  # float32
-    response_slots: np.ndarray  # int32 [B, R]: slot predicting each response token (0 past the end)
+    response_slots: np.ndarray  # int32 [B, R]: slot predicting each response token (the row's last slot past the end)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -151,7 +151,9 @@ def pack(samples: Sequence[TurnSample], *, rows: int | None = None, row_multiple
     sampler_logprobs = np.zeros((n_rows, length), np.float32)
     advantages = np.zeros((n_rows, advantage_slots(max(map(len, placed)))), np.float32)
     answers = max(sum(len(samples[i].response_ids) for i in row) for row in placed)
-    response_slots = np.zeros((n_rows, min(bucket_length(answers, 1), length)), np.int32)
+    # A row's entries past its response tokens point at its last slot, which never predicts a response
+    # token (slot 0 does, after a one-token prompt): they read no token's log-prob a second time.
+    response_slots = np.full((n_rows, min(bucket_length(answers, 1), length)), length - 1, np.int32)
     for row, members in enumerate(placed):
         start, answered = 0, 0
         for segment, i in enumerate(members):

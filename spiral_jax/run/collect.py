@@ -1,7 +1,8 @@
 """One step's data: games played until enough RAE-labelled turn samples exist, then the selection.
 
 The reference's rule: whole batches of games until at least `samples_per_step` samples exist, then
-exactly that many drawn at random ("exact"), or every sample of those games ("all"). Who plays each
+exactly that many drawn at random ("exact"), or every sample of the first batch that gives any
+("all": a batch whose turns all have a zero advantage, all draws say, gives none). Who plays each
 game comes from `draw_seats`; the games, the draws and the selection are seeded by (seed, step)
 alone, so a resumed run, another schedule or another host count collects the very same data.
 """
@@ -39,16 +40,17 @@ class Collected:
 
 
 def draw_seats(rng: np.random.Generator, n: int, mode: str, opponent: str, pool_steps: Sequence[int],
-               self_weight: float) -> list[tuple[str, str]]:
+               self_weight: float, first: int = 0) -> list[tuple[str, str]]:
     """Who plays each of n games, as (seat 0, seat 1) policy names.
 
     self_play: the model in both seats. fixed_opponent: the model against `opponent`. pool: a game is
     self-play with probability `self_weight` (always while the pool is empty), else the model against
     a snapshot "pool/STEP" drawn uniformly. Against another player the model takes seat 0 in even games
-    and seat 1 in odd ones, so it learns both roles.
+    and seat 1 in odd ones, counted from `first`, so it learns both roles: `collect` counts a step's
+    games on from step x games_per_batch, which alternates the seats of one-game batches too.
     """
     seats = []
-    for g in range(n):
+    for g in range(first, first + n):
         if mode == "self_play" or (mode == "pool" and (not pool_steps or rng.random() < self_weight)):
             seats.append(("model", "model"))
             continue
@@ -68,7 +70,8 @@ def collect(spec: RunSpec, rollout: Rollout, policies: Mapping[str, object], ste
     samples, games, turns = [], [], 0
     for round_ in range(MAX_ROUNDS):
         env_ids = [games_spec.env_ids[i] for i in rng.choice(len(p), r.games_per_batch, p=p)]
-        seats = draw_seats(rng, r.games_per_batch, r.mode, opponent, pool_steps, r.pool_self_weight)
+        seats = draw_seats(rng, r.games_per_batch, r.mode, opponent, pool_steps, r.pool_self_weight,
+                           first=step * r.games_per_batch + len(games))
         played = rollout.play(env_ids, seats, policies, seed=int(rng.integers(1 << 31)))
         new, rae = label_games(played, rae, spec.rae, first=len(games))
         if round_ == 0:
@@ -76,7 +79,7 @@ def collect(spec: RunSpec, rollout: Rollout, policies: Mapping[str, object], ste
         turns += sum(1 for g in played for t in g.model_turns if t.policy == "model" and t.response_ids)
         samples += new
         games += played
-        if r.selection == "all" or len(samples) >= r.samples_per_step:
+        if len(samples) >= (1 if r.selection == "all" else r.samples_per_step):
             break
     else:
         raise RuntimeError(f"{MAX_ROUNDS} rounds of games gave only {len(samples)} trainable samples")

@@ -9,7 +9,7 @@ import pytest
 
 from spiral_jax.models import forward, init_params
 from spiral_jax.rl import losses
-from spiral_jax.rl.samples import pack
+from spiral_jax.rl.samples import TurnSample, pack
 from spiral_jax.rl.train_step import TrainConfig, loss_and_grads, make_compute_logprobs
 from tests.rl.helpers import TINY, assert_trees_close, random_samples
 
@@ -54,6 +54,17 @@ def test_chunked_logprobs_and_entropy_equal_full_logits(params, chunk):
     assert np.all(np.asarray(logp)[~on] == 0)  # only response slots are unembedded
     np.testing.assert_allclose(np.asarray(logp)[on], want_logp[on], atol=1e-5)
     np.testing.assert_allclose(np.asarray(entropy)[on], want_entropy[on], atol=1e-5)
+
+
+def test_a_one_token_prompt_first_in_a_row_is_scored_once(params):
+    """Its first response token is predicted at slot 0, which the unused response-slot entries of its
+    row (fewer answer tokens than the batch's longest row) must not read again."""
+    samples = [TurnSample([5], [7, 9], [-1.0, -1.0], "g", 0, 0, 1.0),
+               TurnSample([3, 4], [6] * 7, [-1.0] * 7, "g", 1, 0, 1.0)]
+    batch = pack(samples, min_length=16)
+    assert batch.loss_mask[0, 0] == 1 and batch.response_slots.shape[1] > 2
+    logp, _ = jax.jit(losses.token_logprobs, static_argnums=(1, 3))(params, TINY, batch, 16)
+    np.testing.assert_allclose(np.asarray(logp)[0, :3], [*_direct_logprobs(params, samples)[0], 0.0], atol=1e-5)
 
 
 @pytest.mark.parametrize("per_row", [1, 3, 6])

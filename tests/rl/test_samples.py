@@ -49,7 +49,7 @@ def test_packed_rows_hold_several_samples_each_with_its_own_positions():
     # Slot 4 (sample 0's stop token) would predict sample 1's first token: never a target of the loss.
     np.testing.assert_array_equal(batch.loss_mask[0], [0, 0, 1, 1, 0, 1, 0, 0])
     np.testing.assert_array_equal(batch.sampler_logprobs[0], [0, 0, -0.5, -1.5, 0, -0.5, 0, 0])
-    np.testing.assert_array_equal(batch.response_slots, [[2, 3, 5, 0], [1, 2, 3, 0]])
+    np.testing.assert_array_equal(batch.response_slots, [[2, 3, 5, 7], [1, 2, 3, 7]])  # unused: the last slot
     np.testing.assert_array_equal(batch.advantages, [[0.5, -1.0], [2.0, 0.0]])
     np.testing.assert_array_equal(batch.tokens[1, :5], [7, 8, 5, 5, stop])
     assert batch.loss_mask.sum() == sum(len(s.response_ids) for s in samples)
