@@ -10,8 +10,10 @@ read before the update). Switching RAE off (the paper's ablation) uses baseline 
 Memory: the reference runs 8 actors, each with its own baselines and about 2 games a step, so each
 moving average spans roughly 10 steps of games. One set of baselines updated by every game of a
 64-game round would forget within one step, and its memory would change with the batch size.
-`games_per_shard` reproduces the reference: the games of a step are dealt, in order, to shards of
-that many games, each shard with its own baselines (shard k of every step shares them).
+`games_per_shard` reproduces the reference: the games of a batch are dealt, in order, to shards of
+that many games, each shard with its own baselines (shard k of every batch shares them: a step that
+plays a second batch to gather its samples gives each shard more games, as a longer step gives each
+of the reference's actors more).
 
 The state is a plain nested dict of floats, {"baselines": {game_id: {role: b}}} (roles as strings),
 which orbax checkpoints as it is. Pure Python: no JAX needed.
@@ -30,10 +32,10 @@ class RAEConfig:
     decay: float = 0.95
     enabled: bool = True  # False: baseline 0 (the paper's "no RAE" ablation)
     drop_zero: bool = True  # drop samples whose advantage is exactly 0 (they carry no gradient)
-    games_per_shard: int = 0  # >0: game i of a step uses the baselines of shard i // games_per_shard
+    games_per_shard: int = 0  # >0: game i of a batch uses the baselines of shard i // games_per_shard
 
     def key(self, game_id: str, index: int) -> str:
-        """Where the baselines of the step's `index`-th game live."""
+        """Where the baselines of a batch's `index`-th game live."""
         return f"{game_id}@{index // self.games_per_shard}" if self.games_per_shard > 0 else game_id
 
 
@@ -70,7 +72,7 @@ def label_game(state: dict, game_id: str, samples: Sequence[TurnSample], rewards
 
     rewards_by_role: the final reward of every role whose baseline this game updates (normally both
     seats in self-play; only the trained seat against a fixed opponent). index: the game's place
-    among the step's games (picks its baseline shard).
+    in its batch of games (picks its baseline shard).
     """
     for s in samples:
         if s.game_id != game_id or s.role not in rewards_by_role:
@@ -93,13 +95,12 @@ def baseline_metrics(state: dict) -> dict[str, float]:
     return {name: sum(v) / len(v) for name, v in sorted(values.items())}
 
 
-def label_games(games: Sequence[PlayedGame], rae_state: dict, rae: RAEConfig, trained: str = "model",
-                first: int = 0) -> tuple[list[TurnSample], dict]:
-    """Turn samples (with RAE advantages) from the `trained` policy's turns, games in order.
-
-    first: the index of `games[0]` among this step's games (picks RAE baseline shards)."""
+def label_games(games: Sequence[PlayedGame], rae_state: dict, rae: RAEConfig, trained: str = "model"
+                ) -> tuple[list[TurnSample], dict]:
+    """Turn samples (with RAE advantages) from the `trained` policy's turns of one batch of games, in
+    order (a game's place in the batch picks its RAE baseline shard)."""
     samples: list[TurnSample] = []
-    for index, game in enumerate(games, first):
+    for index, game in enumerate(games):
         rec = game.record
         roles = {p: rec.rewards[p] for p in (0, 1) if game.seats[p] == trained}
         if not roles:

@@ -73,7 +73,7 @@ def collect(spec: RunSpec, rollout: Rollout, policies: Mapping[str, object], ste
         seats = draw_seats(rng, r.games_per_batch, r.mode, opponent, pool_steps, r.pool_self_weight,
                            first=step * r.games_per_batch + len(games))
         played = rollout.play(env_ids, seats, policies, seed=int(rng.integers(1 << 31)))
-        new, rae = label_games(played, rae, spec.rae, first=len(games))
+        new, rae = label_games(played, rae, spec.rae)
         if round_ == 0:
             check_prompt_lengths(played, r.max_prompt_len)
         turns += sum(1 for g in played for t in g.model_turns if t.policy == "model" and t.response_ids)

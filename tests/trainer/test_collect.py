@@ -1,5 +1,6 @@
 """A step's collection with a stand-in rollout (no model): how many rounds it plays and who sits where."""
 import numpy as np
+import pytest
 
 from spiral_jax.config import base_config
 from spiral_jax.envs.batch import GameRecord, Turn
@@ -54,3 +55,16 @@ def test_against_an_opponent_the_model_takes_each_seat_as_often_with_an_odd_batc
             collect(spec, rollout, {"model": None}, step, {"baselines": {}}, [], "random")
             model_seats = [seat.index("model") for seat in rollout.seats]
             assert model_seats == [(step * games_per_batch + i) % 2 for i in range(len(model_seats))], model_seats
+
+
+def test_a_steps_second_batch_reads_the_baselines_of_the_first():
+    """Sharded baselines (one game a shard here) belong to a game's place in its batch: the second
+    batch's game reads the baselines the first batch's game left, as an actor's next game would."""
+    c = base_config()
+    c.rollout.update(games_per_batch=1, samples_per_step=4)
+    c.games.update(env_ids=("TicTacToe-v0",), weights=(1.0,))
+    c.rae.update(games_per_shard=1, decay=0.95)
+    got = collect(run_spec(c), ScriptedRollout({0: 1.0, 1: -1.0}), {"model": None}, 0, {"baselines": {}}, [],
+                  "random")
+    assert len(got.games) == 2 and list(got.rae["baselines"]) == ["TicTacToe-v0@0"]
+    assert sorted(s.advantage for s in got.samples) == pytest.approx([-1.0, -0.95, 0.95, 1.0])
