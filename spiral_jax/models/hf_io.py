@@ -41,14 +41,15 @@ class _SafetensorsReader:
     def __init__(self, path: Path):
         index = path / "model.safetensors.index.json"
         single = path / "model.safetensors"
-        if index.exists():
+        if single.exists():  # before an index, as transformers reads a folder that has both
+            self.files = {name: single for name in _open_safetensors(single).keys()}
+        elif index.exists():
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError) as e:
-                raise CheckpointError(f"{index} is malformed ({e!r}); it needs a 'weight_map'") from None
-            self.files = {name: path / f for name, f in weight_map.items()}
-        elif single.exists():
-            self.files = {name: single for name in _open_safetensors(single).keys()}
+                self.files = {str(name): path / f for name, f in weight_map.items()}
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+                raise CheckpointError(f"{index} is malformed ({e!r}); it needs a 'weight_map' of tensor "
+                                      f"names to file names") from None
         else:
             raise CheckpointError(
                 f"no model.safetensors or model.safetensors.index.json in {path}; spiral_jax reads "

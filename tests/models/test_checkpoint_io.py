@@ -54,6 +54,25 @@ def test_sharded_index_checkpoint(hf_model, tmp_path):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+def test_a_folder_with_a_single_file_and_an_index_reads_the_single_file(hf_model, tmp_path):
+    """As transformers does; a malformed index is a CheckpointError, whatever its JSON holds."""
+    _, path, _ = hf_model
+    shutil.copy(path / "config.json", tmp_path / "config.json")
+    tensors = load_file(path / "model.safetensors")
+    save_file({n: t * 2 for n, t in tensors.items()}, tmp_path / "model.safetensors")
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {n: "gone.safetensors"
+                                                                                   for n in tensors}}))
+    _, a = load_pretrained(path)
+    _, b = load_pretrained(tmp_path)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(2 * np.asarray(x), np.asarray(y))
+    (tmp_path / "model.safetensors").unlink()
+    for index in ({"weight_map": list(tensors)}, [1, 2], {"weights": {}}):
+        (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+        with pytest.raises(CheckpointError, match="is malformed .* needs a 'weight_map'"):
+            load_pretrained(tmp_path)
+
+
 def test_config_reads_transformers_4x_spelling():
     hf4 = {"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
