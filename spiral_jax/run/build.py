@@ -79,6 +79,11 @@ def load_policy(spec: RunSpec, mesh, what: str = "eval", log=print, adapters: bo
             ckpt.close()
             source = f"the checkpoint of step {step} in {ckpt.directory}"
             if cfg.lora_rank:
+                alpha = json.loads(meta.get("config") or "{}").get("model", {}).get("lora", {}).get("alpha")
+                if alpha is not None and float(alpha) != cfg.lora_alpha:
+                    raise CheckpointError(f"{source} holds LoRA adapters trained with model.lora.alpha={alpha}, "
+                                          f"this config sets {cfg.lora_alpha}, which would scale them otherwise: "
+                                          f"give --config.model.lora.alpha={alpha}")
                 if meta.get("lora_base") != base_fingerprint(spec):
                     raise CheckpointError(f"{source} holds LoRA adapters trained on other weights than model.path's "
                                           f"({meta.get('lora_base')} != {base_fingerprint(spec)}); give the model.path "

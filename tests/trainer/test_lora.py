@@ -70,3 +70,7 @@ def test_export_merged_or_as_a_peft_adapter(tmp_path, capsys):
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 9))
     np.testing.assert_allclose(jit_forward(merged, cfg, ids),
                                jit_forward(lora.join(trainer.weights, trainer.state.train.params), trainer.cfg, ids), atol=1e-5)
+    # Another alpha would scale the adapters otherwise: refused, with the one they were trained with.
+    assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={tmp_path / 'other'}",
+                     "--config.model.lora.alpha=16.0"]) == 1
+    assert "trained with model.lora.alpha=8.0" in capsys.readouterr().err and not (tmp_path / "other").exists()
