@@ -27,9 +27,11 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
 
 
 def outcome(game: PlayedGame, seat: int) -> str:
+    """"invalid" where `seat`'s invalid move ended the game (a retry cut off by the turn limit did not:
+    that game is a draw), else "win", "loss" or "draw" by the rewards."""
     rec = game.record
     last = rec.turns[-1] if rec.turns else None
-    if last is not None and not last.valid and last.player == seat:
+    if last is not None and not last.valid and last.player == seat and not rec.truncated:
         return "invalid"
     mine, theirs = rec.rewards[seat], rec.rewards[1 - seat]
     return "win" if mine > theirs else "loss" if mine < theirs else "draw"

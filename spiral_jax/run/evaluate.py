@@ -74,9 +74,16 @@ def evaluate_math(ctx: EvalContext, spec: RunSpec, files: dict, folder, writer=N
     return results
 
 
-def _named(spec: str) -> tuple[str, str]:
+def _named(spec: str, taken: set[str]) -> tuple[str, str]:
+    """(label, folder) of a model given as "name=path" or "path" (labelled by its folder's name); a
+    label already in `taken` (added to it otherwise) would put one model's games under another's."""
     name, _, path = spec.partition("=")
-    return (name, path) if path else (Path(spec).name, spec)
+    label, path = (name, path) if path else (Path(spec).name, spec)
+    if label in taken:
+        raise ValueError(f"{spec!r}: the name {label!r} is taken by another player; label each model "
+                         f"folder apart with name=path (e.g. {label}_2={path})")
+    taken.add(label)
+    return label, path
 
 
 def run_eval(ctx: EvalContext, spec: RunSpec, args) -> str:
@@ -92,15 +99,17 @@ def run_eval(ctx: EvalContext, spec: RunSpec, args) -> str:
     out = Path(args.eval_out) if args.eval_out else Path(spec.out_dir) / "eval" / args.suite
     n, e = args.games or spec.evaluation.final_games, spec.evaluation
     if args.suite == "games":
+        names = args.opponents or e.opponents
         extra, opponents = {}, []
-        for name in args.opponents or e.opponents:
+        taken = {"model", *(o for o in names if kind(o) in ("scripted", "self", "api"))}
+        for name in names:
             if kind(name) in ("scripted", "self"):
                 opponents.append(name)
             elif kind(name) == "api":  # reached now: a dead endpoint fails before any game
                 ctx.rollout.api_player(name).check()
                 opponents.append(name)
             else:  # a model folder
-                label, path = _named(name)
+                label, path = _named(name, taken)
                 if not Path(path).is_dir():
                     raise FileNotFoundError(f"--opponents {name}: not random, scripted, self or "
                                             f"openai:MODEL@URL, and no model folder {path} exists "
@@ -116,9 +125,9 @@ def run_eval(ctx: EvalContext, spec: RunSpec, args) -> str:
         run_kuhn(ctx, out, args.kuhn_samples)
         return (out / "kuhn.md").read_text()
     if args.suite == "crossplay":
-        players = {"model": ctx.params}
-        players.update({name: ctx.load_weights(path) for name, path in map(_named, args.players)})
         scripted = [o for o in args.opponents if kind(o) == "scripted"]
+        players, taken = {"model": ctx.params}, {"model", *scripted}
+        players.update({name: ctx.load_weights(path) for name, path in (_named(p, taken) for p in args.players)})
         run_crossplay(ctx, out, players, args.crossplay_env, n, scripted)
         return (out / "crossplay.md").read_text()
     files, m = {}, e.math

@@ -46,6 +46,23 @@ def test_suites(ctx, tmp_path):
         run_eval(ctx, c, args(suite="chess"))
 
 
+def test_two_model_folders_of_one_name_are_refused_before_any_game(ctx, tmp_path, monkeypatch):
+    """Both would be labelled "hf": one model's games would go under the other's name."""
+    c = base_config()
+    c.out_dir = str(tmp_path)
+    c = run_spec(c)
+    for run in ("a", "b"):
+        (tmp_path / run / "hf").mkdir(parents=True)
+    folders = [str(tmp_path / "a" / "hf"), str(tmp_path / "b" / "hf")]
+    monkeypatch.setattr(ctx, "load_weights", lambda path: f"weights of {path}")
+    with pytest.raises(ValueError, match="the name 'hf' is taken by another player; .*name=path"):
+        run_eval(ctx, c, args(env_ids=["Nim-v0"], opponents=folders))
+    with pytest.raises(ValueError, match="the name 'random' is taken"):
+        run_eval(ctx, c, args(env_ids=["Nim-v0"], opponents=["random", f"random={folders[0]}"]))
+    with pytest.raises(ValueError, match="the name 'model' is taken"):
+        run_eval(ctx, c, args(suite="crossplay", players=[f"model={folders[0]}"]))
+
+
 def test_bench_samples_and_prompts_as_eval_math_says(ctx, tmp_path):
     """Without --bench the suite runs eval.math.files; eval.math sets the sampling, the samples, the
     limit and the prompt order (the context carries its sampling, as the CLI builds it)."""

@@ -2,7 +2,7 @@
 import numpy as np
 
 from spiral_jax.envs import GameRecord, Turn
-from spiral_jax.eval.games import summarize
+from spiral_jax.eval.games import outcome, summarize
 from spiral_jax.eval.transcripts import read_transcripts, write_transcripts
 from spiral_jax.rollout import ModelTurn, PlayedGame
 
@@ -49,3 +49,13 @@ def test_markdown_shows_each_move_past_the_repeated_rules(tmp_path):
     assert "```\nBoard C\n```" in text and "`oops` -> (no move) (invalid)" in text
     assert "For the model, seat 0: invalid" in text
     main([str(path), "--games", "1"])
+
+
+def test_an_invalid_retry_cut_off_by_the_turn_limit_is_a_draw_for_both_seats():
+    """Free-text games allow retries: when the move that reaches max_turns is an invalid retry, the
+    runner ends the game as a draw (truncated), and no seat lost by an invalid move."""
+    turns = [Turn(0, "o", "[ok]", "[ok]", True), Turn(1, "o", "[ok]", "[ok]", True), Turn(0, "o", "?", "?", False)]
+    cut = GameRecord(0, "textarena:Free-v0", 1, turns, {0: 0.0, 1: 0.0}, "turn limit", truncated=True)
+    assert [outcome(PlayedGame(cut, ("model", "random"), []), seat) for seat in (0, 1)] == ["draw", "draw"]
+    ended = GameRecord(0, "textarena:Free-v0", 1, turns, {0: -1.0, 1: 0.0}, "invalid move")
+    assert [outcome(PlayedGame(ended, ("model", "random"), []), seat) for seat in (0, 1)] == ["invalid", "win"]
