@@ -134,6 +134,7 @@ class ApiPlayer:
             try:
                 content = self._request("/chat/completions", body)["choices"][0]["message"]["content"]
                 if isinstance(content, str):
+                    content.encode("utf-8")  # a lone surrogate (JSON can hold one) is no text: ValueError
                     with self._lock:
                         self.calls += 1
                     return content

@@ -191,18 +191,14 @@ def _handler(server: ChatServer):
                                         "--api_key>")
 
         def _body(self) -> dict:
-            length = self.headers.get("Content-Length")
+            length = (self.headers.get("Content-Length") or "").strip()
             if self.headers.get("Transfer-Encoding"):
-                self.close_connection = True
                 raise ApiError(411, "chunked bodies are not supported; send Content-Length")
-            if length is None:
-                self.close_connection = True
+            if not length:
                 raise ApiError(411, "a POST needs a Content-Length header")
-            if not length.strip().isdigit():
-                self.close_connection = True
+            if not (length.isascii() and length.isdigit()):  # str.isdigit takes "²" too
                 raise protocol.bad(f"Content-Length must be a non-negative whole number, got {length!r}")
             if int(length) > s.max_body_bytes:
-                self.close_connection = True
                 raise ApiError(413, f"the body is {int(length)} bytes; this server takes at most {s.max_body_bytes}")
             return protocol.decode_body(self.rfile.read(int(length)))
 
@@ -232,18 +228,21 @@ def _handler(server: ChatServer):
                 self._error(err)
 
         def do_POST(self):  # noqa: N802
+            body = None
             try:
                 self._guard()
                 path = self.path.rstrip("/").removeprefix("/v1")
                 parse = {"/chat/completions": protocol.parse_chat, "/completions": protocol.parse_text}.get(path)
                 if parse is None:
-                    self.close_connection = True
                     raise ApiError(404, f"no such endpoint POST {self.path}; POST /v1/chat/completions or "
                                         "/v1/completions")
-                ask = parse(self._body(), server.tokenizer, server.limits)
+                body = self._body()
+                ask = parse(body, server.tokenizer, server.limits)
                 job = Job(ask)
                 server.scheduler.submit(job)
             except ApiError as err:
+                if body is None:  # refused before its body was read: left there, it would read as a request
+                    self.close_connection = True
                 return self._error(err)
             if ask.stream:
                 return self._stream(job)

@@ -27,8 +27,8 @@ class _FakeApi(http.server.BaseHTTPRequestHandler):
         if kind == "slow":
             time.sleep(1.0)
         status = 500 if kind == "broken" else 200
-        payload = b"not json" if kind == "garbage" else json.dumps(
-            {"choices": [{"message": {"content": "\\boxed{4}" if kind == "good" else None}}]}).encode()
+        content = {"good": "\\boxed{4}", "surrogate": "\\boxed{4}\ud800"}.get(kind)  # JSON can hold a lone surrogate
+        payload = b"not json" if kind == "garbage" else json.dumps({"choices": [{"message": {"content": content}}]}).encode()
         self.send_response(status)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
@@ -46,9 +46,10 @@ def fake_api():
     server.shutdown()
 
 
-@pytest.mark.parametrize("kind,requests", [("garbage", 1), ("broken", 3), ("slow", 3), ("null", 1)])
+@pytest.mark.parametrize("kind,requests", [("garbage", 1), ("broken", 3), ("slow", 3), ("null", 1), ("surrogate", 1)])
 def test_unusable_replies_are_counted_invalid_moves(fake_api, kind, requests, caplog):
-    """Unreadable bodies and replies without text fail at once; server errors and timeouts are retried
+    """Unreadable bodies and replies without text (or with a lone surrogate, which no tokenizer takes)
+    fail at once; server errors and timeouts are retried
     (2 more tries here) and then fail: "" (an invalid move), counted and logged."""
     player = ApiPlayer.from_spec(f"openai:{kind}@{fake_api}", timeout_s=0.5, retries=2, backoff_s=0.01)
     before = len(_FakeApi.seen)

@@ -191,6 +191,18 @@ def test_client_exceptions(served, tiny_ctx):
         with pytest.raises(openai.AuthenticationError, match="API key"):
             client(keyed, api_key="wrong").models.list()
         assert client(keyed, api_key="s3cret").chat.completions.create(model="tiny", messages=USER).choices
+        # A refused POST's body is never read: the server closes the connection, so a keep-alive
+        # client's next request goes on a new one instead of meeting that body as its request line.
+        host, port = keyed.http.server_address[:2]
+        conn = http.client.HTTPConnection(host, port, timeout=60)
+        body = json.dumps({"messages": USER, "max_tokens": 1}).encode()
+        conn.request("POST", "/v1/chat/completions", body, {"Authorization": "Bearer wrong"})
+        refused = conn.getresponse()
+        assert refused.status == 401 and refused.getheader("Connection") == "close"
+        refused.read()
+        conn.request("POST", "/v1/chat/completions", body, {"Authorization": "Bearer s3cret"})
+        assert conn.getresponse().status == 200
+        conn.close()
     finally:
         keyed.close()
 
@@ -251,6 +263,8 @@ def test_a_departed_clients_answers_are_cancelled(endless, caplog):
      b"at most 4194304"),
     (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: abc\r\n\r\n", 400, b"Content-Length"),
     (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: -1\r\n\r\n", 400, b"Content-Length"),
+    (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: \xb2\r\n\r\n", 400,
+     b"Content-Length"),  # a digit to str.isdigit, not to int()
     (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n\r\n", 411, b"Content-Length"),
     (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 4\r\n\r\n\xff\xfe{}", 400, b"UTF-8"),
     (b"GET /v1/models HTTP/1.1\r\nHost: evil.example\r\n\r\n", 403, b"loopback"),
