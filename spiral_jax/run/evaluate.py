@@ -119,6 +119,9 @@ def run_eval(ctx: EvalContext, spec: RunSpec, args) -> str:
         results = run_games(ctx, out, args.env_ids or e.env_ids, opponents, n, extra)
         return game_report.to_markdown(results, ctx.settings(n_games=n))
     if args.suite == "transfer":
+        if folders := [o for o in args.opponents if kind(o) not in ("scripted", "self", "api")]:
+            raise ValueError(f"--suite transfer plays scripted, self and API opponents, not the model folder "
+                             f"{folders[0]!r}: play it with --suite games --env_ids ...")
         results = run_transfer(ctx, out, n, args.opponents or SCRIPTED)
         return game_report.to_markdown(results, ctx.settings(n_games=n), "Transfer to unseen games")
     if args.suite == "kuhn":

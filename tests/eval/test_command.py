@@ -61,6 +61,9 @@ def test_two_model_folders_of_one_name_are_refused_before_any_game(ctx, tmp_path
         run_eval(ctx, c, args(env_ids=["Nim-v0"], opponents=["random", f"random={folders[0]}"]))
     with pytest.raises(ValueError, match="the name 'model' is taken"):
         run_eval(ctx, c, args(suite="crossplay", players=[f"model={folders[0]}"]))
+    # The transfer suite has no weights for a model folder: refused before its first game too.
+    with pytest.raises(ValueError, match="--suite transfer plays scripted, self and API opponents"):
+        run_eval(ctx, c, args(suite="transfer", opponents=["random", folders[0]]))
 
 
 def test_bench_samples_and_prompts_as_eval_math_says(ctx, tmp_path):
