@@ -212,6 +212,11 @@ def main(argv: list[str] | None = None) -> int:
                                                      f"{' and '.join(owners[n])})" for n in foreign)
               + f"; see spiral-jax {command} --help", file=sys.stderr)
         return 2
+    if FLAGS.resume and FLAGS.overwrite:
+        from spiral_jax.run_dir import RESUME_AND_OVERWRITE
+
+        print(f"spiral-jax {command}: {RESUME_AND_OVERWRITE}", file=sys.stderr)
+        return 2
     if FLAGS.config is None:
         print(f"spiral-jax {command}: --config is required (e.g. --config configs/tiny_tictactoe.py)",
               file=sys.stderr)

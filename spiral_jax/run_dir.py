@@ -129,13 +129,16 @@ def unwritable(folder: str, error: OSError) -> RunDirError:
                        f"--config.out_dir=runs/NEW_NAME")
 
 
+RESUME_AND_OVERWRITE = "--resume continues the run in out_dir and --overwrite deletes it; pass one"
+
+
 class RunDir:
     """Context manager: check and lock `out_dir` for a training run, release the lock on exit."""
 
     def __init__(self, out_dir: str, *, resume: bool, overwrite: bool = False, leader: bool = True,
                  log=print):
         if resume and overwrite:
-            raise RunDirError("--resume continues the run in out_dir and --overwrite deletes it; pass one")
+            raise RunDirError(RESUME_AND_OVERWRITE)
         self.out_dir, self.resume, self.overwrite, self.leader, self.log = out_dir, resume, overwrite, leader, log
         self.lock = None if is_remote(out_dir) or not leader else Path(out_dir) / LOCK_NAME
         self.token = uuid.uuid4().hex  # tells this claim's lock from any other, in this process too

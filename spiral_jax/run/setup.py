@@ -264,6 +264,21 @@ def run_spec(c: ConfigDict, config_file: str = "", planning: bool = False) -> Ru
         if n < 0 or n % 2:
             raise ValueError(f"{key}={n}: evaluation plays each matchup from both seats equally; give an even "
                              f"number of games (0: none)")
+    if not str(c.out_dir).strip():
+        raise ValueError("out_dir is empty; give the folder the run writes to (e.g. --config.out_dir=runs/NAME)")
+    for key, value, least in (("rollout.games_per_batch", r.games_per_batch, 1),
+                              ("rollout.samples_per_step", r.samples_per_step, 1),
+                              ("rollout.max_in_flight", r.max_in_flight, 0), ("train.steps", t.steps, 0),
+                              ("train.eval_every", t.eval_every, 0), ("train.checkpoint_every", t.checkpoint_every, 0),
+                              ("train.keep", t.keep, 1)):
+        if value < least:
+            never = " (0: none between the first and the last)" if key.endswith("_every") else \
+                " (0: all of a batch at once)" if key.endswith("flight") else ""
+            raise ValueError(f"{key}={value}: give at least {least}{never}")
+    if others := [o for o in e.opponents if kind(o) not in ("scripted", "self", "api")]:
+        raise ValueError(f"eval.opponents: {others[0]!r} is not random, scripted, self or openai:MODEL@URL, the "
+                         f"players a run evaluates against (a model folder plays in `spiral-jax eval --opponents "
+                         f"NAME=FOLDER`); give a tuple, e.g. --config.eval.opponents='(\"random\", \"scripted\")'")
     if c.compile_ahead < -1:
         raise ValueError(f"compile_ahead={c.compile_ahead}: give the threads that compile the next programs "
                          f"in the background, 0 for none, or -1 for the default (none on a CPU)")

@@ -46,7 +46,7 @@ def test_fresh_run_refuses_an_out_dir_with_another_run(tmp_path, capsys):
     assert "already holds a run (checkpoints up to step 1" in err and "--resume" in err and "--overwrite" in err
     assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == checkpoints  # nothing touched
     assert not (tmp_path / "run" / "run.lock").exists()  # the refusing run released its lock
-    assert _train(config, "--resume", "--overwrite") == 1
+    assert _train(config, "--resume", "--overwrite") == 2  # a bad command line, said before any setup
     assert "pass one" in capsys.readouterr().err
     (tmp_path / "run" / "tensorboard" / "old_marker").write_text("old run")
     assert _train(config, "--overwrite") == 0

@@ -86,12 +86,24 @@ def test_run_spec_reads_the_config_once_and_checks_it():
     for key, value, message in [("rollout.mode", "league", "rollout.mode='league'"),
                                 ("eval.final_games", 3, "eval.final_games=3: .* even"),
                                 ("games.weights", (1.0,), "2 games.env_ids"),
-                                ("bootstrap.teacher", "oracle", "bootstrap.teacher='oracle'")]:
+                                ("bootstrap.teacher", "oracle", "bootstrap.teacher='oracle'"),
+                                # Values that would fail only at the first RL step, or mean something else.
+                                ("out_dir", " ", "out_dir is empty"),  # checkpoints would go to /checkpoints
+                                ("rollout.games_per_batch", 0, "games_per_batch=0: give at least 1"),
+                                ("rollout.samples_per_step", 0, "samples_per_step=0: give at least 1"),
+                                ("rollout.max_in_flight", -1, "max_in_flight=-1: give at least 0"),
+                                ("train.steps", -4, "steps=-4: give at least 0"),
+                                ("train.eval_every", -1, "eval_every=-1: give at least 0"),  # was: every step
+                                ("train.checkpoint_every", -3, "checkpoint_every=-3: give at least 0"),
+                                ("train.keep", 0, "keep=0: give at least 1"),
+                                # --config.eval.opponents=random,scripted (one name, as the command line
+                                # reads it): it would fail at the step-0 evaluation.
+                                ("eval.opponents", ("random,scripted",), "'random,scripted' is not random, scripted")]:
         bad = base_config()
         bad.games.update(env_ids=("TicTacToe-v0", "KuhnPoker-v1"), weights=(1.0, 1.0))
         bad.bootstrap.enabled = True
         *section, name = key.split(".")
-        bad[section[0]][name] = value
+        (bad[section[0]] if section else bad)[name] = value
         with pytest.raises(ValueError, match=message):
             run_spec(bad)
     assert spec.compile_ahead == -1
