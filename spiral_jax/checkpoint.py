@@ -332,10 +332,8 @@ class Checkpointer:
             saved = _saved_layers_stacked(str(e))
             if saved is not None:
                 raise self._layers_unlike(step, saved) from None
-            raise LayoutError(
-                f"checkpoint step {step} in {self.directory} holds a parameter tree unlike the one this "
-                f"run's config makes (another model, model.lora or model.scan_layers?): resume it with the "
-                f"config that wrote it (out_dir/config.json), or start a new out_dir. {_reason(e)}") from None
+            raise self._unlike(step, f"holds a parameter tree unlike the one this run's config makes "
+                                     f"({_reason(e)})") from None
 
     def wait(self) -> None:
         with self._background_failure_reported(self._pending):

@@ -17,6 +17,8 @@ import dataclasses
 SCRIPTED = ("random", "scripted")
 API_PREFIX = "openai:"
 KINDS = ("model", "self", "scripted", "pool", "api", "checkpoint")
+# Opponents with no weights for an evaluation to load: game-side players, the evaluated model, an API.
+WEIGHTLESS = ("scripted", "self", "api")
 
 
 @dataclasses.dataclass(frozen=True)

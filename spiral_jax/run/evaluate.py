@@ -16,7 +16,7 @@ from spiral_jax.distributed import is_leader
 from spiral_jax.eval import benchmarks, game_report, hub
 from spiral_jax.eval.suite import EvalContext, run_benchmarks, run_crossplay, run_games, run_kuhn, run_transfer
 from spiral_jax.paths import file_in
-from spiral_jax.policies import SCRIPTED, kind
+from spiral_jax.policies import SCRIPTED, WEIGHTLESS, kind
 from spiral_jax.rollout import PlayedGame
 from spiral_jax.run.setup import RunSpec
 
@@ -101,7 +101,7 @@ def run_eval(ctx: EvalContext, spec: RunSpec, args) -> str:
     if args.suite == "games":
         names = args.opponents or e.opponents
         extra, opponents = {}, []
-        taken = {"model", *(o for o in names if kind(o) in ("scripted", "self", "api"))}
+        taken = {"model", *(o for o in names if kind(o) in WEIGHTLESS)}
         for name in names:
             if kind(name) in ("scripted", "self"):
                 opponents.append(name)
@@ -119,7 +119,7 @@ def run_eval(ctx: EvalContext, spec: RunSpec, args) -> str:
         results = run_games(ctx, out, args.env_ids or e.env_ids, opponents, n, extra)
         return game_report.to_markdown(results, ctx.settings(n_games=n))
     if args.suite == "transfer":
-        if folders := [o for o in args.opponents if kind(o) not in ("scripted", "self", "api")]:
+        if folders := [o for o in args.opponents if kind(o) not in WEIGHTLESS]:
             raise ValueError(f"--suite transfer plays scripted, self and API opponents, not the model folder "
                              f"{folders[0]!r}: play it with --suite games --env_ids ...")
         results = run_transfer(ctx, out, n, args.opponents or SCRIPTED)

@@ -20,7 +20,7 @@ from spiral_jax.distributed import DistributedSetup
 from spiral_jax.envs import make
 from spiral_jax.eval.kuhn_policy import ENV_ID as KUHN_ENV_ID
 from spiral_jax.models import ModelConfig
-from spiral_jax.policies import PolicySpec, kind
+from spiral_jax.policies import WEIGHTLESS, PolicySpec, kind
 from spiral_jax.rl.rae import RAEConfig
 from spiral_jax.rl.train_step import TrainConfig
 from spiral_jax.sampling import Sampler, SamplingParams, bucket_length, cache_slots
@@ -275,7 +275,7 @@ def run_spec(c: ConfigDict, config_file: str = "", planning: bool = False) -> Ru
             never = " (0: none between the first and the last)" if key.endswith("_every") else \
                 " (0: all of a batch at once)" if key.endswith("flight") else ""
             raise ValueError(f"{key}={value}: give at least {least}{never}")
-    if others := [o for o in e.opponents if kind(o) not in ("scripted", "self", "api")]:
+    if others := [o for o in e.opponents if kind(o) not in WEIGHTLESS]:
         raise ValueError(f"eval.opponents: {others[0]!r} is not random, scripted, self or openai:MODEL@URL, the "
                          f"players a run evaluates against (a model folder plays in `spiral-jax eval --opponents "
                          f"NAME=FOLDER`); give a tuple, e.g. --config.eval.opponents='(\"random\", \"scripted\")'")
