@@ -25,6 +25,9 @@ from spiral_jax.sharding import Rules
 
 # Tensors some checkpoints carry that the model does not need.
 _IGNORED = re.compile(r"(.*rotary_emb\.inv_freq$)")
+# Safetensors dtypes a model's weights can be stored in; integer or 8-bit tensors of the right shape
+# are quantized or not weights at all, and would load as garbage.
+_FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 
 
 def _open_safetensors(file: Path):
@@ -68,8 +71,18 @@ class _SafetensorsReader:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._open(name).get_slice(name).get_shape())
 
+    def dtype(self, name: str) -> str:
+        return self._open(name).get_slice(name).get_dtype()
+
     def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
-        return self._open(name).get_slice(name)[index]
+        """A slice of a tensor, which must be finite: NaN or infinite weights (a diverged run's export,
+        a corrupt file) would otherwise surface only as NaN logits at the first sampling step."""
+        x = self._open(name).get_slice(name)[index]
+        if not np.isfinite(x).all():
+            raise CheckpointError(f"tensor {name} in {self.files[name]} holds NaN or infinite values: the "
+                                  f"checkpoint is corrupt or was saved from a diverged run; load an earlier "
+                                  f"or freshly downloaded checkpoint")
+        return x
 
 
 def _per_layer(cfg: ModelConfig, spec: ParamSpec) -> list[ParamSpec]:
@@ -99,6 +112,11 @@ def _check_tensors(cfg: ModelConfig, reader: _SafetensorsReader, specs) -> None:
         if got != shape:
             raise CheckpointError(f"tensor {name} has shape {list(got)} but the config implies "
                                   f"{list(shape)}; config.json does not match the weights")
+        if reader.dtype(name) not in _FLOAT_DTYPES:
+            raise CheckpointError(
+                f"tensor {name} is stored as {reader.dtype(name)}, and spiral_jax reads weights stored as "
+                f"{', '.join(_FLOAT_DTYPES)}; a quantized checkpoint needs dequantizing first (load it in "
+                f"transformers and save_pretrained it in bfloat16)")
 
 
 def load_pretrained(path, mesh=None, dtype=jnp.float32, rules: str = "train", **runtime):

@@ -178,6 +178,31 @@ def test_shape_mismatch(hf_model, tmp_path):
         load_pretrained(ckpt)
 
 
+def test_integer_weights(hf_model, tmp_path):
+    """A tensor of the right shape stored as integers (a quantized export) is refused, not cast."""
+    ckpt = _copy(hf_model[1], tmp_path)
+    name = "model.layers.1.mlp.up_proj.weight"
+    _rewrite_tensors(ckpt, lambda t: t.update({name: t[name].astype(np.int32)}))
+    with pytest.raises(CheckpointError, match=rf"{name} is stored as I32.*dequantizing"):
+        load_pretrained(ckpt)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_weights(hf_model, tmp_path, bad):
+    """NaN or infinite weights are named at load time, in a stacked layer too, not found as NaN
+    logits at the first sampling step."""
+    ckpt = _copy(hf_model[1], tmp_path)
+    name = "model.layers.1.self_attn.o_proj.weight"
+
+    def poison(t):
+        t[name] = t[name].copy()
+        t[name][3, 5] = bad
+    _rewrite_tensors(ckpt, poison)
+    for scan_layers in (False, True):
+        with pytest.raises(CheckpointError, match=rf"{name} in .*model.safetensors holds NaN or infinite"):
+            load_pretrained(ckpt, scan_layers=scan_layers)
+
+
 def test_missing_weights_file(hf_model, tmp_path):
     ckpt = _copy(hf_model[1], tmp_path)
     (ckpt / "model.safetensors").unlink()
