@@ -88,13 +88,16 @@ def read_generation_config(folder) -> dict:
     return read_json_object(file) if file.is_file() else {}
 
 
-def stop_ids_for(hf_tokenizer, path: Path | None = None, template: Template | None = None) -> frozenset[int]:
-    """Where generation stops, as vLLM decides it: the tokenizer's EOS and generation_config.json's
-    eos ids, plus the end-of-turn token of the prompt template (`template_end_of_turn`)."""
+def stop_ids_for(hf_tokenizer, path: Path | None = None, template: Template | None = None,
+                 model_eos=None) -> frozenset[int]:
+    """Where generation stops, as transformers and vLLM decide it: the tokenizer's EOS; the eos ids of
+    the model folder `path`'s generation_config.json, or where it has none, of its config.json
+    (`model_eos`); and the end-of-turn token of the prompt template (`template_end_of_turn`)."""
     ids = set()
     if hf_tokenizer.eos_token_id is not None:
         ids.add(int(hf_tokenizer.eos_token_id))
-    eos = read_generation_config(path).get("eos_token_id") if path is not None else None
+    generation = read_generation_config(path) if path is not None else {}
+    eos = generation["eos_token_id"] if "eos_token_id" in generation else model_eos
     ids.update([eos] if isinstance(eos, int) else (eos or []))
     ids |= template_end_of_turn(hf_tokenizer, template or Template())
     if not ids:
@@ -103,8 +106,10 @@ def stop_ids_for(hf_tokenizer, path: Path | None = None, template: Template | No
     return frozenset(ids)
 
 
-def load_tokenizer(path, cfg: ModelConfig, template: Template | None = None) -> Tokenizer:
-    """Load with AutoTokenizer (fast or sentencepiece) and check it against the model's embedding."""
+def load_tokenizer(path, cfg: ModelConfig, template: Template | None = None, model_path=None) -> Tokenizer:
+    """Load with AutoTokenizer (fast or sentencepiece) and check it against the model's embedding and
+    special tokens. Stop ids read the generation_config.json of `model_path` (the model's own, as
+    transformers and vLLM do), else of the tokenizer folder (`stop_ids_for`)."""
     from transformers import AutoTokenizer
 
     path = Path(path)
@@ -119,19 +124,33 @@ def load_tokenizer(path, cfg: ModelConfig, template: Template | None = None) -> 
         hf = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError, TypeError) as e:
         raise CheckpointError(f"could not load a tokenizer from {path}: {e}") from None
-    if len(hf) > cfg.vocab_size:
-        raise CheckpointError(
-            f"the tokenizer at {path} has {len(hf)} tokens but the model's embedding has only "
-            f"{cfg.vocab_size} rows; this tokenizer does not belong to this model (point "
-            f"tokenizer.path at the model's own tokenizer)")
-    if len(hf) < cfg.vocab_size // 2:  # checkpoints pad their embedding by a little, never by half
-        raise CheckpointError(
-            f"the tokenizer at {path} has {len(hf)} tokens but the model's embedding has "
-            f"{cfg.vocab_size} rows; this tokenizer does not belong to this model (point "
-            f"tokenizer.path at the model's own tokenizer)")
+    check_vocabulary(hf, cfg, path)
     template = template or Template()
     check_template_tokens(hf, template, path)
-    return Tokenizer(hf, template, stop_ids_for(hf, path, template))
+    generation_folder = Path(model_path) if model_path and Path(model_path).is_dir() else path
+    return Tokenizer(hf, template, stop_ids_for(hf, generation_folder, template, cfg.eos_token_id))
+
+
+def check_vocabulary(hf_tokenizer, cfg: ModelConfig, path) -> None:
+    """The tokenizer must belong to the model: no more tokens than embedding rows, not far fewer
+    (checkpoints pad their embedding by a little, never by half), and the BOS and EOS ids of the
+    model's config.json must be tokens of it (a Llama 3 tokenizer on a Qwen model passes the size
+    checks, but Qwen's <|endoftext|> is id 151643, past its 128256 tokens)."""
+    n, rows = len(hf_tokenizer), cfg.vocab_size
+    fix = "this tokenizer does not belong to this model (point tokenizer.path at the model's own tokenizer)"
+    if n > rows:
+        raise CheckpointError(f"the tokenizer at {path} has {n} tokens but the model's embedding has only "
+                              f"{rows} rows; {fix}")
+    if n < rows // 2:
+        raise CheckpointError(f"the tokenizer at {path} has {n} tokens but the model's embedding has "
+                              f"{rows} rows; {fix}")
+    eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, tuple) else (cfg.eos_token_id,)
+    named = {"bos_token_id": (cfg.bos_token_id,), "eos_token_id": eos}
+    for key, ids in named.items():
+        outside = [i for i in ids if i is not None and not 0 <= i < n]
+        if outside:
+            raise CheckpointError(f"the model's config.json has {key}={outside[0]}, but the tokenizer at "
+                                  f"{path} has only {n} tokens; {fix}")
 
 
 def check_template_tokens(hf_tokenizer, template: Template, path) -> None:

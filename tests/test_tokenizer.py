@@ -1,4 +1,5 @@
 """Tokenizer loading, stop ids and prompt templates, on a Llama-3-style tokenizer built here."""
+import dataclasses
 import json
 
 import pytest
@@ -102,6 +103,35 @@ def test_a_malformed_generation_config_is_named(llama_style, tmp_path):
     (tmp_path / "tok" / "generation_config.json").write_text('{"eos_token_id": [1, 4,')
     with pytest.raises(CheckpointError, match=r"generation_config.json is not valid JSON"):
         load_tokenizer(tmp_path / "tok", _cfg(len(vocab)), Template("chat"))
+
+
+def test_a_tokenizer_short_of_the_models_special_ids_is_refused(llama_style):
+    """Another family's tokenizer can pass the size checks (Llama 3's 128,256 tokens against Qwen's
+    151,936 rows); the ids the model's config.json names for BOS and EOS then lie past its end."""
+    path, vocab = llama_style
+    n = len(vocab)
+    bigger = dataclasses.replace(_cfg(n + 4), bos_token_id=0, eos_token_id=(1, n + 2))
+    with pytest.raises(CheckpointError, match=rf"config.json has eos_token_id={n + 2}, but the tokenizer .* "
+                                              rf"only {n} tokens; .*model's own tokenizer"):
+        load_tokenizer(path, bigger, Template("chat"))
+    with pytest.raises(CheckpointError, match=rf"bos_token_id={n}, but"):
+        load_tokenizer(path, dataclasses.replace(bigger, bos_token_id=n, eos_token_id=1), Template("chat"))
+    assert load_tokenizer(path, dataclasses.replace(bigger, eos_token_id=(1, n - 1)), Template("chat"))
+
+
+def test_stop_ids_read_the_model_folders_generation_config(llama_style, tmp_path):
+    """With tokenizer.path apart from model.path, the model's own generation_config.json decides the
+    eos ids, as transformers and vLLM read it."""
+    path, vocab = llama_style
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 9]}))
+    tok = load_tokenizer(path, _cfg(len(vocab)), Template("plain"), model_path=tmp_path)
+    assert tok.stop_ids == {vocab["<|end_of_text|>"], 9}  # not the tokenizer folder's 4 and 7
+    # No model folder (a random init): the tokenizer folder's file.
+    assert load_tokenizer(path, _cfg(len(vocab)), Template("plain"), model_path="").stop_ids == {1, 4, 7}
+    # A model folder without the file: config.json's eos ids, as transformers falls back to them.
+    (tmp_path / "generation_config.json").unlink()
+    cfg = dataclasses.replace(_cfg(len(vocab)), eos_token_id=(1, 8))
+    assert load_tokenizer(path, cfg, Template("plain"), model_path=tmp_path).stop_ids == {1, 8}
 
 
 def test_qwen_raw_needs_qwen_chat_tokens(llama_style):

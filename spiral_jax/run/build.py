@@ -108,7 +108,7 @@ def build_tokenizer(spec: RunSpec, cfg: ModelConfig | None = None) -> Tokenizer:
     if not spec.tokenizer_path:
         raise CheckpointError("no tokenizer: set tokenizer.path (a folder, or 'embedded' for the "
                               "project's tiny tokenizer) when model.path is empty")
-    return load_tokenizer(spec.tokenizer_path, cfg or spec.model, spec.template)
+    return load_tokenizer(spec.tokenizer_path, cfg or spec.model, spec.template, spec.model_path)
 
 
 def eval_context(spec: RunSpec, cfg: ModelConfig, params, tokenizer, mesh, step: int = 0,
