@@ -67,7 +67,7 @@ def inverse_cdf(scaled: jax.Array, top: jax.Array, u: jax.Array, ax: int):
     """Draw from p ~ exp(scaled - top) over the vocabulary axis by inverting its CDF at u.
 
     top and u hold one value per row (the vocabulary axis kept at size 1). Returns per row, in the same
-    shape: the first index whose cumulative mass reaches u * total, the total mass, and whether the
+    shape: the first index whose cumulative mass reaches u * total (above 0), the total mass, and whether the
     drawn index has nonzero probability (fp rounding at a block boundary can land on a masked one).
     """
     blocks = _blocks(scaled, ax, -jnp.inf)
@@ -84,7 +84,8 @@ def inverse_cdf(scaled: jax.Array, top: jax.Array, u: jax.Array, ax: int):
     # The total is summed exactly, not read off the matmul: a library matmul's summation order may
     # depend on threads and blocking, and the total enters every log-prob.
     total = block_mass.sum(ax, keepdims=True)
-    target = u * total
+    # A draw of u = 0 must still pass over the leading zero-mass tokens: aim at the least positive mass.
+    target = jnp.maximum(u * total, jnp.finfo(total.dtype).tiny)
     block = jnp.minimum(jnp.sum(cum_blocks < target, axis=ax, keepdims=True), nb - 1)
     before = jnp.where(block > 0, jnp.take_along_axis(cum_blocks, jnp.maximum(block - 1, 0), axis=ax), 0.0)
     chosen = jnp.take_along_axis(blocks, jnp.expand_dims(block, ax + 1), axis=ax).squeeze(ax)

@@ -181,6 +181,18 @@ def test_a_draw_of_a_zero_probability_token_steps_back_to_the_most_likely(platfo
     np.testing.assert_array_equal(tokens[1:], drawn[1:])
 
 
+@pytest.mark.parametrize("ax", [0, 1])
+def test_a_draw_of_zero_picks_the_first_token_with_mass(ax):
+    """u = 0 (one draw in 2^24) takes the first token of positive probability, in the first block and
+    past whole blocks of masked tokens; it never lands on a masked token."""
+    scores = jnp.full((2, 300), -jnp.inf).at[0, 3:].set(0.5).at[1, 200:].set(1.0).at[1, 250].set(2.0)
+    scores = scores if ax == 1 else scores.T
+    top = jnp.max(scores, axis=ax, keepdims=True)
+    u = jnp.zeros_like(top)
+    token, _, kept = logits_module.inverse_cdf(scores, top, u, ax)
+    assert token.reshape(-1).tolist() == [3, 200] and bool(jnp.all(kept))
+
+
 def _rows_to_truncate():
     """Rows of 1000 logits from peaked to flat, one with ties across its top 300, and per-row settings
     that cover no top-k, top-k within and past 16 candidates and past the vocabulary, top-p 1."""
