@@ -73,6 +73,7 @@ class Scheduler:
         self.slots, self.max_tokens, self.seed, self.max_queued = slots, max_tokens, seed, max_queued
         self.stream_steps = stream_steps
         self.pending: collections.deque[_Answer] = collections.deque()  # answers not started, in arrival order
+        self.started: set[Job] = set()  # jobs with an answer started and not yet complete, failed or cancelled
         self.engines: dict[str, DecodeEngine] = {}
         self.engine: DecodeEngine | None = None
         self.lock = threading.Condition()
@@ -146,7 +147,10 @@ class Scheduler:
             try:
                 with self.lock:
                     admit = self._admissions()
-                self._step(admit)
+                    self.started = {j for j in self.started if not j.done.is_set() and not j.cancelled}
+                    self.started.update(a.job for a in admit)
+                if admit or self._live():  # an admission of only cancelled answers leaves nothing to do
+                    self._step(admit)
             except Exception as err:  # noqa: BLE001 (the clients hear of it; the server keeps serving)
                 log.exception("decoding failed")
                 self._reset(ApiError(500, f"decoding failed: {type(err).__name__}: {err}"), admit)
@@ -247,9 +251,11 @@ class Scheduler:
         job.done.set()
 
     def _reset(self, error: ApiError, admitted: list[_Answer]) -> None:
-        """After a failed step: fail every job in flight and start from a fresh engine."""
-        for answer in self._live() + admitted:
-            answer.job.fail(error)
+        """After a failed step: fail every job in flight (those whose answers had all left their slots
+        but were not complete yet too) and start from a fresh engine."""
+        for job in self.started | {a.job for a in self._live() + admitted}:
+            job.fail(error)
+        self.started.clear()
         if self.engine is not None:
             self.engines.pop(self.engine.sampling.mode, None)
         self.engine = None

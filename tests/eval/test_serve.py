@@ -16,6 +16,9 @@ from spiral_jax.eval.transcripts import read_transcripts
 from spiral_jax.sampling import Sampler, SamplingParams
 from spiral_jax.sampling.scoring import sequence_logprobs
 from spiral_jax.serve import ChatServer
+from spiral_jax.serve import scheduler as scheduler_module
+from spiral_jax.serve.protocol import Ask
+from spiral_jax.serve.scheduler import Job, Scheduler
 
 USER = [{"role": "user", "content": "Your move."}]
 
@@ -253,6 +256,45 @@ def test_a_departed_clients_answers_are_cancelled(endless, caplog):
     gone = [r for r in caplog.records if "went away" in r.getMessage()]
     assert len(gone) >= 2 and all(r.exc_info is None and r.levelname == "INFO" for r in gone)
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+
+
+def test_a_failed_step_fails_the_requests_it_was_finishing(endless, monkeypatch):
+    """A decode step that fails after an answer has left its slot (here the top-logprobs pass of a
+    complete answer) fails that request too (500), rather than leaving it waiting for good; the next
+    request is served by a fresh engine."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("the top-logprobs pass failed")
+
+    monkeypatch.setattr(scheduler_module, "top_logprobs", broken)
+    replies = []
+    body = {"messages": USER, "max_tokens": 12, "logprobs": True, "top_logprobs": 2}  # 3 decode calls
+    waiting = threading.Thread(target=lambda: replies.append(_post(endless, body)), daemon=True)
+    waiting.start()
+    waiting.join(30)
+    assert not waiting.is_alive(), "the request was left waiting after the failed step"
+    status, reply, _ = replies[0]
+    assert status == 500 and "the top-logprobs pass failed" in reply["error"]["message"]
+    monkeypatch.undo()
+    assert _post(endless, {"messages": USER, "max_tokens": 3})[0] == 200
+
+
+def test_answers_cancelled_before_they_start_cost_no_step(tiny_ctx, sampler, caplog):
+    """A request whose client leaves before any of its answers is admitted leaves nothing to decode:
+    the loop takes no step (no engine may be running yet), and logs no failure."""
+    caplog.set_level("INFO", logger="spiral_jax.serve")
+    scheduler = Scheduler(sampler, tiny_ctx.tokenizer, tiny_ctx.params, slots=2, max_tokens=4)
+    tok = tiny_ctx.tokenizer
+    job = Job(Ask("chat", [_prompt(tok)], 2, SamplingParams(4, 1.0), None, (), False, False, False, 0))
+    with scheduler.lock:  # the loop sees the request only once it is cancelled
+        scheduler.submit(job)
+        scheduler.cancel(job)
+    deadline = time.time() + 10
+    while scheduler.pending and time.time() < deadline:
+        time.sleep(0.01)
+    scheduler.stop()
+    scheduler.join()
+    assert not scheduler.pending and scheduler.decode_calls == 0
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], caplog.text
 
 
 # ------------------------------------------------------------------------------------ hostility
