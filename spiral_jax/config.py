@@ -183,3 +183,24 @@ def config_from_file(name: str, relative_to: str | None = None) -> ConfigDict:
         raise ConfigFileError(f"config file {path}: get_config() returned {type(config).__name__}, not an "
                               f"ml_collections ConfigDict (start from spiral_jax.config.base_config())")
     return config
+
+
+def config_changes(before: str, after: str) -> list[str]:
+    """What config `after` sets differently from `before` (both as JSON, as out_dir/config.json and
+    checkpoints hold them): one 'key: old -> new' per dotted key, in key order. A run resumed with
+    other settings is legitimate (a longer train.steps), but it says so: a changed seed, game or
+    sampling setting means the run no longer repeats the uninterrupted one."""
+    import json
+
+    def flat(tree, prefix=""):
+        if not isinstance(tree, dict):
+            return {prefix[:-1]: tree}
+        return {k: v for key, value in tree.items() for k, v in flat(value, f"{prefix}{key}.").items()}
+
+    try:
+        old, new = flat(json.loads(before)), flat(json.loads(after))
+    except (json.JSONDecodeError, TypeError):
+        return []
+    absent = "(absent)"
+    return [f"{key}: {json.dumps(old.get(key, absent))} -> {json.dumps(new.get(key, absent))}"
+            for key in sorted(old.keys() | new.keys()) if old.get(key, absent) != new.get(key, absent)]

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from spiral_jax.api_player import ApiPlayer
 from spiral_jax.checkpoint import Checkpointer
 from spiral_jax.compilation import compile_count
+from spiral_jax.config import config_changes
 from spiral_jax.distributed import host_local_mesh, initialize, is_leader, to_host_local
 from spiral_jax.eval.benchmarks import local_files
 from spiral_jax.metrics import MetricsWriter
@@ -44,6 +45,8 @@ from spiral_jax.run.setup import RunSpec, run_spec
 from spiral_jax.run.state import RunState
 from spiral_jax.run.summary import RunSummary
 from spiral_jax.sharding import batch_shards, make_mesh
+
+_CHANGES_SHOWN = 12  # config changes a resumed run lists in its log
 
 # The exit status of a run stopped by SIGTERM/SIGINT after saving (EX_TEMPFAIL): requeue it with --resume.
 PREEMPTED_EXIT_CODE = 75
@@ -146,6 +149,11 @@ class Trainer:
                 f"({state.lora_base or 'none: full fine-tuning'}) than this run's ({base_id or 'none: full fine-tuning'}); "
                 f"resume with the model.path and model.lora it was written with")
         self.state, self.saved_step = state, state.step
+        changes = config_changes(state.config, self.spec.config_json)
+        if changes:
+            self.log(f"resuming with {len(changes)} config value(s) other than the checkpoint's: "
+                     + "; ".join(changes[:_CHANGES_SHOWN])
+                     + (f"; and {len(changes) - _CHANGES_SHOWN} more" if len(changes) > _CHANGES_SHOWN else ""))
         if state.phase == "bootstrap":
             self.log(f"resumed from {self.ckpt.directory} in the bootstrap, after {state.bootstrap_step} "
                      f"of {self.spec.bootstrap.steps if self.spec.bootstrap else 0} steps")

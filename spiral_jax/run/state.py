@@ -34,6 +34,7 @@ class RunState:
     reference: object = None  # the KL penalty's frozen policy (train layout), with optim.kl_coef
     totals: dict = dataclasses.field(default_factory=_no_totals)  # since step 0, resumes included
     lora_base: str | None = None  # the fingerprint of the weights LoRA adapters are trained on
+    config: str = ""  # the config (JSON) of the run that wrote the restored checkpoint; "" when new
 
     def __post_init__(self):
         if self.phase not in PHASES:
@@ -60,4 +61,5 @@ class RunState:
         reference = ckpt.restore_reference(meta["step"], train.params) \
             if reference and meta.get("reference") and phase == "rl" else None
         return cls(train, meta["step"], phase, meta.get("bootstrap_step", 0), meta["rae"], pool,
-                   list(meta["pool_steps"]), reference, meta.get("totals", _no_totals()), meta.get("lora_base"))
+                   list(meta["pool_steps"]), reference, meta.get("totals", _no_totals()), meta.get("lora_base"),
+                   meta.get("config", ""))

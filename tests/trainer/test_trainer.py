@@ -183,9 +183,13 @@ def test_resume_on_another_mesh_restores_the_same_state_in_the_new_layout(tmp_pa
                                 log=lambda *_: None)
     first.run()
     saved = [np.asarray(x) for x in jax.tree.leaves(first.state.train)]
+    lines = []
     resumed = Trainer.from_config(tiny_config(tmp_path, **{"train.steps": 3, "mesh.fsdp": 8, "mesh.tensor": 1}),
-                                  resume=True, log=lambda *_: None)
+                                  resume=True, log=lines.append)
     assert resumed.state.step == 2 and resumed.state.rae == first.state.rae
+    # The log says what the resumed run sets otherwise than the checkpoint's, and nothing else.
+    assert ("resuming with 3 config value(s) other than the checkpoint's: mesh.fsdp: 2 -> 8; "
+            "mesh.tensor: 4 -> 1; train.steps: 2 -> 3") in lines
     leaves = jax.tree.leaves(resumed.state.train)
     assert len(leaves) == len(saved)
     for want, got in zip(saved, leaves):
