@@ -353,9 +353,11 @@ def _run(command: str, c) -> int:
             trainer = Trainer(spec, resume=FLAGS.resume)
             trainer.run()
         return PREEMPTED_EXIT_CODE if trainer.stopped else 0
+    out = os.path.expanduser(FLAGS.out)  # a shell leaves --out=~/x as written
     if command == "export":  # before any weights are loaded: a folder that is unsafe to write fails now
         from spiral_jax.run_dir import check_export_dir
-        check_export_dir(FLAGS.out, spec.out_dir, FLAGS.overwrite)
+        check_export_dir(out, spec.out_dir, FLAGS.overwrite,
+                         reads={"model.path": spec.model_path, "tokenizer.path": spec.tokenizer_path})
     # eval / export / serve: a checkpoint's parameters in out_dir, else the weights at model.path.
     from spiral_jax.distributed import host_local_mesh
     from spiral_jax.run.build import build_tokenizer, eval_context, load_policy
@@ -384,7 +386,7 @@ def _run(command: str, c) -> int:
                      max_prompt_len=spec.rollout.max_prompt_len, settings=settings)
     from spiral_jax.export import export_checkpoint
 
-    return export_checkpoint(cfg, params, tokenizer, FLAGS.out, model_path=spec.model_path,
+    return export_checkpoint(cfg, params, tokenizer, out, model_path=spec.model_path,
                              tokenizer_path=spec.tokenizer_path, dtype=FLAGS.dtype,
                              max_shard_bytes=int(FLAGS.max_shard_gib * 2**30), adapter=FLAGS.adapter)
 

@@ -292,17 +292,21 @@ def _resolved(path) -> Path:
     return Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
 
 
-def check_export_dir(out: str, out_dir: str, overwrite: bool) -> None:
+def check_export_dir(out: str, out_dir: str, overwrite: bool, reads: dict[str, str] | None = None) -> None:
     """Refuse an export folder that is not safe to write (and, with --overwrite, to clear): the
     current folder or a parent of it, the home folder or a parent of it, the run's out_dir or a parent
-    of it, a run file inside out_dir, a file, a non-empty folder without --overwrite, and a non-empty
-    folder that no export wrote."""
+    of it, a folder the export reads (`reads`: model.path and tokenizer.path, by config key) or a
+    parent of it, a run file inside out_dir, a file, a non-empty folder without --overwrite, and a
+    non-empty folder that no export wrote."""
     if not out:
         raise ValueError("--out is required (the folder to write the Hugging Face checkpoint to)")
     target = _resolved(out)
     guarded = {"the current folder": Path.cwd().resolve(), "the home folder": _resolved("~").resolve()}
     if not is_remote(out_dir):
         guarded["the run's out_dir"] = _resolved(out_dir).resolve()
+    for key, folder in (reads or {}).items():
+        if folder and not is_remote(folder):  # an earlier export as the model: --overwrite would delete it
+            guarded[f"{key}, a folder the export reads"] = _resolved(folder).resolve()
     real = target.resolve()
     for what, folder in guarded.items():
         if real == folder or real in folder.parents:

@@ -10,6 +10,7 @@ the ahead-of-time compiler and `spiral-jax eval/export/serve` read the spec, nev
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import numpy as np
@@ -248,9 +249,36 @@ def _model(c: ConfigDict, planning: bool) -> tuple[ModelConfig, str]:
     return shape, f"model.random (no config.json at {path!r})" if path else "model.random"
 
 
+# Config values that name a local folder, where a leading ~ means the home folder.
+_FOLDERS = (("out_dir",), ("model", "path"), ("tokenizer", "path"), ("rollout", "opponent"))
+
+
+def _home_expanded(c: ConfigDict) -> ConfigDict:
+    """`c`, or a copy of it with the leading ~ of its folder values expanded: a shell leaves
+    `--config.out_dir=~/runs/x` as written, and a run would make a folder named ~ in the working
+    directory, or find no model at `~/ckpt`."""
+    tilde = [key for key in _FOLDERS if str(_get(c, key)).startswith("~")]
+    if not tilde:
+        return c
+    c = c.copy_and_resolve_references()
+    for *parents, name in tilde:
+        section = c
+        for p in parents:
+            section = section[p]
+        section[name] = os.path.expanduser(section[name])
+    return c
+
+
+def _get(c: ConfigDict, key: tuple[str, ...]):
+    for name in key:
+        c = c[name]
+    return c
+
+
 def run_spec(c: ConfigDict, config_file: str = "", planning: bool = False) -> RunSpec:
     """Read config `c` once into a RunSpec, checking what can be checked without devices.
     `planning`: for the memory planner, which needs the model's shape, not its weights."""
+    c = _home_expanded(c)
     r, e, m, t = c.rollout, c.eval, c.eval.math, c.train
     if r.mode not in MODES:
         raise ValueError(f"rollout.mode={r.mode!r}; use one of {', '.join(MODES)}")

@@ -254,7 +254,7 @@ def test_updates_skipped_in_a_row_stop_the_run(tmp_path):
 
 # ------------------------------------------------------------------------------------------- export
 
-def test_export_refuses_a_non_empty_folder_and_overwrites_cleanly(tmp_path, capsys):
+def test_export_refuses_a_non_empty_folder_and_overwrites_cleanly(tmp_path, capsys, monkeypatch):
     """A folder no export wrote is never cleared; --overwrite of an earlier export deletes what that
     export listed in export_manifest.json (a stale shard too) and keeps anything else."""
     config = _config_file(tmp_path, **{"train.steps": 1})
@@ -281,6 +281,15 @@ def test_export_refuses_a_non_empty_folder_and_overwrites_cleanly(tmp_path, caps
     assert json.loads((out / "config.json").read_text())["model_type"] == "qwen3"
     assert {oct(p.stat().st_mode & 0o777) for p in out.iterdir() if p.name != "notes.txt"} == {"0o644"}
     assert "notes.txt" not in json.loads((out / "export_manifest.json").read_text())["entries"]
+    # An earlier export that is the run's model.path: --overwrite would delete what the export reads.
+    assert cli_main([*export, "--overwrite", f"--config.model.path={out}"]) == 1
+    assert "is model.path, a folder the export reads" in capsys.readouterr().err
+    assert (out / "model.safetensors").is_file()
+    # A shell leaves --out=~/x as written: it means the home folder's x, not a folder named ~ here.
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert cli_main([*export[:3], "--out=~/hf"]) == 0
+    assert (tmp_path / "home" / "hf" / "config.json").is_file() and not (tmp_path / "~").exists()
 
 
 # ------------------------------------------------------------------------------------ clear errors

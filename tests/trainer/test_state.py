@@ -1,5 +1,6 @@
 """RunState: a run's whole state as one value, through a checkpoint and back; RunSpec's checks."""
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -107,6 +108,15 @@ def test_run_spec_reads_the_config_once_and_checks_it():
         with pytest.raises(ValueError, match=message):
             run_spec(bad)
     assert spec.compile_ahead == -1
+    # A shell leaves --config.out_dir=~/x as written; folders starting with ~ are the home folder's.
+    home = base_config()
+    home.update(out_dir="~/runs/a")
+    home.tokenizer.path = "~/tok"
+    home.rollout.opponent = "~/frozen"
+    spec = run_spec(home)
+    assert spec.out_dir == os.path.expanduser("~/runs/a") != "~/runs/a"
+    assert spec.tokenizer_path == os.path.expanduser("~/tok") and spec.rollout.opponent == os.path.expanduser("~/frozen")
+    assert home.out_dir == "~/runs/a"  # the caller's config is left as it was
     bad = base_config()
     bad.compile_ahead = -2
     with pytest.raises(ValueError, match="compile_ahead=-2: .* -1 for the default"):
