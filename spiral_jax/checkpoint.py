@@ -196,7 +196,7 @@ class Checkpointer:
         reported, renamed to `<step>.unreadable` so the resumed run can write that step again, and
         the next older one is tried."""
         if step is not None:
-            return self._restore(step, like_state, like_params)
+            return self._read_step(step, lambda s: self._restore(s, like_state, like_params))
         return self._newest_readable(lambda s: self._restore(s, like_state, like_params), log)
 
     def restore_reference(self, step: int, like_params):
@@ -230,8 +230,24 @@ class Checkpointer:
             if step not in saved:
                 raise FileNotFoundError(f"no checkpoint of step {step} in {self.directory}; it holds steps "
                                         f"{', '.join(map(str, saved)) or 'none'}")
-            return params_of(step)
+            return self._read_step(step, params_of)
         return self._newest_readable(params_of, log)
+
+    def _read_step(self, step: int, restore):
+        """`restore(step)` of a step asked for by number: a damaged one is a one-line CheckpointError
+        (it is not set aside: the caller chose it, and may be reading a run that is still training)."""
+        _drop_closed_loop_noise()
+        try:
+            return restore(step)
+        except (LayoutError, CheckpointError):
+            raise
+        except Exception as e:  # orbax and tensorstore raise many types for damaged files
+            if is_disk_full(e):
+                raise
+            others = [s for s in sorted(self._manager.all_steps()) if s != step]
+            raise CheckpointError(f"checkpoint step {step} in {self.directory} cannot be read ({_reason(e)}); "
+                                  f"choose another step (it holds {', '.join(map(str, others)) or 'no other'}), "
+                                  f"or leave the step out for the newest one that reads") from None
 
     def _newest_readable(self, restore, log):
         """Each unreadable step is one line (the step, the reason, where it was moved); no traceback."""
@@ -252,8 +268,7 @@ class Checkpointer:
                 failures.append(f"step {step}: {reason}")
                 older = [s for s in steps if s < step]
                 log(f"checkpoint step {step} in {self.directory} cannot be read ({reason}); set aside as "
-                    f"{step}.unreadable; " + (f"trying step {older[0]}" if older else "no older one to try"))
-                self._set_aside(step)
+                    f"{self._set_aside(step)}; " + (f"trying step {older[0]}" if older else "no older one to try"))
                 gc.collect()  # the failed read's coroutines end now, under the filter, not mid-run
                 continue
             if failures:
@@ -262,13 +277,21 @@ class Checkpointer:
         raise CheckpointError(f"no checkpoint in {self.directory} can be read: " + "; ".join(failures)
                               + ". Start a new out_dir, or copy intact checkpoints back")
 
-    def _set_aside(self, step: int) -> None:
-        """Rename an unreadable step folder out of orbax's way (kept for inspection, not deleted)."""
+    def _set_aside(self, step: int) -> str:
+        """Rename an unreadable step folder out of orbax's way (kept for inspection, not deleted), to
+        `<step>.unreadable`, or `<step>.unreadable-2`, ... when the step was set aside before; the
+        name it took."""
+        name = f"{step}.unreadable"
         if isinstance(self.directory, Path) and jax.process_index() == 0:
             src = self.directory / str(step)
+            n = 1
+            while (self.directory / name).exists():
+                n += 1
+                name = f"{step}.unreadable-{n}"
             if src.is_dir():
-                src.rename(self.directory / f"{step}.unreadable")
+                src.rename(self.directory / name)
         self._manager.reload()
+        return name
 
     def _check_layout(self, step: int, meta: dict, like) -> None:
         """Before any array is read: the checkpoint's weight layout, and its parameters' names and
