@@ -7,8 +7,12 @@ play it with `apply_action(..., mode="env")` (the env's own parser and rules dec
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
-from typing import Any
+import random
+from typing import Any, Iterator
+
+import numpy as np
 
 from spiral_jax.envs.base import Env, Message
 
@@ -27,6 +31,12 @@ class TextArenaEnv(Env):
 
     Chance events cannot be injected; the seed is passed to TextArena's own reset.  An action is
     reported invalid when TextArena raised its error count or ended the game for an invalid move.
+
+    TextArena's games draw from the process-wide generators (Python's `random`, which its reset
+    re-seeds, and some from numpy's `np.random`).  Each adapter keeps its own state of both, seeded
+    from the game's seed, and swaps it in only while TextArena code runs (`_own_random`): a game's
+    chance events depend only on its seed and moves, not on the other games stepped beside it, and
+    the caller's generators are left as they were.
     """
 
     def __init__(self, ta_env_id: str, *, error_allowance: int = 1,
@@ -48,13 +58,30 @@ class TextArenaEnv(Env):
     def _setup(self) -> None:
         if self._forced:
             raise ValueError("TextArena envs do not support injected chance events")
-        env = self._textarena.make(self.ta_env_id, **self._ta_kwargs)
-        while hasattr(env, "env"):  # drop TextArena's observation wrappers: we render observations
-            env = env.env
-        env.reset(num_players=2, seed=self.seed)
-        env.state.error_allowance = self.error_allowance
-        self._ta = env
-        self._collect()
+        seed = None if self.seed is None else self.seed % (1 << 32)  # np.random accepts 32 bits
+        self._random_state = (random.Random(seed).getstate(), np.random.RandomState(seed).get_state())
+        with self._own_random():
+            env = self._textarena.make(self.ta_env_id, **self._ta_kwargs)
+            while hasattr(env, "env"):  # drop TextArena's observation wrappers: we render observations
+                env = env.env
+            env.reset(num_players=2, seed=self.seed)
+            env.state.error_allowance = self.error_allowance
+            self._ta = env
+            self._collect()
+
+    @contextlib.contextmanager
+    def _own_random(self) -> Iterator[None]:
+        """Run the block with this game's state of Python's and numpy's global generators, keep the
+        state it leaves, and give the caller back its own."""
+        caller = random.getstate(), np.random.get_state()
+        random.setstate(self._random_state[0])
+        np.random.set_state(self._random_state[1])
+        try:
+            yield
+        finally:
+            self._random_state = random.getstate(), np.random.get_state()
+            random.setstate(caller[0])
+            np.random.set_state(caller[1])
 
     def _collect(self) -> None:
         """Move TextArena's pending messages into our logs and mirror its turn bookkeeping."""
@@ -75,6 +102,10 @@ class TextArenaEnv(Env):
         return []
 
     def _play(self, player: int, action: str) -> None:
+        with self._own_random():
+            self._play_ta(player, action)
+
+    def _play_ta(self, player: int, action: str) -> None:
         state = self._ta.state
         errors_before = state.error_count
         done, info = self._ta.step(action)

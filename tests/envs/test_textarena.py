@@ -1,6 +1,9 @@
 """The optional TextArena adapter (runs only where the `textarena` extra is installed)."""
 import importlib.util
+import random
+import re
 
+import numpy as np
 import pytest
 
 from spiral_jax.envs import apply_action, make
@@ -123,6 +126,76 @@ def test_adapter_logic_with_a_stand_in_module(monkeypatch):
     assert "[Player 0] [y]" in env.observation(1) and env.state()["game_state"] == {"moves": 4}
     with pytest.raises(ValueError, match="chance"):
         env.reset(seed=0, chance={"deal": [(0, 1)]})
+
+
+class _DealingTextArenaEnv(_FakeTextArenaEnv):
+    """Draws chance as TextArena's games do: its reset re-seeds Python's global `random`, and each
+    move deals from `random` and `np.random`, telling both players what was dealt."""
+
+    def reset(self, num_players, seed=None):
+        super().reset(num_players, seed)
+        random.seed(seed)
+
+    def step(self, action):
+        deal = f"dealt {random.randrange(10**9)} {np.random.randint(10**9)}"
+        for other in (0, 1):
+            self.state.observations[other].append((-1, deal))
+        return super().step(action)
+
+
+def _deals(env):
+    return [m.text for m in env.messages(0) if m.text.startswith("dealt")]
+
+
+def _play_side_by_side(envs, seeds):
+    for env, seed in zip(envs, seeds):
+        env.reset(seed=seed)
+    while not envs[0].done:
+        for env in envs:
+            if not env.done:
+                env.step("[x]")
+    return _deals(envs[0])
+
+
+def test_a_textarena_games_chance_is_its_own(monkeypatch):
+    """A game's deals depend only on its seed and moves, not on other TextArena games stepped beside
+    it, and playing leaves the caller's global generators as they were."""
+    fake = type("textarena", (), {"make": staticmethod(lambda env_id, **kw: _DealingTextArenaEnv())})
+    monkeypatch.setitem(__import__("sys").modules, "textarena", fake)
+    alone = _play_side_by_side([make("textarena:Fake-v0")], [5])
+    assert len(alone) == 4 and len(set(alone)) == 4
+    beside = _play_side_by_side([make("textarena:Fake-v0") for _ in range(3)], [5, 6, 5])
+    assert beside == alone
+    random.seed(1)
+    np.random.seed(1)
+    expected = random.random(), np.random.random()
+    random.seed(1)
+    np.random.seed(1)
+    env = make("textarena:Fake-v0")
+    env.reset(seed=3)
+    env.step("[x]")
+    assert (random.random(), np.random.random()) == expected
+
+
+@needs_textarena
+def test_textarena_kuhn_poker_deals_alike_alone_and_in_a_batch():
+    """KuhnPoker re-deals every round from the `random` that TextArena's reset seeds."""
+    from spiral_jax.envs import BatchRunner
+
+    def cards(n_games):
+        runner = BatchRunner([make("textarena:KuhnPoker-v0-long") for _ in range(n_games)], seed=5,
+                             auto_reset=False)
+        while runner.pending():
+            runner.submit({q.game: "\\boxed{[Check]}" for q in runner.pending()})
+        return re.findall(r"Your card is: '(\w)'", "\n".join(m.text for m in runner.envs[0].messages(0)))
+
+    alone = cards(1)
+    assert len(alone) > 5 and cards(3) == alone
+    state = random.getstate()
+    env = make("textarena:KuhnPoker-v0")
+    env.reset(seed=2)
+    env.step("[Check]")
+    assert random.getstate() == state
 
 
 @needs_textarena
