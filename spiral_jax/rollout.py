@@ -179,9 +179,10 @@ class Rollout:
         turns[r.game].append(ModelTurn(r.player, policy, prompt, ids, logprobs, reason))
 
     @staticmethod
-    def _games(finished, seats, turns) -> list[PlayedGame]:
+    def _games(finished, seats, turns, first) -> list[PlayedGame]:
+        """The played games in order; a record's `game` is its global index, `first` that of slot 0."""
         finished.sort(key=lambda rec: rec.game)
-        return [PlayedGame(rec, tuple(seats[rec.game]), turns[rec.game]) for rec in finished]
+        return [PlayedGame(rec, tuple(seats[rec.game - first]), turns[rec.game - first]) for rec in finished]
 
     def _play(self, env_ids, seats, params, seed, first):
         """The "rounds" schedule."""
@@ -203,7 +204,7 @@ class Rollout:
             for policy, group in sorted(groups.items()):
                 self._sample(policy, group, params[policy], seed, first, responses, turns)
             finished += runner.submit(responses)
-        return self._games(finished, seats, turns)
+        return self._games(finished, seats, turns, first)
 
     def _sample(self, policy, group, params, seed, first, responses, turns):
         live = [(r, p) for r in group if (p := self._prompt(policy, r, responses, turns)) is not None]
@@ -243,7 +244,7 @@ class Rollout:
             while True:
                 for record in runner.submit(responses):
                     finished.append(record)
-                    for key in [k for k in home if k[0] == record.game]:
+                    for key in [k for k in home if k[0] == record.game - first]:
                         del home[key]  # a finished game's slots are anyone's
                 responses, api = {}, defaultdict(list)
                 for r in runner.pending():
@@ -274,7 +275,7 @@ class Rollout:
             engine.forget()  # its KV cache, until the next call (with new parameters)
         used = sum((engine.stats - before[policy] for policy, engine in engines.items()), DecodeStats())
         self.stats += dataclasses.replace(used, seconds=seconds)  # the engines' own seconds leave out the games
-        return self._games(finished, seats, turns)
+        return self._games(finished, seats, turns, first)
 
     def _admit(self, policy, engine: DecodeEngine, waiting: list, home, params, seed, first) -> None:
         """Move waiting LLM moves into free slots, oldest first. A player goes back to the slot of its

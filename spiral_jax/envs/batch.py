@@ -40,7 +40,9 @@ class Turn:
 
 @dataclass
 class GameRecord:
-    """A finished game.  `truncated`: ended by the runner's `max_turns` (a draw)."""
+    """A finished game.  `game`: its index among all games, its slot plus the runner's `first_game`
+    (the slot itself for a runner that plays them all).  `truncated`: ended by the runner's
+    `max_turns` (a draw)."""
 
     game: int
     env_id: str
@@ -61,12 +63,17 @@ class BatchRunner:
         max_turns: end a game as a draw after this many submitted moves (SPIRAL: 50); None: never.
         auto_reset: start a new game in a slot as soon as its game finishes (else the slot idles).
         first_game: this runner's offset in a larger set of games split over several runners (hosts),
-            so that every game's seed depends only on its global index.
+            so that every game's seed and record index depend only on its global index.  Needs
+            auto_reset=False: a runner that restarts its slots plays more games than its share, and
+            their seeds would be those of the next runner's games.
     """
 
     def __init__(self, envs: Sequence[Env], *, seed: int = 0, mode: str = "strict",
                  invalid_rewards: Sequence[float] = TRAIN_INVALID_REWARDS,
                  max_turns: int | None = 50, auto_reset: bool = True, first_game: int = 0):
+        if first_game and auto_reset:
+            raise ValueError(f"first_game={first_game} needs auto_reset=False: restarted games would "
+                             "reuse the seeds of the games after this runner's share")
         self.envs = list(envs)
         self.mode, self.invalid_rewards = mode, tuple(invalid_rewards)
         self.max_turns, self.auto_reset = max_turns, auto_reset
@@ -123,5 +130,5 @@ class BatchRunner:
         seed = int(np.random.SeedSequence(self._seed, spawn_key=key).generate_state(1)[0])
         self.envs[i].reset(seed)
         self._games_started += 1
-        self._records[i] = GameRecord(i, self.envs[i].env_id, seed)
+        self._records[i] = GameRecord(self._first_game + i, self.envs[i].env_id, seed)
         self._requests[i] = None

@@ -64,3 +64,18 @@ def test_random_play_through_many_games_is_reproducible():
         return results
 
     assert run() == run()
+
+
+def test_first_game_offsets_the_record_index_and_needs_auto_reset_off():
+    """A runner playing games 4 and 5 of a larger set records them as games 4 and 5 (their seeds are
+    those of the whole set's games 4 and 5); restarting its slots would reuse the next runner's seeds."""
+    envs = [make("TicTacToe-v0") for _ in range(6)]
+    whole = BatchRunner(envs, seed=3, auto_reset=False)
+    share = BatchRunner([make("TicTacToe-v0") for _ in range(2)], seed=3, auto_reset=False, first_game=4)
+    assert [r.game for r in share.pending()] == [0, 1]  # requests name the runner's slots
+    finished = []
+    while share.pending():
+        finished += share.submit({r.game: "\\boxed{" + r.legal_actions[0] + "}" for r in share.pending()})
+    assert sorted((r.game, r.seed) for r in finished) == [(4, whole.envs[4].seed), (5, whole.envs[5].seed)]
+    with pytest.raises(ValueError, match="first_game=4 needs auto_reset=False"):
+        BatchRunner([make("TicTacToe-v0")], seed=3, first_game=4)

@@ -25,6 +25,35 @@ def test_chunked_play_equals_all_at_once():
     assert _games(5) == whole == _games(1)
 
 
+
+@pytest.mark.parametrize("schedule", ["rounds", "continuous"])
+def test_game_ids_are_global_across_chunks_and_hosts(schedule, monkeypatch):
+    """A record's (and a transcript's) game id is its index among all games, not its slot in a chunk
+    or in one host's share; each game keeps its own seats."""
+    import spiral_jax.rollout as rollout_module
+    from spiral_jax.eval.transcripts import game_record
+
+    env_ids = ["TicTacToe-v0", "Nim-v0", "KuhnPoker-v1", "TicTacToe-v0", "Nim-v0"]
+    seats = [("random", "scripted"), ("scripted", "random"), ("random", "random"), ("scripted", "scripted"),
+             ("random", "scripted")]
+
+    def play(max_in_flight):
+        rollout = Rollout(None, SimpleNamespace(stop_ids=frozenset({0})), SamplingParams(8),
+                          max_in_flight=max_in_flight, schedule=schedule)
+        return rollout.play(env_ids, seats, {}, seed=0)
+
+    for max_in_flight in (None, 2):
+        games = play(max_in_flight)
+        assert [game_record(g, ("random",))["game"] for g in games] == [0, 1, 2, 3, 4]
+        assert [(g.record.env_id, g.seats) for g in games] == list(zip(env_ids, seats))
+    whole = play(None)
+    monkeypatch.setattr(rollout_module, "process_slice", lambda n: (2, 5))  # this host's share: 2..4
+    for max_in_flight in (None, 2):
+        share = play(max_in_flight)
+        assert [g.record.game for g in share] == [2, 3, 4]
+        assert [(g.record.seed, g.seats, g.record.turns) for g in share] == \
+            [(g.record.seed, g.seats, g.record.turns) for g in whole[2:]]
+
 def _first_model_turn(finish_reason):
     """One TicTacToe game whose model seat always answers '\\boxed{4}', stopping or cut at the limit."""
     import numpy as np
