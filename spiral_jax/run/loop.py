@@ -70,7 +70,7 @@ class Trainer:
         m = spec.evaluation.math
         self.math_files = local_files(m.files) if m.every else {}  # checked now, not mid-run
         initialize(spec.distributed)
-        self.started = time.perf_counter()  # summary.json's wall time counts setup and bootstrap too
+        self.started = time.perf_counter()  # the run's wall time counts setup and bootstrap too
         self.log = log if is_leader() else (lambda *a, **k: None)
         self.out = run_path(spec.out_dir)  # local or gs://, for every file the run writes
         self.mesh = make_mesh(**spec.mesh)
@@ -102,12 +102,14 @@ class Trainer:
             "bootstrap": {"teacher": spec.bootstrap.teacher if spec.bootstrap else None,
                           "steps": spec.bootstrap.steps if spec.bootstrap else 0},
             "rae": {"enabled": spec.rae.enabled, "games_per_shard": spec.rae.games_per_shard}, "eval": {}})
-        self.writer = MetricsWriter(self.out / "tensorboard", wandb=spec.wandb, config=spec.config)
         self.ckpt = Checkpointer(f"{spec.out_dir.rstrip('/')}/checkpoints", spec.cadence.keep,  # gs:// as is
                                  spec.cadence.async_checkpointing)
         self._stop, self.stopped, self.skipped_in_a_row, self.saved_step = False, False, 0, None
         if resume:
             self._restore(base_id)
+        self.wall_before = self.state.wall_time_s  # of the processes before a resume
+        # After the restore: a --resume with nothing to resume leaves no file in out_dir.
+        self.writer = MetricsWriter(self.out / "tensorboard", wandb=spec.wandb, config=spec.config)
 
     @classmethod
     def from_config(cls, c, config_file: str = "", **kwargs) -> "Trainer":
@@ -163,11 +165,17 @@ class Trainer:
                      f"optim.kl_coef=0): the KL penalty is taken against the policy of step {state.step}")
         self.log(f"resumed from {self.ckpt.directory} at step {state.step}")
 
+    def wall_time(self) -> float:
+        """The run's wall time so far: this process's, and that of the processes before a resume up to
+        the checkpoint it resumed from."""
+        return self.wall_before + time.perf_counter() - self.started
+
     def save(self) -> None:
         """Checkpoint the run's state (part-way through the bootstrap, or at an RL step)."""
         start = time.perf_counter()
         if self.state.phase == "rl":
             self._kl_reference()
+        self.state.wall_time_s = self.wall_time()
         self.state.save(self.ckpt, self.spec.seed, self.spec.config_json)
         self.writer.scalars(self.state.step, {"time/checkpoint": time.perf_counter() - start})  # async: blocking part
         self.saved_step = self.state.step
@@ -320,7 +328,7 @@ class Trainer:
                 self.save()
             results, kuhn = self.evaluate(e.final_games, cad.transcripts)
             self.summary.record_math("final", self.evaluate_math())
-            self.summary.record_games("final", s.step, results, kuhn, wall_s=time.perf_counter() - self.started)
+            self.summary.record_games("final", s.step, results, kuhn, wall_time_s=self.wall_time())
             self.log(self.summary.table(s.step, results, kuhn, e.sampling.temperature, e.sampling.top_p,
                                         self.out / "tensorboard"))
             self.log(f"done: outputs are in {self.out}: summary.json, checkpoints/ (step {s.step}), "

@@ -35,6 +35,7 @@ class RunState:
     totals: dict = dataclasses.field(default_factory=_no_totals)  # since step 0, resumes included
     lora_base: str | None = None  # the fingerprint of the weights LoRA adapters are trained on
     config: str = ""  # the config (JSON) of the run that wrote the restored checkpoint; "" when new
+    wall_time_s: float = 0.0  # the run's wall time up to this state's checkpoint, resumes included
 
     def __post_init__(self):
         if self.phase not in PHASES:
@@ -44,7 +45,7 @@ class RunState:
         """The checkpoint's JSON record: everything but the arrays."""
         return dict(step=self.step, seed=seed, rae=self.rae, pool_steps=self.pool_steps, config=config_json,
                     totals=self.totals, phase=self.phase, bootstrap_step=self.bootstrap_step,
-                    lora_base=self.lora_base)
+                    lora_base=self.lora_base, wall_time_s=self.wall_time_s)
 
     def save(self, ckpt: Checkpointer, seed: int, config_json: str) -> None:
         """One checkpoint of this state, numbered by its RL step (0 throughout the bootstrap)."""
@@ -62,4 +63,4 @@ class RunState:
             if reference and meta.get("reference") and phase == "rl" else None
         return cls(train, meta["step"], phase, meta.get("bootstrap_step", 0), meta["rae"], pool,
                    list(meta["pool_steps"]), reference, meta.get("totals", _no_totals()), meta.get("lora_base"),
-                   meta.get("config", ""))
+                   meta.get("config", ""), meta.get("wall_time_s", 0.0))

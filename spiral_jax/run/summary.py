@@ -31,16 +31,18 @@ class RunSummary:
         if self.write:
             replace_text(self.path, json.dumps(summary, indent=1) + "\n")
 
-    def record_games(self, point: str, step: int, results: dict, kuhn, wall_s: float = 0.0) -> None:
+    def record_games(self, point: str, step: int, results: dict, kuhn, wall_time_s: float | None = None) -> None:
         """The evaluation at `point` ("step0" or "final"): {(env id, opponent): GameStats} and the
-        Kuhn estimate (or None); `wall_s` is added to the run's wall time."""
+        Kuhn estimate (or None); `wall_time_s`, when given, is the run's wall time so far, resumes
+        included."""
         summary = self.read()
         summary["eval"][point] = {f"{env_id}/{opp}": stats.summary() for (env_id, opp), stats in results.items()}
         if kuhn is not None:
             summary.setdefault("kuhn", {})[point] = {"exploitability": kuhn.exploitability.exploitability,
                                                      "policy": dict(kuhn.aggression)}
         summary["steps"] = step
-        summary["wall_time_s"] = round(summary.get("wall_time_s", 0.0) + wall_s, 1)
+        if wall_time_s is not None:
+            summary["wall_time_s"] = round(wall_time_s, 1)
         if "step0" in summary["eval"] and "final" in summary["eval"]:
             summary["rl_gain"] = {k: round(v["win"] - summary["eval"]["step0"][k]["win"], 4)
                                   for k, v in summary["eval"]["final"].items() if k in summary["eval"]["step0"]}

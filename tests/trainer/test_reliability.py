@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -18,6 +19,7 @@ from spiral_jax.cli import main as cli_main
 from spiral_jax.models import CheckpointError
 from spiral_jax.rollout import ModelTurn, PlayedGame
 from spiral_jax.run import PREEMPTED_EXIT_CODE, Trainer, TrainingDiverged
+from spiral_jax.run_dir import leftover_run
 from spiral_jax.envs import GameRecord, Turn
 from tests.tiny_models import jit_forward
 from tests.trainer.test_trainer import REPO, _config_file, tiny_config
@@ -35,6 +37,10 @@ def _params(trainer):
 
 def test_fresh_run_refuses_an_out_dir_with_another_run(tmp_path, capsys):
     config = _config_file(tmp_path, **{"train.steps": 1})
+    # A --resume with nothing to resume (a scheduler's first attempt) writes nothing a run would refuse.
+    assert _train(config, "--resume") == 1
+    assert "no checkpoint to resume from" in capsys.readouterr().err
+    assert leftover_run(str(tmp_path / "run")) is None
     assert _train(config) == 0
     checkpoints = sorted(os.listdir(tmp_path / "run" / "checkpoints"))
     out = capsys.readouterr().out
@@ -181,9 +187,15 @@ def test_a_stop_in_the_bootstrap_saves_it_and_the_resumed_run_is_exact(tmp_path)
     finally:
         stage.imitation_samples = imitation
     assert stopped.state.bootstrap_step == 3 and stopped.ckpt.latest_step() == 0
+    before = stopped.state.wall_time_s  # the stopped process's time, kept in its checkpoint
+    assert before > 0
+    start = time.perf_counter()
     resumed = Trainer.from_config(_bootstrap_config(tmp_path / "b"), resume=True, log=lambda *_: None)
-    assert resumed.state.bootstrap_step == 3
+    assert resumed.state.bootstrap_step == 3 and resumed.state.wall_time_s == before
     resumed.run()
+    # The run's wall time counts both processes, not the resumed one's alone.
+    wall = json.loads((tmp_path / "b" / "run" / "summary.json").read_text())["wall_time_s"]
+    assert before + time.perf_counter() - start + 0.1 >= wall >= before + 0.9 * (time.perf_counter() - start) - 0.1
     for a, b in zip(_params(full), _params(resumed)):
         np.testing.assert_array_equal(a, b)
     again = Trainer.from_config(_bootstrap_config(tmp_path / "b", **{"train.steps": 2}), resume=True, log=lambda *_: None)
