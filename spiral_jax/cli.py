@@ -234,8 +234,10 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(e, DiskFullError):
             reason = e.strerror
         elif is_disk_full(e):  # metrics, transcripts, an export
-            reason = (f"the disk is full ({e}); free space or move out_dir to a bigger disk, then run again "
-                      f"(train: with --resume)")
+            alt, how = {"train": ("move out_dir", " with --resume"),
+                        "export": ("choose an --out", " (into the same --out with --overwrite, which clears what "
+                                                      "this export wrote)")}.get(command, ("move out_dir", ""))
+            reason = f"the disk is full ({e}); free space or {alt} on a bigger disk, then run again{how}"
         elif isinstance(e, OSError) and e.errno in (errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.EISDIR):
             reason = (f"cannot write {e.filename or 'a file'}: {e.strerror}; choose a folder you can write "
                       f"(train: --config.out_dir=NEW_FOLDER)")

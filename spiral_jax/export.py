@@ -29,6 +29,22 @@ def export_checkpoint(cfg, params, tokenizer, out: str | Path, *, model_path: st
     out = Path(out)
     clear_export_dir(out)  # --overwrite: nothing the old export wrote survives next to the new
     before = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    # The manifest comes first (a small file, while the disk has room) and is rewritten if the export
+    # fails part-way, so that --overwrite can clear what a failed export left behind.
+    out.mkdir(parents=True, exist_ok=True)
+    record_export(out, before)
+    try:
+        return _write(cfg, params, tokenizer, out, model_path, tokenizer_path, dtype, max_shard_bytes, adapter, before)
+    except BaseException:
+        try:
+            record_export(out, before)
+        except OSError:
+            pass  # a full disk: the manifest written first still lets --overwrite clear what it can
+        raise
+
+
+def _write(cfg, params, tokenizer, out: Path, model_path, tokenizer_path, dtype, max_shard_bytes, adapter,
+           before) -> int:
     if adapter:
         save_adapter(cfg, params, out, base_model=model_path)
         record_export(out, before)

@@ -1,6 +1,7 @@
 """Runs never mix or lose work: the out_dir claim, damaged checkpoints, preemption in the bootstrap,
 safe export, clear errors for config files, prompts, tokenizers and diverging updates."""
 import asyncio
+import errno
 import gc
 import json
 import logging
@@ -297,6 +298,21 @@ def test_export_refuses_a_non_empty_folder_and_overwrites_cleanly(tmp_path, caps
     assert cli_main([*export, "--overwrite", f"--config.model.path={out}"]) == 1
     assert "is model.path, a folder the export reads" in capsys.readouterr().err
     assert (out / "model.safetensors").is_file()
+    # An export that fails part-way (the disk fills while the tokenizer is copied) lists what it wrote,
+    # so that --overwrite clears it once there is room.
+    partial = tmp_path / "partial"
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr("spiral_jax.export.shutil.copy", full_disk)
+    assert cli_main([*export[:3], f"--out={partial}"]) == 1
+    err = capsys.readouterr().err
+    assert "the disk is full" in err and "with --overwrite, which clears what this export wrote" in err, err
+    assert "model.safetensors" in json.loads((partial / "export_manifest.json").read_text())["entries"]
+    monkeypatch.undo()
+    assert cli_main([*export[:3], f"--out={partial}", "--overwrite"]) == 0
+    listed = json.loads((partial / "export_manifest.json").read_text())["entries"]
+    assert sorted(os.listdir(partial)) == sorted([*listed, "export_manifest.json"]) and "tokenizer.json" in listed
     # A shell leaves --out=~/x as written: it means the home folder's x, not a folder named ~ here.
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
