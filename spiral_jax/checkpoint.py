@@ -115,15 +115,35 @@ def _abstract(tree):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
+# The suffix of a step's folder while a new save of that step (step 0: the bootstrap's part-way
+# state, saved again) is being written; it is deleted once the new one is complete.
+_REPLACED = ".replaced"
+
+
 class Checkpointer:
     def __init__(self, directory: str | Path, keep: int = 3, async_save: bool = True):
         # Cloud storage (gs://...) as it is: multi-host jobs need a directory every host can reach.
         self.directory = str(directory) if "://" in str(directory) else Path(directory).absolute()
+        self._recover_replaced()
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                                enable_async_checkpointing=async_save)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._async = async_save
         self._pending: int | None = None  # the step an async save may still be writing
+        self._replaced: int | None = None  # the step whose previous version waits for its new save
+
+    def _recover_replaced(self) -> None:
+        """What a process that died while saving a step again left: the step's previous version is
+        the step again when the new one never completed (orbax names a step's folder only once it
+        is), and is deleted when it did."""
+        if not isinstance(self.directory, Path) or jax.process_index() != 0 or not self.directory.is_dir():
+            return
+        for old in self.directory.glob(f"*{_REPLACED}"):
+            new = self.directory / old.name[:-len(_REPLACED)]
+            if new.is_dir():
+                shutil.rmtree(old)
+            else:
+                old.rename(new)
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -144,12 +164,40 @@ class Checkpointer:
         # An async save fails in the background; its error comes up at the next call.
         with self._background_failure_reported(self._pending):
             self._manager.check_for_errors()
+        if self._replaced is not None:
+            self.wait()
         if step in self._manager.all_steps():  # step 0 again: the bootstrap's part-way state, now whole
             self.wait()
-            self._manager.delete(step)
+            self._set_for_replacement(step)
         with self._full_disk_reported(step if self._pending is None else f"{self._pending} or {step}"):
             self._manager.save(step, args=ocp.args.Composite(**items), force=True)
         self._pending = step if self._async else None
+        if not self._async:
+            self._drop_replaced()
+
+    def _set_for_replacement(self, step: int) -> None:
+        """Move a saved step out of the way of its new save, kept as `<step>.replaced` until that save
+        is complete, so that a crash while writing it never leaves the run without the step. (On
+        cloud storage, where a rename is a copy, the step is deleted.)"""
+        if not isinstance(self.directory, Path):
+            self._manager.delete(step)
+            return
+        if jax.process_index() == 0:
+            old = self.directory / f"{step}{_REPLACED}"
+            if old.exists():
+                shutil.rmtree(old)
+            (self.directory / str(step)).rename(old)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+            multihost_utils.sync_global_devices(f"spiral_jax.checkpoint.replace.{step}")
+        self._manager.reload()
+        self._replaced = step
+
+    def _drop_replaced(self) -> None:
+        """Once the new save of a replaced step is complete, its previous version goes."""
+        if self._replaced is not None and jax.process_index() == 0:
+            shutil.rmtree(self.directory / f"{self._replaced}{_REPLACED}", ignore_errors=True)
+        self._replaced = None
 
     @contextlib.contextmanager
     def _full_disk_reported(self, step: int | str | None):
@@ -363,6 +411,7 @@ class Checkpointer:
             self._manager.wait_until_finished()
             self._manager.check_for_errors()
         self._pending = None
+        self._drop_replaced()
 
     def close(self) -> None:
         try:

@@ -88,6 +88,34 @@ def test_a_damaged_step_is_set_aside_again_and_named_when_asked_for(tmp_path, ti
     ckpt.close()
 
 
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_step_saved_again_is_never_lost_while_the_new_save_is_written(tmp_path, tiny_model, monkeypatch,
+                                                                         async_save):
+    """Step 0 is saved again (the bootstrap's part-way state, then its end): its previous version
+    stays until the new one is complete, so a process that dies while writing it leaves the run the
+    previous version, not nothing."""
+    folder = tmp_path / "checkpoints"
+    first, second, like = (dataclasses.replace(_state(tiny_model, scale), step=0, phase="bootstrap", bootstrap_step=n,
+                                               pool=[], pool_steps=[]) for scale, n in ((2.0, 3), (3.0, 6), (1.0, 0)))
+    ckpt = Checkpointer(folder, async_save=async_save)
+    first.save(ckpt, seed=0, config_json="{}")
+    second.save(ckpt, seed=0, config_json="{}")
+    ckpt.wait()
+    assert sorted(p.name for p in folder.iterdir()) == ["0"]
+    assert RunState.restore(ckpt, like, None, log=lambda *_: None).bootstrap_step == 6
+
+    def dies_while_writing(*args, **kwargs):
+        raise KeyboardInterrupt  # the process is killed before the new save is complete
+    monkeypatch.setattr(ckpt._manager, "save", dies_while_writing)
+    with pytest.raises(KeyboardInterrupt):
+        first.save(ckpt, seed=0, config_json="{}")
+    assert not (folder / "0").exists()
+    again = Checkpointer(folder, async_save=async_save)  # the next process
+    assert RunState.restore(again, like, None, log=lambda *_: None).bootstrap_step == 6
+    assert sorted(p.name for p in folder.iterdir()) == ["0"]
+    again.close()
+
+
 def test_a_bootstrap_state_keeps_its_progress_and_no_reference(tmp_path, tiny_model):
     saved = dataclasses.replace(_state(tiny_model, 2.0), step=0, phase="bootstrap", bootstrap_step=4, pool=[],
                                 pool_steps=[])
