@@ -245,7 +245,7 @@ class Checkpointer:
         the next older one is tried."""
         if step is not None:
             return self._read_step(step, lambda s: self._restore(s, like_state, like_params))
-        return self._newest_readable(lambda s: self._restore(s, like_state, like_params), log)
+        return self._newest_readable(lambda s: self._restore(s, like_state, like_params), log, set_aside=True)
 
     def restore_reference(self, step: int, like_params):
         """The KL reference saved with `step` (its meta says "reference": true), shaped and sharded
@@ -279,7 +279,7 @@ class Checkpointer:
                 raise FileNotFoundError(f"no checkpoint of step {step} in {self.directory}; it holds steps "
                                         f"{', '.join(map(str, saved)) or 'none'}")
             return self._read_step(step, params_of)
-        return self._newest_readable(params_of, log)
+        return self._newest_readable(params_of, log, set_aside=False)
 
     def _read_step(self, step: int, restore):
         """`restore(step)` of a step asked for by number: a damaged one is a one-line CheckpointError
@@ -297,8 +297,11 @@ class Checkpointer:
                                   f"choose another step (it holds {', '.join(map(str, others)) or 'no other'}), "
                                   f"or leave the step out for the newest one that reads") from None
 
-    def _newest_readable(self, restore, log):
-        """Each unreadable step is one line (the step, the reason, where it was moved); no traceback."""
+    def _newest_readable(self, restore, log, set_aside: bool):
+        """Each unreadable step is one line (the step, the reason, where it was moved); no traceback.
+        `set_aside`: rename unreadable steps out of the way, for a run that resumes and will write
+        them again; eval, export and serve only read, maybe while the run still trains, and leave
+        them as they are."""
         steps = sorted(self._manager.all_steps(), reverse=True)
         if not steps:
             raise FileNotFoundError(f"no checkpoint to resume from in {self.directory}")
@@ -315,8 +318,9 @@ class Checkpointer:
                 reason = _reason(e)
                 failures.append(f"step {step}: {reason}")
                 older = [s for s in steps if s < step]
-                log(f"checkpoint step {step} in {self.directory} cannot be read ({reason}); set aside as "
-                    f"{self._set_aside(step)}; " + (f"trying step {older[0]}" if older else "no older one to try"))
+                aside = f"set aside as {self._set_aside(step)}; " if set_aside else ""
+                log(f"checkpoint step {step} in {self.directory} cannot be read ({reason}); {aside}"
+                    + (f"trying step {older[0]}" if older else "no older one to try"))
                 gc.collect()  # the failed read's coroutines end now, under the filter, not mid-run
                 continue
             if failures:

@@ -68,12 +68,19 @@ def _damage(folder):
 
 def test_a_damaged_step_is_set_aside_again_and_named_when_asked_for(tmp_path, tiny_model):
     """A step set aside, written again by the resumed run and damaged again, is set aside under a
-    new name; asked for by number (eval --step), a damaged step is a one-line error that leaves it
-    where it is."""
+    new name; a reader (eval, export, serve: the run may still be training) leaves it where it is,
+    and asked for by number (eval --step), a damaged step is a one-line error."""
     saved, like = _state(tiny_model, 2.0), _state(tiny_model, 1.0)
     folder = tmp_path / "checkpoints"
     ckpt = Checkpointer(folder, async_save=False)
     lines = []
+    saved.save(ckpt, seed=3, config_json="{}")
+    _damage(folder / "7")
+    with pytest.raises(CheckpointError, match="no checkpoint in .* can be read: step 7"):
+        ckpt.restore_params(_abstract(like.train.params), log=lines.append)
+    assert "set aside" not in lines[-1] and lines[-1].endswith("no older one to try")
+    assert (folder / "7").is_dir() and not list(folder.glob("*.unreadable"))
+    ckpt._manager.delete(7)
     for name in ("7.unreadable", "7.unreadable-2"):
         saved.save(ckpt, seed=3, config_json="{}")
         _damage(folder / "7")
