@@ -1,5 +1,6 @@
 """`spiral-jax launch`: the gcloud / ssh command lines it generates (dry run), and its decisions on a stubbed
 gcloud (an existing TPU VM is reused, a missing one created, failures say which step and how to retry)."""
+import os
 import shlex
 import subprocess
 import sys
@@ -133,14 +134,20 @@ def test_usage_errors(capsys):
     assert rc == 2 and "coordinator" in err
 
 
+REAL_RUN = subprocess.run
+
+
 class FakeGcloud:
-    """Stands in for subprocess.run: answers `describe` as told, records every command, fails `fail_on`."""
+    """Stands in for subprocess.run: answers `describe` as told, records every command, fails `fail_on`.
+    A local `git` query (the checkout's top level) runs for real and is not recorded."""
 
     def __init__(self, describe_rc=0, describe_out="READY\tv5p-8\n", describe_err="", fail_on=None):
         self.calls, self.describe = [], (describe_rc, describe_out, describe_err)
         self.fail_on = fail_on
 
     def __call__(self, argv, text=True, capture_output=False):
+        if argv[0] == "git":
+            return REAL_RUN(argv, text=text, capture_output=capture_output)
         self.calls.append(list(argv))
         if "describe" in argv:
             rc, out, err = self.describe
@@ -220,12 +227,14 @@ def test_remote_scripts_run(tmp_path, monkeypatch):
                    launch.install_script("d", None, "HEAD", "d.tgz", "3.11"), launch.logs_script("d")):
         assert bash("set -n; " + script).returncode == 0, script
     work = str(tmp_path / "one")
-    started = bash(launch.start_script(work, ["sleep", "60"], {"JAX_PROCESS_ID": "0"}))
+    # A stand-in for training whose command line has the train command's `spiral_jax.cli train`.
+    train = [sys.executable, "-c", "import time; time.sleep(60)", "-m", "spiral_jax.cli", "train"]
+    started = bash(launch.start_script(work, train, {"JAX_PROCESS_ID": "0"}))
     assert started.returncode == 0, started.stderr
     host = subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip()
     pid = int((tmp_path / "one" / launch.PID_FILE.replace("$(hostname)", host)).read_text())
     try:
-        again = bash(launch.start_script(work, ["sleep", "60"]))
+        again = bash(launch.start_script(work, train))
         assert again.returncode == 1 and "already running" in again.stderr
     finally:
         stopped = bash(launch.stop_script(work))
@@ -241,3 +250,132 @@ def test_gpu_hosts_start_together_and_failures_name_the_host(monkeypatch, capsys
     assert sorted(c[1] for c in fake.calls) == ["a", "b", "c"]  # all three were started
     err = capsys.readouterr().err
     assert "1 of 3 failed" in err and "start process 1 on b" in err and "--stop" in err
+
+
+def test_hints_name_the_project_and_the_remote_dir(monkeypatch, capsys):
+    """The --stop / --logs / --delete commands printed after a launch act on the launch's project and
+    folder: the printed --stop runs the stop script in --remote_dir."""
+    stub(monkeypatch, FakeGcloud())
+    assert launch.main([*TPU_ARGS, "--project", "my-proj", "--remote_dir", "work/sj 2"]) == 0
+    err = capsys.readouterr().err
+    where = "spiral-jax launch tpu --name spiral --zone us-east5-a --project my-proj --remote_dir 'work/sj 2'"
+    for verb in ("--logs", "--stop", "--delete"):
+        assert f"`{where} {verb}`" in err
+    stop = shlex.split(err.split("stop: `")[1].split("`")[0])
+    rc, lines, _ = dry(capsys, *stop[2:])
+    assert rc == 0 and "--project=my-proj" in shlex.split(lines[0])
+    assert remote_script(lines[0]).startswith("cd 'work/sj 2';")
+    stub(monkeypatch, FakeGcloud(describe_out="PREEMPTED\tv5p-8\n"))
+    assert launch.main([*TPU_ARGS, "--project", "my-proj"]) == 1
+    assert "--name spiral --zone us-east5-a --project my-proj --delete`" in capsys.readouterr().err
+    stub(monkeypatch, FakeGcloud())  # gpu: the folder is named, also when it is the default (this one)
+    monkeypatch.chdir(REPO)
+    assert launch.main(["gpu", "--hosts", "a,b", "--config", "configs/mesh_gpu_8x.py"]) == 0
+    assert f"stop: `spiral-jax launch gpu --hosts a,b --remote_dir {REPO} --stop`" in capsys.readouterr().err
+
+
+def test_a_nested_remote_dir_gets_its_archive_in_the_home_folder(capsys):
+    rc, lines, _ = dry(capsys, "tpu", "--name", "t", "--zone", "z", "--accelerator", "v4-8", "--repo", REPO,
+                       "--remote_dir", "work/sj", "--config", "configs/mesh_tpu_v4_8.py")
+    assert rc == 0
+    _, _, _, scp, install, start = lines
+    assert shlex.split(scp)[6] == "t:work_sj.tgz"  # no folder a fresh VM lacks
+    assert "mkdir -p work/sj; tar -xzf work_sj.tgz -C work/sj; cd work/sj;" in remote_script(install)
+    assert remote_script(start).startswith("set -e; cd work/sj;")
+
+
+def _checkout(tmp_path):
+    root = tmp_path / "proj"
+    (root / "configs").mkdir(parents=True)
+    (root / "sub" / "deeper").mkdir(parents=True)
+    (root / "configs" / "x.py").write_text("")
+    (root / "sub" / "y.py").write_text("")
+    (tmp_path / "outside.py").write_text("")
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    return root
+
+
+def _start_config(capsys, *argv):
+    rc, lines, err = dry(capsys, "tpu", "--name", "t", "--zone", "z", "--accelerator", "v4-8", *argv)
+    if rc != 0:
+        return rc, err
+    pack = shlex.split(lines[2])[2]
+    argv = train_args(remote_script(lines[-1]))
+    return argv[argv.index("--config") + 1], pack
+
+
+def test_config_is_sent_relative_to_the_checkout_root(tmp_path, monkeypatch, capsys):
+    """From a subfolder --repo . is the whole checkout; --config is passed to the workers relative to its
+    root, whether given from the root, from the current folder or as an absolute path; a config outside
+    the checkout is refused before any VM is made."""
+    root = _checkout(tmp_path)
+    monkeypatch.chdir(root / "sub" / "deeper")
+    for config, sent in [("configs/x.py", "configs/x.py"), ("../../configs/x.py", "configs/x.py"),
+                         ("../y.py", "sub/y.py"), (str(root / "configs" / "x.py"), "configs/x.py")]:
+        got, pack = _start_config(capsys, "--config", config)
+        assert got == sent, config
+        assert f"git -C {shlex.quote(str(root))} ls-files" in pack  # the root, not the subfolder
+    rc, err = _start_config(capsys, "--config", str(tmp_path / "outside.py"))
+    assert rc == 2 and "outside the project" in err
+    rc, err = _start_config(capsys, "--config", "../../../outside.py")
+    assert rc == 2 and "outside the project" in err
+    plain = tmp_path / "plain"  # not a git checkout: the folder itself
+    (plain / "configs").mkdir(parents=True)
+    (plain / "configs" / "x.py").write_text("")
+    got, pack = _start_config(capsys, "--repo", str(plain), "--config", str(plain / "configs" / "x.py"))
+    assert got == "configs/x.py" and f"git -C {shlex.quote(str(plain))} ls-files" in pack
+
+
+def test_a_git_url_over_a_copied_checkout_says_what_to_do(tmp_path):
+    home = tmp_path / "home"
+    (home / "sj").mkdir(parents=True)
+    (home / "sj" / "pyproject.toml").write_text("")
+    script = launch.install_script("sj", "https://example.invalid/x.git", "main", None, "3.11")
+    done = subprocess.run(["bash", "-c", script], cwd=home, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1
+    assert "~/sj holds a copied checkout, not a git clone" in done.stderr and "another --remote_dir" in done.stderr
+
+
+def test_a_stale_pid_file_is_no_run(tmp_path, monkeypatch):
+    """A pid file whose pid now belongs to another process (the pid reused after a reboot): --stop leaves
+    that process alone, and a launch starts."""
+    monkeypatch.setattr(launch.scripts, "CHECK_AFTER_S", 1)
+    other = subprocess.Popen(["sleep", "60"])
+    host = subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip()
+    pid_file = tmp_path / launch.PID_FILE.replace("$(hostname)", host)
+    pid_file.parent.mkdir(parents=True)
+    pid_file.write_text(f"{other.pid}\n")
+    train = [sys.executable, "-c", "import time; time.sleep(60)", "-m", "spiral_jax.cli", "train"]
+    try:
+        stopped = subprocess.run(["bash", "-c", launch.stop_script(str(tmp_path))], capture_output=True,
+                                 text=True, timeout=30)
+        assert "nothing running" in stopped.stdout and other.poll() is None
+        started = subprocess.run(["bash", "-c", launch.start_script(str(tmp_path), train)], capture_output=True,
+                                 text=True, timeout=30)
+        assert started.returncode == 0, started.stderr
+        assert int(pid_file.read_text()) != other.pid
+    finally:
+        subprocess.run(["bash", "-c", launch.stop_script(str(tmp_path))], capture_output=True, timeout=30)
+        other.kill()
+        other.wait()
+
+
+def test_gpu_one_local_host_runs_in_remote_dir(tmp_path, monkeypatch, capsys):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "x.py").write_text("")
+    monkeypatch.chdir(REPO)
+    rc, lines, _ = dry(capsys, "gpu", "--remote_dir", str(tmp_path), "--config", "configs/x.py")
+    assert rc == 0
+    assert lines[0] == f"cd {shlex.quote(str(tmp_path))} && " + shlex.join(
+        [sys.executable, "-m", "spiral_jax.cli", "train", "--config", "configs/x.py"])
+    execs = []
+    monkeypatch.setattr(launch.runner.os, "execvp", lambda prog, argv: execs.append((os.getcwd(), argv)))
+    assert launch.main(["gpu", "--remote_dir", str(tmp_path), "--config", "configs/x.py"]) == 0
+    assert execs and execs[0][0] == str(tmp_path)
+    for flags in (["--port", "2345"], ["--coordinator", "gpu-a"]):
+        rc, _, err = dry(capsys, "gpu", *flags, "--config", "configs/mesh_gpu_8x.py")
+        assert rc == 2 and "several hosts" in err
+    rc, _, err = dry(capsys, "gpu", "--hosts", "gpu-a", "--port", "2345", "--config", "configs/mesh_gpu_8x.py")
+    assert rc == 2 and "several hosts" in err
+    rc, _, err = dry(capsys, "gpu", "--remote_dir", str(tmp_path / "nope"), "--config", "configs/x.py")
+    assert rc == 2 and "no such folder" in err

@@ -24,11 +24,11 @@ import shlex
 import sys
 
 from spiral_jax.hardware import known_accelerators, parse_accelerator
-from spiral_jax.launch.gpu import launch_gpu
+from spiral_jax.launch.gpu import DEFAULT_PORT, launch_gpu
 from spiral_jax.launch.runner import PREFIX, LaunchError, Runner, Step, UsageError, failure_message
 from spiral_jax.launch.scripts import (LAUNCH_DIR, LOG_FILE, PID_FILE, install_script, is_git_url, logs_script,
                                        start_script, stop_script, train_argv)
-from spiral_jax.launch.tpu import launch_tpu
+from spiral_jax.launch.tpu import DEFAULT_REMOTE_DIR, launch_tpu
 
 __all__ = ["LAUNCH_DIR", "LOG_FILE", "PID_FILE", "PREFIX", "LaunchError", "Runner", "Step", "UsageError",
            "failure_message", "install_script", "is_git_url", "launch_gpu", "launch_tpu", "logs_script", "main",
@@ -56,8 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--runtime_version", "--runtime-version", help="override the TPU software version picked for the generation")
     t.add_argument("--repo", default=".", help="a local checkout to copy (default: .) or a git URL to clone")
     t.add_argument("--ref", help="branch, tag or commit to check out (with a git URL; default: its HEAD)")
-    t.add_argument("--remote_dir", "--remote-dir", default="spiral_jax", help="project folder on the workers, relative to "
-                   "the home folder (default: spiral_jax)")
+    t.add_argument("--remote_dir", "--remote-dir", default=DEFAULT_REMOTE_DIR, help="project folder on the workers, "
+                   f"relative to the home folder (default: {DEFAULT_REMOTE_DIR})")
     t.add_argument("--python_version", "--python-version", default="3.11", help="Python of the workers' venv (default: 3.11)")
     t.add_argument("--setup", help="shell command run on every worker after the install, in the project "
                    "folder with the venv on PATH (e.g. a model download: 'hf download Qwen/Qwen3-4B-Base "
@@ -68,9 +68,12 @@ def _parser() -> argparse.ArgumentParser:
     g = sub.add_parser("gpu", parents=[common], help="one or more GPU hosts (over ssh)")
     g.add_argument("--hosts", default="localhost", help="comma-separated hosts, [user@]host; the first runs "
                    "the coordinator (default: localhost, run here)")
-    g.add_argument("--port", type=int, default=1234, help="coordinator port on the first host (default: 1234)")
-    g.add_argument("--coordinator", help="coordinator host as the other hosts reach it (default: first host)")
-    g.add_argument("--remote_dir", "--remote-dir", help="project folder on the hosts (default: this folder's absolute path)")
+    g.add_argument("--port", type=int, help=f"coordinator port on the first host, with several hosts (default: "
+                   f"{DEFAULT_PORT})")
+    g.add_argument("--coordinator", help="coordinator host as the other hosts reach it, with several hosts "
+                   "(default: first host)")
+    g.add_argument("--remote_dir", "--remote-dir", help="project folder on the hosts, where training runs (default: "
+                   "this folder's absolute path)")
     g.add_argument("--python", help="Python with the project installed, run in --remote-dir (default: "
                    "python3 on remote hosts, this Python locally; e.g. .venv/bin/python)")
     return p

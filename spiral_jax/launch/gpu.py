@@ -4,10 +4,14 @@ JAX_NUM_PROCESSES / JAX_PROCESS_ID set for `jax.distributed`."""
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 
 from spiral_jax.launch.runner import PREFIX, Runner, Step, UsageError
 from spiral_jax.launch.scripts import LAUNCH_DIR, require_config, start_script, stop_script, train_argv
+
+
+DEFAULT_PORT = 1234
 
 
 def _local(host: str) -> bool:
@@ -19,6 +23,9 @@ def launch_gpu(args, extra: list[str], runner: Runner) -> int:
     if not hosts:
         raise UsageError("--hosts is empty; give one host or a comma-separated list (h1,h2,...)")
     workdir = args.remote_dir or os.getcwd()
+    # --stop on these hosts and this folder: the default folder is the current one, which a later
+    # --stop from elsewhere would not find.
+    stop = f"{PREFIX} gpu {shlex.join(['--hosts', args.hosts, '--remote_dir', workdir])} --stop"
     if args.stop:
         if len(hosts) == 1 and _local(hosts[0]):
             raise UsageError("a run on this host is in the foreground: stop it with Ctrl-C (it checkpoints "
@@ -27,11 +34,20 @@ def launch_gpu(args, extra: list[str], runner: Runner) -> int:
                                   retry=f"rerun: {args.rerun}") for host in hosts])
         return 0
     local_single = len(hosts) == 1 and _local(hosts[0])
-    require_config(args, os.getcwd() if local_single or not args.remote_dir else None)
+    if len(hosts) == 1 and (args.port is not None or args.coordinator):
+        raise UsageError("--port and --coordinator set up jax.distributed across several hosts; one host "
+                         "trains without a coordinator: leave them out, or list every host in --hosts")
+    if local_single and not os.path.isdir(workdir):
+        raise UsageError(f"--remote_dir {args.remote_dir}: no such folder here (with one local host, "
+                         "training runs in it)")
+    require_config(args, workdir if local_single or not args.remote_dir else None)
     if len(hosts) == 1:
         if _local(hosts[0]):
             python = args.python or sys.executable
-            return runner.exec(Step(train_argv(python, args.config, False, extra), "train on this host"))
+            # Run in --remote_dir like a remote host would, so that its relative --config, --python and
+            # out_dir are taken from there.
+            cwd = None if os.path.realpath(workdir) == os.path.realpath(os.getcwd()) else os.path.abspath(workdir)
+            return runner.exec(Step(train_argv(python, args.config, False, extra), "train on this host", cwd=cwd))
         argv = train_argv(args.python or "python3", args.config, False, extra)
         runner.run(Step(["ssh", hosts[0], start_script(workdir, argv)], f"start training on {hosts[0]}",
                         retry=f"check `ssh {hosts[0]} true` and that the project is installed in {workdir}, "
@@ -44,13 +60,13 @@ def launch_gpu(args, extra: list[str], runner: Runner) -> int:
     argv = train_argv(args.python or "python3", args.config, True, extra)
     steps = []
     for i, host in enumerate(hosts):
-        env = {"JAX_COORDINATOR_ADDRESS": f"{coordinator}:{args.port}",
+        env = {"JAX_COORDINATOR_ADDRESS": f"{coordinator}:{args.port or DEFAULT_PORT}",
                "JAX_NUM_PROCESSES": str(len(hosts)), "JAX_PROCESS_ID": str(i)}
         steps.append(Step(["ssh", host, start_script(workdir, argv, env)], f"start process {i} on {host}",
-                          retry=f"stop the others (`{PREFIX} gpu --hosts {args.hosts} --stop`), check "
+                          retry=f"stop the others (`{stop}`), check "
                                 f"`ssh {host} true` and the install in {workdir}, then rerun: {args.rerun}"))
     runner.run_parallel(steps)
     if not runner.dry_run:
         print(f"[{PREFIX}] {len(hosts)} processes started; logs: {workdir}/{LAUNCH_DIR}/train-<host>.log on "
-              f"each host; stop: `{PREFIX} gpu --hosts {args.hosts} --stop`", file=sys.stderr)
+              f"each host; stop: `{stop}`", file=sys.stderr)
     return 0

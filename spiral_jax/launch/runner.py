@@ -27,9 +27,12 @@ class Step:
     what: str                 # "create the TPU VM", "install on every worker", ...
     retry: str = ""           # how to retry when it fails
     note: str = ""            # printed after the command in --dry_run, as a shell comment
+    cwd: str | None = None    # folder to run in (Runner.exec); None: the current one
 
     def line(self) -> str:
         text = shlex.join(self.argv)
+        if self.cwd:
+            text = f"cd {shlex.quote(self.cwd)} && {text}"
         return f"{text}  # {self.note}" if self.note else text
 
 
@@ -87,6 +90,8 @@ class Runner:
         if self.dry_run:
             self._print(step.line())
             return 0
+        if step.cwd:
+            os.chdir(step.cwd)  # first: a relative program (.venv/bin/python) is found from there
         self._check_tool(step)
         print(f"[{PREFIX}] {step.what}: {step.line()}", file=sys.stderr, flush=True)
         sys.stdout.flush()

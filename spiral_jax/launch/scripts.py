@@ -13,6 +13,15 @@ LAUNCH_DIR = "runs/launch"  # under the remote project folder; runs/ is git-igno
 PID_FILE = f"{LAUNCH_DIR}/train-$(hostname).pid"
 LOG_FILE = f"{LAUNCH_DIR}/train-$(hostname).log"
 CHECK_AFTER_S = 10  # after starting, wait this long and report a process that already died
+# What the command line of a process started by start_script contains (train_argv runs `-m spiral_jax.cli
+# train`): a pid file whose pid now belongs to another process (after a reboot) is stale, not a run.
+TRAIN_MARK = "spiral_jax.cli train"
+
+
+def _running(pid_file: str) -> str:
+    """Shell test: the pid file names a live process that is a training run."""
+    return (f'[ -f {pid_file} ] && kill -0 "$(cat {pid_file})" 2>/dev/null && '
+            f'ps -ww -o args= -p "$(cat {pid_file})" 2>/dev/null | grep -q -F {shlex.quote(TRAIN_MARK)}')
 
 
 def require_config(args, local_root: str | None) -> None:
@@ -22,6 +31,25 @@ def require_config(args, local_root: str | None) -> None:
                          "go after `--`")
     if local_root and not os.path.isabs(args.config) and not os.path.exists(os.path.join(local_root, args.config)):
         raise UsageError(f"--config {args.config}: no such file in {local_root}")
+
+
+def config_in_root(config: str, root: str, cwd: str) -> str:
+    """--config as a path relative to the project root `root`, the folder that is copied to the workers
+    and where training runs there. A relative path is taken from the root (configs/X.py), else from the
+    current folder (a launch from a subfolder); an absolute one must lie inside the root."""
+    if os.path.isabs(config):
+        candidates = [config]
+    else:
+        candidates = [os.path.join(root, config), os.path.join(cwd, config)]
+    path = next((c for c in candidates if os.path.isfile(c)), None)
+    if path is None:
+        raise UsageError(f"--config {config}: no such file in {root}")
+    real_root, real_path = os.path.realpath(root), os.path.realpath(path)
+    if os.path.commonpath([real_root, real_path]) != real_root:
+        raise UsageError(f"--config {config}: {real_path} is outside the project copied to the workers "
+                         f"({real_root}); put the config in the project (e.g. configs/) or pass --repo "
+                         "a checkout that holds it")
+    return os.path.relpath(real_path, real_root)
 
 
 def train_argv(python: str, config: str, distributed: bool, extra: list[str]) -> list[str]:
@@ -39,7 +67,7 @@ def start_script(workdir: str, argv: list[str], env: dict[str, str] | None = Non
         "set -e",
         f"cd {shlex.quote(workdir)}",
         f"mkdir -p {LAUNCH_DIR}",
-        f'if [ -f {pid} ] && kill -0 "$(cat {pid})" 2>/dev/null; then echo "spiral-jax is already running '
+        f'if {_running(pid)}; then echo "spiral-jax is already running '
         f'on $(hostname) (pid $(cat {pid})); stop it first with --stop" >&2; exit 1; fi',
         f"{assign}nohup {shlex.join(argv)} > {LOG_FILE} 2>&1 < /dev/null & echo $! > {pid}",
         f"sleep {CHECK_AFTER_S}",  # catch a start that fails at once (bad config key, import error)
@@ -50,11 +78,12 @@ def start_script(workdir: str, argv: list[str], env: dict[str, str] | None = Non
 
 
 def stop_script(workdir: str) -> str:
-    """SIGTERM to the training process started by start_script: it saves a checkpoint and exits."""
+    """SIGTERM to the training process started by start_script: it saves a checkpoint and exits. A pid
+    file whose process is gone or is no training run (the pid reused after a reboot) is left alone."""
     pid = PID_FILE
     return "; ".join([
         f"cd {shlex.quote(workdir)}",
-        f'if [ -f {pid} ] && kill -0 "$(cat {pid})" 2>/dev/null; then kill "$(cat {pid})"; '
+        f'if {_running(pid)}; then kill "$(cat {pid})"; '
         f'echo "sent SIGTERM to pid $(cat {pid}) on $(hostname): it saves a checkpoint and exits"; '
         f'else echo "nothing running on $(hostname)"; fi',
     ])
@@ -77,7 +106,14 @@ def install_script(workdir: str, git_url: str | None, ref: str, archive: str | N
     d = shlex.quote(workdir)
     steps = ["set -e", "export PIP_BREAK_SYSTEM_PACKAGES=1"]  # pip on Ubuntu 24.04 images refuses --user otherwise
     if git_url:
-        steps += [f"if [ ! -d {d}/.git ]; then git clone -q {shlex.quote(git_url)} {d}; fi",
+        # A folder there without .git holds a copied checkout (an earlier launch from a local --repo):
+        # git clone refuses a folder that is not empty.
+        shown = workdir if os.path.isabs(workdir) else f"~/{workdir}"
+        refuse = shlex.quote(f"{shown} holds a copied checkout, not a git clone, on")
+        fix = shlex.quote("pass another --remote_dir, or remove that folder on every worker first")
+        steps += [f'if [ ! -d {d}/.git ] && [ -n "$(ls -A {d} 2>/dev/null)" ]; then '
+                  f'echo {refuse} "$(hostname):" {fix} >&2; exit 1; fi',
+                  f"if [ ! -d {d}/.git ]; then git clone -q {shlex.quote(git_url)} {d}; fi",
                   f"git -C {d} fetch -q origin {shlex.quote(ref)}",
                   f"git -C {d} checkout -q --detach FETCH_HEAD"]
     else:

@@ -5,13 +5,27 @@ from __future__ import annotations
 
 import os
 import shlex
+import subprocess
 import sys
 import tempfile
 
 from spiral_jax.hardware import TpuSlice, known_accelerators, parse_accelerator
 from spiral_jax.launch.runner import PREFIX, LaunchError, Runner, Step, UsageError, failure_message
-from spiral_jax.launch.scripts import (install_script, is_git_url, logs_script, require_config, start_script,
-                                       stop_script, train_argv)
+from spiral_jax.launch.scripts import (config_in_root, install_script, is_git_url, logs_script, require_config,
+                                       start_script, stop_script, train_argv)
+
+DEFAULT_REMOTE_DIR = "spiral_jax"
+
+
+def _target(args) -> str:
+    """The flags that name this launch's VM and project folder, for the --stop / --logs / --delete hints:
+    without --project or --remote_dir those act on another project or folder than the launch's."""
+    flags = ["--name", args.name, "--zone", args.zone]
+    if args.project:
+        flags += ["--project", args.project]
+    if args.remote_dir != DEFAULT_REMOTE_DIR:
+        flags += ["--remote_dir", args.remote_dir]
+    return shlex.join(flags)
 
 
 def _scope(args) -> list[str]:
@@ -62,25 +76,39 @@ def _ensure_vm(runner: Runner, args, tpu: TpuSlice) -> None:
                         retry=f"rerun: {args.rerun}"))
     elif state in ("PREEMPTED", "TERMINATED"):
         raise LaunchError(f"TPU VM {name} is {state} and cannot be restarted: delete it with "
-                          f"`{PREFIX} tpu --name {name} --zone {args.zone} --delete`, then rerun: {args.rerun}")
+                          f"`{PREFIX} tpu {_target(args)} --delete`, then rerun: {args.rerun}")
     else:
         raise LaunchError(f"TPU VM {name} is {state or 'in an unknown state'}; wait until it is READY "
                           f"(`gcloud compute tpus tpu-vm describe {name} --zone={args.zone}`), then rerun: "
                           f"{args.rerun}")
 
 
-def _ship(runner: Runner, args) -> tuple[str | None, str | None]:
-    """(git url, remote archive path): a git URL is cloned on the workers; a local checkout is packed
-    (tracked and untracked, non-ignored files) and copied to every worker."""
+def _local_root(args) -> str | None:
+    """The folder a local --repo copies: its git checkout's top level (--repo . in a subfolder copies the
+    whole checkout), or the folder itself outside git; None for a git URL."""
     if is_git_url(args.repo):
-        return args.repo, None
+        return None
     if args.ref:
         raise UsageError("--ref applies to a git URL in --repo; a local checkout is copied as it is")
     src = os.path.abspath(args.repo)
     if not os.path.isdir(src):
         raise UsageError(f"--repo {args.repo!r} is neither a git URL nor a local folder")
+    try:
+        top = subprocess.run(["git", "-C", src, "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    except OSError:  # no git here: the pack step says that --repo must be a git checkout
+        return src
+    found = (top.stdout or "").strip()
+    return found if top.returncode == 0 and os.path.isdir(found) else src
+
+
+def _ship(runner: Runner, args, src: str | None) -> tuple[str | None, str | None]:
+    """(git url, remote archive path): a git URL is cloned on the workers; a local checkout `src` is packed
+    (tracked and untracked, non-ignored files) and copied to every worker, to a file in the home folder
+    (a nested --remote_dir's parent folders do not exist yet on a fresh VM)."""
+    if src is None:
+        return args.repo, None
     archive = os.path.join(tempfile.gettempdir(), f"spiral_jax-{args.name}.tgz")
-    remote = f"{args.remote_dir.rstrip('/')}.tgz"
+    remote = args.remote_dir.strip("/").replace("/", "_") + ".tgz"
     pack = (f"set -o pipefail; git -C {shlex.quote(src)} ls-files -z -co --exclude-standard | "
             f"tar -C {shlex.quote(src)} --null --ignore-failed-read -T - -czf {shlex.quote(archive)}")
     runner.run(Step(["bash", "-c", pack], f"pack the checkout {src}",
@@ -113,10 +141,12 @@ def launch_tpu(args, extra: list[str], runner: Runner) -> int:
         tpu = parse_accelerator(args.accelerator)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    require_config(args, os.path.abspath(args.repo) if not is_git_url(args.repo) else None)
+    src = _local_root(args)
+    require_config(args, None)
+    config = config_in_root(args.config, src, os.getcwd()) if src else args.config
 
     _ensure_vm(runner, args, tpu)
-    git_url, archive = _ship(runner, args)
+    git_url, archive = _ship(runner, args, src)
     install = install_script(args.remote_dir, git_url, args.ref or "HEAD", archive, args.python_version,
                              setup=args.setup or "")
     one = shlex.join(_ssh(name, args, install, worker="0"))
@@ -124,14 +154,13 @@ def launch_tpu(args, extra: list[str], runner: Runner) -> int:
                     retry=f"gcloud names the worker that failed; rerun that one with `{one}` (change "
                           f"--worker=0 to its number), or rerun the launch (the VM is reused): {args.rerun}"))
     multi = tpu.hosts > 1
-    argv = train_argv(".venv/bin/python", args.config, multi, extra)
+    argv = train_argv(".venv/bin/python", config, multi, extra)
     runner.run(Step(_ssh(name, args, start_script(args.remote_dir, argv)),
                     f"start training on {'all ' + str(tpu.hosts) + ' workers' if multi else 'the worker'}",
                     retry=f"if some workers started and others did not, stop them all with `{PREFIX} tpu "
-                          f"--name {name} --zone {args.zone} --stop`, then rerun: {args.rerun}"))
+                          f"{_target(args)} --stop`, then rerun: {args.rerun}"))
     if not runner.dry_run:
-        where = f"--name {name} --zone {args.zone}" + (f" --project {args.project}" if args.project else "")
-        print(f"[{PREFIX}] training runs in the background on {tpu.hosts} worker(s); logs: "
-              f"`{PREFIX} tpu {where} --logs`; stop: `... --stop`; delete the VM: `... --delete`",
-              file=sys.stderr)
+        where = f"{PREFIX} tpu {_target(args)}"
+        print(f"[{PREFIX}] training runs in the background on {tpu.hosts} worker(s); logs: `{where} --logs`; "
+              f"stop: `{where} --stop`; delete the VM: `{where} --delete`", file=sys.stderr)
     return 0
