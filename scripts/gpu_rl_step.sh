@@ -2,7 +2,9 @@
 # One RL step of the paper's Kuhn recipe on one NVIDIA GPU, in parts: bench/rl_step.py and the GPU
 # checks, run in the order PARTS lists them (default "preset small continuous"), each within its own
 # limit and all within BUDGET_S seconds (default 570: a device call's 590 s less the machine's start).
-# A part with fewer than 120 s left is skipped and says so, for the next call to run. Timings and
+# A part with fewer than 120 s left is skipped and says so, for the next call to run; so is a check
+# whose limit is under 120 s (attention, truncation) when less than its whole limit is left. A part
+# that ran and failed makes the exit status 1, after the summary; a skipped part does not. Timings and
 # what they decided are in docs/performance.md ("One RL step at a real size").
 #
 # The card picks the planner's hardware (HW) and the preset the preset-sized parts run (PRESET); both
@@ -100,8 +102,14 @@ run() {
       && [ "$left" -gt 150 ] && [[ " $* " != *" --compile_ahead "* ]]; then
     echo "$name broke before its first step ended: again with --compile_ahead 0"
     run "${name}_no_ahead" "$left" "$@" --compile_ahead 0 --time_limit $(( left - 100 ))
+    return  # the part's outcome is the second run's
   fi
+  failed_if "$name" "$status"
 }
+
+failed=""
+# failed_if NAME STATUS: a run that exited non-zero fails the script at the end (after the summary).
+failed_if() { [ "$2" -eq 0 ] || failed="$failed, $1 (exit $2)"; }
 
 PER_ROW=${PER_ROW:-}
 # packing: the --samples_per_row flag of the parts that take PER_ROW (none when it is unset).
@@ -110,17 +118,20 @@ packing() { [ -n "$PER_ROW" ] && echo "--samples_per_row $PER_ROW"; }
 PRESET_S=${PRESET_S:-560}
 BUDGET_S=${BUDGET_S:-570}
 began=$(date +%s)
-# limit PART PART_S: the part's limit cut to what is left of BUDGET_S; 0 (and a note) under 120 s.
+# limit PART PART_S [MIN_S]: the part's limit cut to what is left of BUDGET_S; 0 (and a note) under
+# MIN_S (default 120).
 limit() {
   local left=$(( BUDGET_S - ($(date +%s) - began) ))
   local s=$(( $2 < left ? $2 : left ))
-  if [ "$s" -lt 120 ]; then
+  if [ "$s" -lt "${3:-120}" ]; then
     echo "part $1 skipped: $s s left of BUDGET_S=$BUDGET_S; run it in the next call" | tee -a "$OUT/summary.txt" >&2
     echo 0
   else
     echo "$s"
   fi
 }
+# limit_check PART PART_S: limit for the GPU checks, which run whole or not at all under 120 s.
+limit_check() { limit "$1" "$2" $(( $2 < 120 ? $2 : 120 )); }
 
 for part in ${PARTS:-preset small continuous}; do
   case $part in
@@ -164,21 +175,37 @@ for part in ${PARTS:-preset small continuous}; do
       [ "$s" -gt 0 ] && run kuhn_qwen3_8b_lora_1xh100 "$s" --config configs/kuhn_qwen3_8b_lora_1xh100.py \
         --max_new_tokens "$NEW_TOKENS" --steps 1;;
     decode)
-      section "bench/decode_attention.py"
-      timeout "${DECODE_S:-120}" python3 bench/decode_attention.py 2>&1 | tee "$OUT/decode.log" | tail -12
-      echo "decode attention: exit ${PIPESTATUS[0]}: $(tail -1 "$OUT/decode.log")" | tee -a "$OUT/summary.txt";;
+      s=$(limit_check decode "${DECODE_S:-120}")
+      if [ "$s" -gt 0 ]; then
+        section "bench/decode_attention.py"
+        timeout "$s" python3 bench/decode_attention.py 2>&1 | tee "$OUT/decode.log" | tail -12
+        status=${PIPESTATUS[0]}
+        echo "decode attention: exit $status: $(tail -1 "$OUT/decode.log")" | tee -a "$OUT/summary.txt"
+        failed_if decode "$status"
+      fi;;
     truncation)
-      section "bench/truncation.py"
-      timeout "${TRUNCATION_S:-90}" python3 bench/truncation.py --rows 1 32 128 2>&1 | tee "$OUT/truncation.log" | tail -13
-      echo "truncation: exit ${PIPESTATUS[0]}: $(tail -1 "$OUT/truncation.log")" | tee -a "$OUT/summary.txt";;
+      s=$(limit_check truncation "${TRUNCATION_S:-90}")
+      if [ "$s" -gt 0 ]; then
+        section "bench/truncation.py"
+        timeout "$s" python3 bench/truncation.py --rows 1 32 128 2>&1 | tee "$OUT/truncation.log" | tail -13
+        status=${PIPESTATUS[0]}
+        echo "truncation: exit $status: $(tail -1 "$OUT/truncation.log")" | tee -a "$OUT/summary.txt"
+        failed_if truncation "$status"
+      fi;;
     attention)
-      section "scripts/gpu_attention_check.py"
-      timeout "${ATTENTION_S:-75}" python3 scripts/gpu_attention_check.py 2>&1 | tee "$OUT/attention.log" | tail -30
-      status=${PIPESTATUS[0]}
-      echo "attention check: exit $status" | tee -a "$OUT/summary.txt"
+      s=$(limit_check attention "${ATTENTION_S:-75}")
+      if [ "$s" -gt 0 ]; then
+        section "scripts/gpu_attention_check.py"
+        timeout "$s" python3 scripts/gpu_attention_check.py 2>&1 | tee "$OUT/attention.log" | tail -30
+        status=${PIPESTATUS[0]}
+        echo "attention check: exit $status" | tee -a "$OUT/summary.txt"
+        failed_if attention "$status"
+      else
+        rm -f "$OUT/attention.log"  # an earlier call's verdict is not this one's
+      fi
       # Packing rests on the packed layout's own verdict, which a timeout in the later timings leaves standing.
-      if [ -n "$PER_ROW" ] && ! grep -q "^packed attention: OK" "$OUT/attention.log"; then
-        echo "packed attention check failed: the parts after it train one sample a row (PER_ROW cleared)" | tee -a "$OUT/summary.txt"
+      if [ -n "$PER_ROW" ] && ! grep -q "^packed attention: OK" "$OUT/attention.log" 2>/dev/null; then
+        echo "packed attention check failed or was skipped: the parts after it train one sample a row (PER_ROW cleared)" | tee -a "$OUT/summary.txt"
         PER_ROW=
       fi;;
     *) echo "unknown part $part: preset, rounds, small, continuous, pallas, packed, medium, full, graphs," \
@@ -188,3 +215,7 @@ done
 
 section "summary"
 cat "$OUT/summary.txt"
+if [ -n "$failed" ]; then
+  echo "failed: ${failed#, }" >&2
+  exit 1
+fi

@@ -18,12 +18,15 @@ def _tool(path: Path, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-def run_script(tmp_path: Path, card: str, parts: str, **env) -> tuple[subprocess.CompletedProcess, list[str]]:
+def run_script(tmp_path: Path, card: str, parts: str, part_rc: int = 0,
+               **env) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """The script's result and the bench runs it made; every bench and check exits `part_rc`."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     calls = tmp_path / "calls.txt"
     _tool(bin_dir / "nvidia-smi", f'[ "$1" = -L ] && echo "GPU 0: {card}" || echo "{card}"\n')
-    _tool(bin_dir / "python3", f'echo "$* | XLA_FLAGS=${{XLA_FLAGS:-}}" >> {calls}\necho "rl step 1.0 s"\n')
+    _tool(bin_dir / "python3", f'echo "$* | XLA_FLAGS=${{XLA_FLAGS:-}}" >> {calls}\necho "rl step 1.0 s"\n'
+                               f'case "$1" in bench/*|scripts/*) exit {part_rc};; esac\n')
     result = subprocess.run(
         ["bash", "scripts/gpu_rl_step.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60,
         env={**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PARTS": parts,
@@ -71,3 +74,38 @@ def test_part_truncation_times_every_way_at_the_rollouts_batch(tmp_path):
     assert result.returncode == 0, result.stderr
     assert [b.split(" | ")[0] for b in benches] == ["bench/truncation.py --rows 1 32 128"]
     assert "truncation: exit 0" in (tmp_path / "out" / "summary.txt").read_text()
+
+
+def _programs(tmp_path: Path) -> list[str]:
+    """The bench and check programs the script ran."""
+    calls = tmp_path / "calls.txt"
+    lines = calls.read_text().splitlines() if calls.exists() else []
+    return [line.split()[0] for line in lines if line.startswith(("bench/", "scripts/"))]
+
+
+def test_every_part_keeps_to_the_budget(tmp_path):
+    """The checks are skipped, like the bench parts, when BUDGET_S has no room for them; skipping is no
+    failure."""
+    result, _ = run_script(tmp_path, "NVIDIA H200", "small decode truncation attention", BUDGET_S="1")
+    assert result.returncode == 0, result.stderr
+    assert not _programs(tmp_path)
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert all(f"part {p} skipped" in summary for p in ("small", "decode", "truncation", "attention"))
+
+
+def test_a_check_under_120_s_runs_when_its_whole_limit_is_left(tmp_path):
+    result, _ = run_script(tmp_path, "NVIDIA H200", "truncation attention", BUDGET_S="80", PER_ROW="16")
+    assert result.returncode == 0, result.stderr
+    assert _programs(tmp_path) == ["scripts/gpu_attention_check.py"]  # 75 s fits 80, truncation's 90 does not
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert "part truncation skipped" in summary and "PER_ROW cleared" in summary  # no packed verdict
+
+
+def test_a_failed_part_fails_the_script_after_the_rest_ran(tmp_path):
+    result, _ = run_script(tmp_path, "NVIDIA H200", "small decode truncation attention", part_rc=1)
+    assert result.returncode == 1
+    assert _programs(tmp_path) == ["bench/rl_step.py", "bench/rl_step.py", "bench/decode_attention.py",
+                                   "bench/truncation.py", "scripts/gpu_attention_check.py"]
+    assert "failed: qwen3_0p6b_no_ahead (exit 1), decode (exit 1), truncation (exit 1), attention (exit 1)" \
+        in result.stderr
+    assert "=== summary" in result.stdout
