@@ -121,10 +121,13 @@ _REPLACED = ".replaced"
 
 
 class Checkpointer:
-    def __init__(self, directory: str | Path, keep: int = 3, async_save: bool = True):
+    def __init__(self, directory: str | Path, keep: int = 3, async_save: bool = True, writer: bool = False):
+        """writer: the run's own checkpointer, under out_dir's lock, which repairs what a save killed
+        part-way left; readers (eval, export, serve) touch nothing, as the run may be saving."""
         # Cloud storage (gs://...) as it is: multi-host jobs need a directory every host can reach.
         self.directory = str(directory) if "://" in str(directory) else Path(directory).absolute()
-        self._recover_replaced()
+        if writer:
+            self._recover_replaced()
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                                enable_async_checkpointing=async_save)
         self._manager = ocp.CheckpointManager(self.directory, options=options)

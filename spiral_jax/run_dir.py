@@ -31,7 +31,7 @@ import time
 import uuid
 from pathlib import Path
 
-from spiral_jax.paths import is_remote, run_path
+from spiral_jax.paths import is_remote, replace_text, run_path
 
 LOCK_NAME = "run.lock"
 MANIFEST_NAME = "run_manifest.json"
@@ -72,7 +72,9 @@ def leftover_run(out_dir: str) -> str | None:
     found = []
     ckpt_dir = f"{out_dir.rstrip('/')}/checkpoints"
     if is_remote(out_dir) or Path(ckpt_dir).is_dir():
-        step = Checkpointer(ckpt_dir).latest_step()
+        ckpt = Checkpointer(ckpt_dir)
+        step = ckpt.latest_step()
+        ckpt.close()
         if step is not None:
             found.append(f"checkpoints up to step {step}")
     if not is_remote(out_dir):
@@ -99,10 +101,10 @@ def read_manifest(folder, name: str = MANIFEST_NAME) -> list[str] | None:
 
 
 def write_manifest(folder, entries, name: str = MANIFEST_NAME, written_by: str = "spiral-jax train") -> None:
-    path = run_path(folder) / name
-    path.write_text(json.dumps({"written_by": written_by, "entries": sorted(entries),
-                                "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds")},
-                               indent=1) + "\n")
+    replace_text(run_path(folder) / name,  # whole or not at all: a half-written manifest blocks --overwrite
+                 json.dumps({"written_by": written_by, "entries": sorted(entries),
+                             "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds")},
+                            indent=1) + "\n")
 
 
 def delete_listed(folder, entries) -> list[str]:

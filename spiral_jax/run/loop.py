@@ -30,7 +30,7 @@ from spiral_jax.distributed import host_local_mesh, initialize, is_leader, to_ho
 from spiral_jax.eval.benchmarks import local_files
 from spiral_jax.metrics import MetricsWriter
 from spiral_jax.models import CheckpointError, load_policy_weights, lora
-from spiral_jax.paths import run_path
+from spiral_jax.paths import replace_text, run_path
 from spiral_jax.policies import PolicySpec, kind
 from spiral_jax.rl.reshard import make_policy, make_reshard, sample_config, split_frozen
 from spiral_jax.rl.samples import pack, per_row, row_multiple, shard_batch
@@ -103,7 +103,7 @@ class Trainer:
                           "steps": spec.bootstrap.steps if spec.bootstrap else 0},
             "rae": {"enabled": spec.rae.enabled, "games_per_shard": spec.rae.games_per_shard}, "eval": {}})
         self.ckpt = Checkpointer(f"{spec.out_dir.rstrip('/')}/checkpoints", spec.cadence.keep,  # gs:// as is
-                                 spec.cadence.async_checkpointing)
+                                 spec.cadence.async_checkpointing, writer=True)
         self._stop, self.stopped, self.skipped_in_a_row, self.saved_step = False, False, 0, None
         if resume:
             self._restore(base_id)
@@ -360,7 +360,7 @@ class Trainer:
                  f"  compile cache: {jax.config.jax_compilation_cache_dir or 'off'}")
         if is_leader():
             self.out.mkdir(parents=True, exist_ok=True)
-            (self.out / "config.json").write_text(spec.config_json + "\n")
+            replace_text(self.out / "config.json", spec.config_json + "\n")
         self.writer.text(self.state.step, "config", "```\n" + spec.config_json + "\n```")
 
     def _stopped(self) -> dict:

@@ -104,7 +104,7 @@ def test_a_step_saved_again_is_never_lost_while_the_new_save_is_written(tmp_path
     folder = tmp_path / "checkpoints"
     first, second, like = (dataclasses.replace(_state(tiny_model, scale), step=0, phase="bootstrap", bootstrap_step=n,
                                                pool=[], pool_steps=[]) for scale, n in ((2.0, 3), (3.0, 6), (1.0, 0)))
-    ckpt = Checkpointer(folder, async_save=async_save)
+    ckpt = Checkpointer(folder, async_save=async_save, writer=True)
     first.save(ckpt, seed=0, config_json="{}")
     second.save(ckpt, seed=0, config_json="{}")
     ckpt.wait()
@@ -117,7 +117,10 @@ def test_a_step_saved_again_is_never_lost_while_the_new_save_is_written(tmp_path
     with pytest.raises(KeyboardInterrupt):
         first.save(ckpt, seed=0, config_json="{}")
     assert not (folder / "0").exists()
-    again = Checkpointer(folder, async_save=async_save)  # the next process
+    reader = Checkpointer(folder)  # eval or export meanwhile: it may not touch a save in progress
+    assert reader.latest_step() is None and (folder / "0.replaced").is_dir()
+    reader.close()
+    again = Checkpointer(folder, async_save=async_save, writer=True)  # the run's next process
     assert RunState.restore(again, like, None, log=lambda *_: None).bootstrap_step == 6
     assert sorted(p.name for p in folder.iterdir()) == ["0"]
     again.close()
