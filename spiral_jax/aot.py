@@ -76,6 +76,7 @@ def tpu_devices(accelerator: str) -> tuple:
     from jax.experimental import topologies
 
     tpu = parse_accelerator(accelerator)
+    topology = tpu.topology()  # a slice without a known chip grid fails here, with its own message
     # Compile-only devices touch no TPU, so several processes may load libtpu at once (tests run in
     # two), and a machine outside Google Cloud has no metadata server to ask about its TPU.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -83,7 +84,7 @@ def tpu_devices(accelerator: str) -> tuple:
                         ("TPU_ACCELERATOR_TYPE", tpu.accelerator)):
         os.environ.setdefault(name, value)
     try:
-        return tuple(topologies.get_topology_desc(**tpu.topology()).devices)
+        return tuple(topologies.get_topology_desc(**topology).devices)
     except Exception as e:  # libtpu missing, or a version without this topology
         raise CompileError(
             f"cannot describe {tpu.accelerator}'s devices for the TPU compiler ({type(e).__name__}: "
@@ -292,7 +293,8 @@ def compile_run(spec, tgt: Target, log=print) -> tuple[list[Compiled], planner.P
 
 def run_plan(spec, tgt: Target, mesh) -> planner.Plan:
     """The planner's plan of a run on `tgt`'s devices laid out as `mesh`: the sizes its programs take."""
-    hw = Hardware(tgt.name, len(tgt.devices), tgt.memory, platform=tgt.devices[0].platform)
+    hw = Hardware(tgt.name, len(tgt.devices), tgt.memory, platform=tgt.devices[0].platform,
+                  hosts=len({d.process_index for d in tgt.devices}))
     return planner.plan(spec, hw, planner.MeshShape(mesh.shape["data"], mesh.shape["fsdp"], mesh.shape["tensor"]))
 
 
@@ -346,22 +348,26 @@ def _compile_run(spec, tgt: Target, log) -> tuple[list[Compiled], planner.Plan]:
     resident = parts["optimizer"] + others + (parts["params"] + parts.get("frozen", 0) if separate else 0)
     seen = set()
     evaluation = spec.evaluation.sampling
-    for name, games, sp in [("rollout", work.rollout_games, spec.rollout.sampling),
-                            ("eval", work.in_flight(work.eval_games), evaluation),
-                            ("final eval", work.in_flight(work.final_games), evaluation)]:
+    hosts = len({d.process_index for d in tgt.devices})
+    for name, games, _, engines in work.sampler_calls(hosts):
+        sp = spec.rollout.sampling if name == "rollout" else evaluation
         prompts = [[0] * spec.rollout.max_prompt_len] * games
-        key = (games, cache_slots(work.prompt_len, sp.max_new_tokens), sp.mode) if games else None
+        key = (games, cache_slots(work.prompt_len, sp.max_new_tokens), sp.mode, engines) if games else None
         if key is None or key in seen:
             continue
         seen.add(key)
         phase = next(k for k in phases if name in k.split(" (")[0].split(", "))
         if spec.rollout.schedule == "continuous":  # a decode engine per policy, a slot per game in flight
             engine = DecodeEngine(sampler, sp, batch_bucket(games, sampler.min_batch_bucket))
+            # The other policies' engines hold their KV caches while this one runs.
+            others_kv = parts[f"kv {phase.split(' (')[0]}"] * (engines - 1) // engines
             lowered = functools.cache(functools.partial(engine.lower, sample_params))  # both programs at once
             for program in ("insert", "decode"):
                 results.append(_compile(
-                    f"{name} engine {program} ({engine.slots} slots x {engine.cache_len}-slot cache, {sp.mode})",
-                    lambda program=program, lowered=lowered: lowered()[program], resident, phases[phase], log))
+                    f"{name} engine {program} ({engine.slots} slots x {engine.cache_len}-slot cache, {sp.mode}"
+                    + (f", 1 of {engines} engines" if engines > 1 else "") + ")",
+                    lambda program=program, lowered=lowered: lowered()[program], resident + others_kv,
+                    phases[phase], log))
             continue
         results.append(_compile(f"{name} sampler ({games} games x {sp.max_new_tokens} new tokens, {sp.mode})",
                                 lambda prompts=prompts, sp=sp: sampler.lower(sample_params, prompts, sp),

@@ -298,15 +298,24 @@ def _plan(spec) -> int:
     """Print the memory plan of a RunSpec; no Trainer, no weights (see spiral_jax/plan/)."""
     from spiral_jax import hardware, plan
 
-    if FLAGS.hardware and FLAGS.devices:
+    devices, memory = FLAGS["devices"].present, FLAGS["device_memory_gib"].present
+    if FLAGS.hardware and devices:
         raise ValueError("pass --hardware or --devices, not both")
+    if FLAGS.hardware and memory:
+        raise ValueError("--device_memory_gib is for --devices or this machine's devices; a --hardware preset has "
+                         "its own memory per device: leave out one of them")
+    if devices and FLAGS.devices < 1:
+        raise ValueError(f"--devices must be >= 1 (the device count), got {FLAGS.devices}")
+    if memory and FLAGS.device_memory_gib <= 0:
+        raise ValueError(f"--device_memory_gib must be > 0 (GiB per device), got {FLAGS.device_memory_gib:g}; "
+                         f"leave it out when the memory is unknown")
     if FLAGS.hardware:
         hw = hardware.hardware(FLAGS.hardware)
-    elif FLAGS.devices:
+    elif devices:
         hw = hardware.custom_hardware(FLAGS.devices, FLAGS.device_memory_gib)
     else:
         hw = hardware.local_hardware()
-        if FLAGS.device_memory_gib:
+        if memory:
             hw = hardware.custom_hardware(hw.devices, FLAGS.device_memory_gib)
     text, fits = plan.report(spec, hw)
     print(text)
@@ -314,7 +323,7 @@ def _plan(spec) -> int:
         return 1 if fits is False else 0
     from spiral_jax import aot
 
-    if FLAGS.devices:
+    if devices:
         raise ValueError("--compile needs --hardware (a TPU slice or an NVIDIA preset) or no hardware flag "
                          "(this machine's devices)")
     tgt = aot.target(FLAGS.hardware)
@@ -334,7 +343,7 @@ def _run(command: str, c) -> int:
     from spiral_jax.run.setup import run_spec
 
     if command == "plan":
-        if FLAGS.hardware or FLAGS.devices:  # planned for other devices than this machine's
+        if FLAGS.hardware or FLAGS["devices"].present:  # planned for other devices than this machine's
             from spiral_jax import aot
             aot.prepare(FLAGS.hardware)  # before anything starts JAX's backends
         return _plan(run_spec(c, planning=True))

@@ -216,6 +216,12 @@ class Hardware:
     source: str = ""
     platform: str = "cpu"  # tpu, gpu or cpu: decides the attention kernel model.attention="auto" picks
     card: GpuCard | None = None  # NVIDIA presets: the card, which `aot` compiles for without one
+    hosts: int = 1  # machines (JAX processes) the devices are spread over, the same number on each
+
+    @property
+    def devices_per_host(self) -> int:
+        """Devices of one host: each host samples on its own (`distributed.host_local_mesh`)."""
+        return self.devices // self.hosts
 
     @property
     def limit(self) -> int | None:
@@ -230,7 +236,7 @@ def tpu_hardware(accelerator: str) -> Hardware:
     return Hardware(f"{tpu.generation.name}-{tpu.accelerator.rpartition('-')[2]}", tpu.chips, tpu.generation.hbm,
                     source=f"Cloud TPU {tpu.accelerator}: {tpu.chips} chips on {tpu.hosts} host(s), "
                            f"{tpu.generation.hbm / GiB:.2f} GiB of HBM per chip available to a program (libtpu)",
-                    platform="tpu")
+                    platform="tpu", hosts=tpu.hosts)
 
 
 HARDWARE = {h.name: h for h in (
@@ -251,7 +257,9 @@ ALIASES = {"h100x8": "8xH100", "8xh100": "8xH100", "h100-8": "8xH100", "h200": "
 
 
 def hardware(name: str) -> Hardware:
-    """A preset by name (case-insensitive, a few aliases), or any Cloud TPU accelerator type."""
+    """A preset by name (case-insensitive, surrounding whitespace ignored, a few aliases), or any Cloud
+    TPU accelerator type."""
+    name = name.strip()
     key = {k.lower(): k for k in HARDWARE}.get(name.lower()) or ALIASES.get(name.lower())
     if key is not None:
         return HARDWARE[key]
@@ -266,6 +274,9 @@ def custom_hardware(devices: int, memory_gib: float | None) -> Hardware:
     """Any other slice or box: a device count and, if known, GiB per device (0/None: no limit)."""
     if devices < 1:
         raise ValueError(f"--devices must be >= 1, got {devices}")
+    if memory_gib is not None and memory_gib < 0:
+        raise ValueError(f"--device_memory_gib must be > 0 (GiB per device), got {memory_gib:g}; leave it out "
+                         f"when the memory is unknown")
     memory = None if not memory_gib else int(memory_gib * GiB)
     return Hardware(f"{devices} x {memory_gib:g} GiB" if memory else f"{devices} devices", devices, memory)
 
@@ -276,4 +287,4 @@ def local_hardware() -> Hardware:
     stats = devices[0].memory_stats() if hasattr(devices[0], "memory_stats") else None
     memory = (stats or {}).get("bytes_limit")
     return Hardware(f"local {devices[0].platform} x {len(devices)}", len(devices), memory,
-                    platform=devices[0].platform)
+                    platform=devices[0].platform, hosts=len({d.process_index for d in devices}))

@@ -411,3 +411,123 @@ def test_the_plans_printed_in_docs_are_what_the_planner_prints_now(capsys, monke
                re.search(r"^  rollout, eval, final eval \(\d+ games at once\) +([\d.]+)$", out, re.M)[1],
                peak, f"{float(usable):.1f}", share]
         assert numbers == now, f"docs/memory.md's row of {name}.py: {numbers}, the planner now: {now}"
+
+
+def test_multihost_slices_keep_tensor_groups_on_one_host():
+    """v5litepod-16 / v6e-16 are 4 hosts of 4 chips and each host samples on its own chips
+    (`distributed.host_local_mesh`): tensor 8 would split a tensor group across hosts, so the planner
+    refuses it and the search never suggests it."""
+    hw = H.hardware("v5litepod-16")
+    assert (hw.hosts, hw.devices_per_host) == (4, 4) and H.hardware("v6e-16").hosts == 4
+    assert H.hardware("v5e-8").hosts == 1 and H.hardware("v5p-16").hosts == 2
+    c = config_from_file(str(CONFIGS / "kuhn_qwen3_4b_v5e_8.py"))
+    c.mesh.update(data=1, fsdp=2, tensor=8)
+    with pytest.raises(MeshError, match="tensor=8 splits tensor groups across the 4 hosts.*divides 4"):
+        P.plan(planned(c), hw)
+    assert {m.tensor for m in P.meshes(16, 4)} == {1, 2, 4}
+    text, fits = P.report(planned(c), hw)
+    assert fits is False and "splits tensor groups" in text
+    change = text.split("Suggestion")[1].splitlines()[1].split()
+    mesh = {k.rpartition(".")[2]: int(v) for k, v in (a.split("=") for a in change if "mesh" in a)}
+    assert mesh["tensor"] <= 4
+    c.mesh.update(**mesh)
+    assert P.plan(planned(c), hw).mesh.tensor == mesh["tensor"]
+    # docs/running.md's v5litepod-16 command
+    c.mesh.update(data=1, fsdp=4, tensor=4)
+    c.optim.micro_batch_size = 8
+    assert P.plan(planned(c), hw).fits
+
+
+def test_multihost_sampling_is_sized_on_one_hosts_chips():
+    """Each host's sampler runs on a (1, chips per host / tensor, tensor) mesh: its decode engine of
+    max_in_flight slots is the engine a one-host slice of those chips holds, not one split over every
+    host's chips. In sampler calls, a host plays its share of the games."""
+    c = config_from_file(str(CONFIGS / "kuhn_qwen3_4b_v5e_8.py"))
+    c.mesh.update(data=1, fsdp=4, tensor=4)
+    c.optim.micro_batch_size = 8
+    hw = H.hardware("v5litepod-16")
+    key = "kv rollout, eval, final eval"
+    multi = P.plan(planned(c), hw)
+    one_host = P.plan(planned(c), dataclasses.replace(hw, hosts=1))  # the whole mesh samples together
+    c.mesh.update(fsdp=1)
+    four_chips = P.plan(planned(c), H.hardware("v5litepod-4"))
+    assert multi.parts[key] == four_chips.parts[key] == 4 * one_host.parts[key]
+    assert multi.parts[f"prefill {key[3:]}"] == four_chips.parts[f"prefill {key[3:]}"]
+    c.mesh.update(fsdp=4)
+    c.rollout.update(schedule="rounds", max_in_flight=0, games_per_batch=16)
+    rounds = P.plan(planned(c), hw)
+    assert "rollout (4 games at once)" in rounds.phases  # 16 games over 4 hosts
+    assert "eval, final eval (16 games at once)" in rounds.phases
+
+
+def test_lora_adapters_on_fsdp_count_the_samplers_copy_of_the_frozen_weights():
+    """model.lora.sample=adapters with fsdp > 1: the policy the sampler reads is the frozen weights and
+    the adapters moved to the sample layout (`make_reshard`), a copy of both."""
+    from spiral_jax.rl.reshard import make_policy, sample_config, split_frozen
+
+    c = tiny_config("bfloat16")
+    c.model.lora.update(rank=8, alpha=16.0, sample="adapters")
+    c.mesh.update(data=1, fsdp=4, tensor=2)
+    spec = planned(c)
+    plan = P.plan(spec, H.custom_hardware(8, None))
+    cfg, mesh = spec.model, make_mesh(**c.mesh)
+    frozen, trained = split_frozen(cfg, init_params(cfg, jax.random.key(0), mesh=mesh), mesh)
+    policy = make_reshard(sample_config(cfg, False), mesh)(make_policy(cfg, mesh, False)(trained, frozen))
+    assert plan.parts["sampler_params"] == on_device0(policy) > on_device0(frozen)
+    c.mesh.update(fsdp=1, tensor=8)  # one layout: the sampler reads the train state's arrays
+    assert "sampler_params" not in P.plan(planned(c), H.custom_hardware(8, None)).parts
+
+
+def test_continuous_schedule_counts_a_kv_cache_per_policy_and_max_in_flight_slots_for_evaluation():
+    """Rollout._play_continuous makes a decode engine per LLM policy in the call (the model, each pool
+    snapshot), each with its own cache; evaluation's engines have max_in_flight slots
+    (`Rollout._engine`) however few games it plays, and "self" is a second policy."""
+    from spiral_jax.rollout import Rollout
+
+    c = config_from_file(str(CONFIGS / "kuhn_qwen3_4b_v5e_8.py"))
+    hw = H.hardware("v5e-8")
+    one = P.plan(planned(c), hw).parts["kv rollout, eval, final eval"]
+    c.rollout.update(mode="pool", pool_size=4)
+    pool = P.plan(planned(c), hw)
+    assert pool.parts["kv rollout"] == 5 * one and pool.parts["kv eval, final eval"] == one
+    assert "5 decode engines (one per policy) of 8 slots" in pool.labels["kv rollout"]
+    c.rollout.mode = "self_play"
+    c.eval.update(games=2, final_games=2, opponents=("random", "self"))
+    small = P.plan(planned(c), hw)
+    assert small.parts["kv eval, final eval"] == 2 * one and "eval, final eval (8 games at once)" in small.phases
+    # the runtime's rule: an engine of max_in_flight slots for a 2-game evaluation
+    b = base_config()
+    b.model.random.update(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,
+                          num_kv_heads=1, head_dim=32)
+    sampler = Sampler(planned(b).model, max_prompt_len=16, max_cache_len=80)
+    fake = type("R", (), dict(max_in_flight=8, sampler=sampler, sampling=SamplingParams(64), engines={}))()
+    assert Rollout._engine(fake, "model", 2).slots == 8
+
+
+def test_unknown_memory_and_a_mesh_for_other_devices_names_a_mesh_that_matches(capsys):
+    v4 = str(CONFIGS / "mesh_tpu_v4_8.py")  # data 1, fsdp 1, tensor 4: 4 devices
+    assert cli.main(["spiral-jax", "plan", "--config", v4, "--devices", "8"]) == 1
+    out = capsys.readouterr().out
+    assert "No mesh" not in out and "Suggestion" in out
+    change = out.split("Suggestion")[1].splitlines()[1].split()
+    assert change == ["--config.mesh.data=1", "--config.mesh.fsdp=2", "--config.mesh.tensor=4"]
+    assert cli.main(["spiral-jax", "plan", "--config", v4, "--devices", "8", *change]) == 0
+
+
+def test_compiling_for_a_slice_without_a_chip_grid_says_why():
+    from spiral_jax import aot
+
+    with pytest.raises(ValueError, match="v5p-24: no chip grid known for 12 chips"):
+        aot.tpu_devices("v5p-24")
+
+
+def test_cli_plan_refuses_flags_it_would_ignore_or_that_make_no_sense(capsys):
+    tiny = str(CONFIGS / "tiny_tictactoe.py")
+    plan = ["spiral-jax", "plan", "--config", tiny]
+    for flags, message in ((["--hardware", "v5e-8", "--device_memory_gib", "1"], "a --hardware preset has its own"),
+                           (["--devices", "0"], "--devices must be >= 1"),
+                           (["--devices", "8", "--device_memory_gib", "-1"], "--device_memory_gib must be > 0"),
+                           (["--device_memory_gib", "0"], "--device_memory_gib must be > 0")):
+        assert cli.main(plan + flags) == 1, flags
+        assert message in capsys.readouterr().err, flags
+    assert H.hardware("8xh100 ") == H.hardware("8xH100") and H.hardware(" 1xH200") == H.hardware("1xH200")

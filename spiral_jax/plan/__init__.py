@@ -21,8 +21,13 @@ the old-log-prob pass return per slot. XLA's temporaries (activations, all-gathe
 transients) are a model fitted on XLA:CPU (`plan.activations`). `plan.estimator` adds the parts into
 the peak of each phase; when that does not fit, `plan.search` looks for a mesh over the same devices,
 a smaller micro-batch and fewer games per sampler call (`rollout.games_per_batch`, which also bounds
-evaluation's) with the same estimator. The planner plans one host: with several, each host's
-evaluation still plays up to games_per_batch at once.
+evaluation's) with the same estimator.
+
+Sampling is planned for one host (`Workload.sampler_calls`): on a slice of several hosts each plays
+its share of the games on its own devices (`distributed.host_local_mesh`: data 1, its tensor groups
+on fsdp), so the KV cache and prefill are sized on that mesh, and mesh.tensor must divide the devices
+per host (`Hardware.hosts`; `plan` refuses other meshes, the search skips them). Under the continuous
+schedule every LLM policy a call seats has a decode engine, and so a KV cache, of its own.
 """
 from spiral_jax.hardware import GiB, MiB
 from spiral_jax.plan.activations import fused

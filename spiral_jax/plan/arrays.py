@@ -85,9 +85,9 @@ def param_bytes(cfg: ModelConfig, mesh: MeshShape, kind: str) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def frozen_bytes(cfg: ModelConfig, mesh: MeshShape) -> int:
-    """LoRA's frozen weights per device on the train layout (0 without LoRA)."""
-    return _tree_bytes(_specs(cfg)[1], _trees(cfg)[1], mesh.rules("train")) if cfg.lora_rank else 0
+def frozen_bytes(cfg: ModelConfig, mesh: MeshShape, kind: str = "train") -> int:
+    """LoRA's frozen weights per device on the `kind` layout (0 without LoRA)."""
+    return _tree_bytes(_specs(cfg)[1], _trees(cfg)[1], mesh.rules(kind)) if cfg.lora_rank else 0
 
 
 @functools.lru_cache(maxsize=256)

@@ -8,7 +8,7 @@ import math
 import jax
 from jax.sharding import AbstractMesh
 
-from spiral_jax.policies import SCRIPTED
+from spiral_jax.policies import PolicySpec
 from spiral_jax.rl.losses import response_chunk
 from spiral_jax.rl.samples import Batch, TurnSample, pack
 from spiral_jax.sampling import bucket_length
@@ -61,15 +61,17 @@ class Workload:
     row: Batch  # one packed training row, abstract (jax.ShapeDtypeStruct per field): `longest_row`
     chunk: int  # response slots unembedded at a time
     prompt_len: int  # prompt bucket of the sampler
-    rollout_games: int  # games per rollout call (or decode slots), and evaluation's chunk: games_per_batch
-    # or rollout.max_in_flight where that is smaller
+    games_per_batch: int  # rollout.games_per_batch: a step's games, over all hosts
     rollout_new: int
-    eval_games: int  # as configured; evaluation plays them `in_flight` at a time
+    eval_games: int  # as configured; evaluation plays them `eval_in_flight` at a time per host
     final_games: int
     eval_new: int
     snapshots: int  # other policies' weights kept on the devices: pool snapshots, a frozen opponent
+    max_in_flight: int = 0  # rollout.max_in_flight: games at once per host (0: unset)
     lora_merged: bool = True  # with LoRA: the sampler reads a merged copy of the weights (model.lora.sample)
     continuous: bool = False  # rollout.schedule=continuous: decode engines play the games, not sampler calls
+    frozen_opponent: bool = False  # rollout.opponent is a model folder: a whole model of its own
+    eval_self: bool = False  # eval.opponents has "self": the model plays itself as a second policy
 
     @property
     def train_len(self) -> int:
@@ -86,10 +88,45 @@ class Workload:
         """One packed training row on the device, every Batch field."""
         return sum(x.size * x.dtype.itemsize for x in self.row)
 
+    @property
+    def rollout_games(self) -> int:
+        """Games of one rollout call on one host: games_per_batch, or max_in_flight where smaller."""
+        return min(self.games_per_batch, self.max_in_flight) if self.max_in_flight else self.games_per_batch
+
+    @property
+    def eval_in_flight(self) -> int:
+        """Games an evaluation plays at once per host (`RolloutSpec.eval_in_flight`): max_in_flight,
+        else games_per_batch."""
+        return self.max_in_flight or self.games_per_batch
+
     def in_flight(self, games: int) -> int:
-        """Games of an evaluation of `games` in one sampler call: chunks of at most games_per_batch
-        (`Rollout.max_in_flight`; 0 or unset would mean all at once)."""
-        return min(games, self.rollout_games) if self.rollout_games > 0 else games
+        """Games of an evaluation of `games` in one sampler call on one host: chunks of at most
+        `eval_in_flight` (0 would mean all at once)."""
+        return min(games, self.eval_in_flight) if self.eval_in_flight > 0 else games
+
+    def sampler_calls(self, hosts: int = 1) -> list[tuple[str, int, int, int]]:
+        """(name, games, new tokens, engines) of the rollout's and evaluations' sampler calls on one
+        host, as `Rollout.play` makes them: each host plays its share of the games (`process_slice`:
+        the first host the largest).
+
+        Rounds: calls of min(share, max_in_flight) games, one policy's after another (engines 1).
+        Continuous: a decode engine per LLM policy the call seats (`Rollout._play_continuous`), each
+        with its own KV cache until the call ends, of max_in_flight slots (`Rollout._engine`), or the
+        host's share without it; evaluation's Rollout has max_in_flight = `eval_in_flight`, so its
+        engines have that many slots however few games it plays. The rollout seats the model, every
+        pool snapshot and a frozen opponent; evaluation the model, and it again as "self"."""
+        def share(n: int) -> int:
+            return -(-n // hosts)
+
+        evals = [("eval", self.eval_games), ("final eval", self.final_games)]
+        if self.continuous:
+            rollout = [("rollout", self.max_in_flight or share(self.games_per_batch), self.rollout_new,
+                        1 + self.snapshots)]
+            return rollout + [(name, self.eval_in_flight if n > 0 else 0, self.eval_new, 1 + self.eval_self)
+                              for name, n in evals]
+        rollout = share(self.games_per_batch)
+        return ([("rollout", min(rollout, self.max_in_flight) if self.max_in_flight else rollout, self.rollout_new, 1)]
+                + [(name, self.in_flight(share(n)), self.eval_new, 1) for name, n in evals])
 
 
 def longest_row(spec) -> Batch:
@@ -106,12 +143,13 @@ def workload(spec) -> Workload:
     r, e = spec.rollout, spec.evaluation
     row = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), longest_row(spec))
     samples = r.samples_per_step
+    frozen_opponent = r.mode == "fixed_opponent" and PolicySpec.parse(r.opponent).kind == "checkpoint"
     return Workload(
         samples=samples, micro_batch=spec.train.micro_batch_size or samples, row=row,
         chunk=response_chunk(spec.train.logprob_chunk, row.response_slots.shape[1]),
-        prompt_len=bucket_length(r.max_prompt_len),
-        rollout_games=min(r.games_per_batch, r.eval_in_flight),
+        prompt_len=bucket_length(r.max_prompt_len), games_per_batch=r.games_per_batch,
         rollout_new=r.sampling.max_new_tokens, eval_games=e.games, final_games=e.final_games,
-        eval_new=e.sampling.max_new_tokens,
-        snapshots=r.pool_size if r.mode == "pool" else int(r.mode == "fixed_opponent" and r.opponent not in SCRIPTED),
-        lora_merged=spec.lora_merged, continuous=r.schedule == "continuous")
+        eval_new=e.sampling.max_new_tokens, max_in_flight=r.max_in_flight or 0,
+        snapshots=r.pool_size if r.mode == "pool" else int(frozen_opponent),
+        lora_merged=spec.lora_merged, continuous=r.schedule == "continuous", frozen_opponent=frozen_opponent,
+        eval_self="self" in e.opponents)
