@@ -92,19 +92,13 @@ def tpu_devices(accelerator: str) -> tuple:
 
 
 def prepare(hardware: str | None) -> None:
-    """Get JAX ready to plan or compile for `hardware` (None: devices described by their count and
-    memory), devices other than this machine's; call it before anything starts JAX's backends.
-
-    The persistent compilation cache (JAX_COMPILATION_CACHE_DIR, often set on TPU VMs) is off for this
-    process: a compile-only target writes executables it cannot load back, so a program met twice
-    (the rollout's and evaluation's engines share some) would warn of an unreadable entry and compile
-    again, and the cache would fill with executables no run loads.
-
-    Neither the planner nor compile-only devices need a local accelerator, so unless JAX_PLATFORMS
-    says otherwise the process runs on the CPU: it never takes the chips of a TPU VM (where a
-    training run may hold them), and on a machine without a TPU libtpu does not try to start one and
-    fill stderr with the failure. For an NVIDIA preset, the CUDA plugin loads without a GPU.
-    """
+    """Get JAX ready to plan or compile for `hardware` (None: devices given by count and memory) rather
+    than this machine's devices; call it before anything starts JAX's backends. The persistent
+    compilation cache is off: a compile-only target writes executables no process can load back, which
+    a program met twice would warn about and compile again. Unless JAX_PLATFORMS says otherwise the
+    process runs on the CPU: it never takes the chips of a TPU VM (a training run may hold them), and
+    libtpu does not try to start a TPU that is not there. An NVIDIA preset's CUDA plugin loads without
+    a GPU."""
     jax.config.update("jax_enable_compilation_cache", False)
     if not jax.config.jax_platforms:
         jax.config.update("jax_platforms", "cpu")

@@ -24,13 +24,10 @@ from pathlib import Path
 import jax
 import orbax.checkpoint as ocp
 
+from spiral_jax.checkpoint_layout import (TREE_MISMATCHES, LayoutError, check_layout, layers_unlike, param_shapes,
+                                          saved_layers_stacked, unlike)
 from spiral_jax.models.config import CheckpointError
 from spiral_jax.models.params import PARAM_LAYOUT
-
-
-class LayoutError(ValueError):
-    """A checkpoint whose weights this run cannot take as they are: written by a version that stored
-    them in another layout, or by a config that shaped the parameter tree another way."""
 
 
 class DiskFullError(OSError):
@@ -49,32 +46,6 @@ def _reason(error: BaseException) -> str:
     """An error as one short line: tensorstore's messages end in a dump of the array's spec, cut off."""
     text = re.split(r"\.? See full TensorStore details", str(error), maxsplit=1)[0]
     return " ".join(text.split())[:240] or type(error).__name__
-
-
-# What orbax says when the tree a run asks for is unlike the one saved (a config that differs from the
-# one that wrote the checkpoint), as opposed to a file it cannot read.
-_TREE_MISMATCHES = ("tree structures do not match", "Structure mismatch", "Type mismatch at key path",
-                    "is not compatible with the stored shape")
-
-
-def _saved_layers_stacked(mismatch: str) -> bool | None:
-    """From orbax's tree-mismatch error: whether the checkpoint holds the layers stacked (a dict of
-    arrays with a layer axis) or one by one (a list), where that is what differs from this run's
-    tree; None where it is not. Newer orbax releases call this run's side Source and the checkpoint's
-    Target, older ones lhs and rhs; a partial restore names this run's side the template."""
-    sides = re.search(r"\blayers:\s+- Source: <class '(list|dict)'>\s+- Target: <class '(list|dict)'>"
-                      r"|'layers': Diff\(lhs=<class '(list|dict)'>, rhs=<class '(list|dict)'>\)"
-                      r"|'layers'\): template has type <class '(list|dict)'>, but structure has type "
-                      r"<class '(list|dict)'>", mismatch)
-    return None if sides is None else (sides[2] or sides[4] or sides[6]) == "dict"
-
-
-def _param_shapes(tree) -> dict[str, list[int]] | None:
-    """{key path: shape} of a train state's (or a {"params": ...} dict's) parameters; None without any."""
-    params = tree.get("params") if isinstance(tree, dict) else getattr(tree, "params", None)
-    if params is None:
-        return None
-    return {jax.tree_util.keystr(path): list(x.shape) for path, x in jax.tree_util.tree_leaves_with_path(params)}
 
 
 def _drop_closed_loop_noise() -> None:
@@ -158,7 +129,7 @@ class Checkpointer:
     def save(self, step: int, state, pool: list, meta: dict, reference=None) -> None:
         """Write `step` in the background. `reference`: the frozen policy of a KL penalty, if any."""
         meta = {**meta, "param_layout": PARAM_LAYOUT, "reference": reference is not None,
-                "param_shapes": _param_shapes(state)}
+                "param_shapes": param_shapes(state)}
         items = dict(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         if pool:
             items["pool"] = ocp.args.StandardSave(list(pool))
@@ -263,7 +234,7 @@ class Checkpointer:
         (ShapeDtypeStructs), e.g. the sampler's."""
         def params_of(step):
             meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-            self._check_layout(step, meta, {"params": like_params})
+            check_layout(self.directory, step, meta, {"params": like_params})
             item = ocp.args.PyTreeRestore(item={"params": like_params}, partial_restore=True,
                                           restore_args=jax.tree.map(
                                               lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, dtype=x.dtype),
@@ -272,7 +243,7 @@ class Checkpointer:
             # A partial restore hands back what the checkpoint lacks as it was asked for (abstract).
             if absent := [jax.tree_util.keystr(path) for path, x in jax.tree_util.tree_leaves_with_path(params)
                           if isinstance(x, jax.ShapeDtypeStruct)]:
-                raise self._unlike(step, f"lacks {len(absent)} parameter(s) this run's config makes (first "
+                raise unlike(self.directory, step, f"lacks {len(absent)} parameter(s) this run's config makes (first "
                                          f"{absent[0]})")
             return params, step, meta
 
@@ -348,50 +319,9 @@ class Checkpointer:
         self._manager.reload()
         return name
 
-    def _check_layout(self, step: int, meta: dict, like) -> None:
-        """Before any array is read: the checkpoint's weight layout, and its parameters' names and
-        shapes (in `meta` where the version that wrote it saved them) against those of `like` (a
-        train state, or {"params": ...})."""
-        if meta.get("param_layout") != PARAM_LAYOUT:
-            raise LayoutError(
-                f"checkpoint step {step} in {self.directory} stores weights in an older layout ([in, out]; "
-                f"this version stores them [out, in] like Hugging Face). It cannot be resumed by this "
-                f"version: resume it with the spiral_jax version that wrote it, or start a new out_dir")
-        saved, wanted = meta.get("param_shapes"), _param_shapes(like)
-        if saved is None or wanted is None:
-            return
-        stacked = [any(k.startswith("['layers']['") for k in shapes) for shapes in (saved, wanted)]
-        if stacked[0] != stacked[1]:
-            raise self._layers_unlike(step, stacked[0])
-        missing = [k for k in wanted if k not in saved]
-        extra = [k for k in saved if k not in wanted]
-        other = [k for k in wanted if k in saved and saved[k] != wanted[k]]
-        if missing or extra or other:
-            parts = []
-            if missing:
-                parts.append(f"lacks {len(missing)} parameter(s) this run's config makes (first {missing[0]})")
-            if extra:
-                parts.append(f"holds {len(extra)} it does not make (first {extra[0]})")
-            if other:
-                parts.append(f"holds {other[0]} as {tuple(saved[other[0]])} where the config makes "
-                             f"{tuple(wanted[other[0]])}")
-            raise self._unlike(step, "; ".join(parts))
-
-    def _layers_unlike(self, step: int, saved_stacked: bool) -> LayoutError:
-        return LayoutError(
-            f"checkpoint step {step} in {self.directory} holds the layers "
-            f"{'stacked' if saved_stacked else 'one by one'} (model.scan_layers={saved_stacked}), this run's "
-            f"config the other way: resume it with --config.model.scan_layers={saved_stacked}")
-
-    def _unlike(self, step: int, what: str) -> LayoutError:
-        return LayoutError(
-            f"checkpoint step {step} in {self.directory} {what}: it was written with another model, "
-            f"model.lora or model.scan_layers setting. Resume, evaluate or export it with the config that "
-            f"wrote it (out_dir/config.json), or start a new out_dir")
-
     def _restore(self, step: int, like_state, like_params) -> tuple[object, list, dict]:
         meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-        self._check_layout(step, meta, like_state)
+        check_layout(self.directory, step, meta, like_state)
         items = dict(state=ocp.args.StandardRestore(_abstract(like_state)))
         if meta.get("pool_steps"):
             items["pool"] = ocp.args.StandardRestore([_abstract(like_params)] * len(meta["pool_steps"]))
@@ -405,12 +335,12 @@ class Checkpointer:
         try:
             return self._manager.restore(step, args=ocp.args.Composite(**items))
         except ValueError as e:
-            if not any(text in str(e) for text in _TREE_MISMATCHES):
+            if not any(text in str(e) for text in TREE_MISMATCHES):
                 raise
-            saved = _saved_layers_stacked(str(e))
+            saved = saved_layers_stacked(str(e))
             if saved is not None:
-                raise self._layers_unlike(step, saved) from None
-            raise self._unlike(step, f"holds a parameter tree unlike the one this run's config makes "
+                raise layers_unlike(self.directory, step, saved) from None
+            raise unlike(self.directory, step, f"holds a parameter tree unlike the one this run's config makes "
                                      f"({_reason(e)})") from None
 
     def wait(self) -> None:

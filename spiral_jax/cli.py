@@ -298,32 +298,16 @@ def _plan(spec) -> int:
     """Print the memory plan of a RunSpec; no Trainer, no weights (see spiral_jax/plan/)."""
     from spiral_jax import hardware, plan
 
-    devices, memory = FLAGS["devices"].present, FLAGS["device_memory_gib"].present
-    if FLAGS.hardware and devices:
-        raise ValueError("pass --hardware or --devices, not both")
-    if FLAGS.hardware and memory:
-        raise ValueError("--device_memory_gib is for --devices or this machine's devices; a --hardware preset has "
-                         "its own memory per device: leave out one of them")
-    if devices and FLAGS.devices < 1:
-        raise ValueError(f"--devices must be >= 1 (the device count), got {FLAGS.devices}")
-    if memory and FLAGS.device_memory_gib <= 0:
-        raise ValueError(f"--device_memory_gib must be > 0 (GiB per device), got {FLAGS.device_memory_gib:g}; "
-                         f"leave it out when the memory is unknown")
-    if FLAGS.hardware:
-        hw = hardware.hardware(FLAGS.hardware)
-    elif devices:
-        hw = hardware.custom_hardware(FLAGS.devices, FLAGS.device_memory_gib)
-    else:
-        hw = hardware.local_hardware()
-        if memory:
-            hw = hardware.custom_hardware(hw.devices, FLAGS.device_memory_gib)
+    devices = FLAGS.devices if FLAGS["devices"].present else None
+    memory = FLAGS.device_memory_gib if FLAGS["device_memory_gib"].present else None
+    hw = hardware.planned_hardware(FLAGS.hardware, devices, memory)
     text, fits = plan.report(spec, hw)
     print(text)
     if not FLAGS.compile:
         return 1 if fits is False else 0
     from spiral_jax import aot
 
-    if devices:
+    if devices is not None:
         raise ValueError("--compile needs --hardware (a TPU slice or an NVIDIA preset) or no hardware flag "
                          "(this machine's devices)")
     tgt = aot.target(FLAGS.hardware)

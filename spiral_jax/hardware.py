@@ -281,6 +281,26 @@ def custom_hardware(devices: int, memory_gib: float | None) -> Hardware:
     return Hardware(f"{devices} x {memory_gib:g} GiB" if memory else f"{devices} devices", devices, memory)
 
 
+def planned_hardware(name: str = "", devices: int | None = None, memory_gib: float | None = None) -> Hardware:
+    """What `spiral-jax plan` plans for: the hardware `name`; else `devices` devices of `memory_gib`
+    GiB each (unknown without it); else the devices JAX sees here, with `memory_gib` where given.
+    None: the flag was not given. A combination that would ignore a flag is refused."""
+    if name and devices is not None:
+        raise ValueError("pass --hardware or --devices, not both")
+    if name and memory_gib is not None:
+        raise ValueError("--device_memory_gib is for --devices or this machine's devices; a --hardware preset has "
+                         "its own memory per device: leave out one of them")
+    if memory_gib is not None and memory_gib <= 0:
+        raise ValueError(f"--device_memory_gib must be > 0 (GiB per device), got {memory_gib:g}; leave it out "
+                         f"when the memory is unknown")
+    if name:
+        return hardware(name)
+    if devices is not None:
+        return custom_hardware(devices, memory_gib)
+    here = local_hardware()
+    return here if memory_gib is None else custom_hardware(here.devices, memory_gib)
+
+
 def local_hardware() -> Hardware:
     """The devices JAX sees here; memory from the runtime where it reports it (TPU, GPU), else unknown."""
     devices = jax.devices()

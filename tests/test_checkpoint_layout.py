@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import SingleDeviceSharding
 
-from spiral_jax.checkpoint import Checkpointer, LayoutError, _saved_layers_stacked
+from spiral_jax.checkpoint import Checkpointer, LayoutError
+from spiral_jax.checkpoint_layout import saved_layers_stacked
 
 
 def test_old_layout_checkpoint_is_refused(tmp_path):
@@ -55,7 +56,7 @@ def test_a_checkpoint_of_other_stacked_layers_is_refused_with_the_setting_and_ke
      "<class 'list'>.", False),
 ])
 def test_both_wordings_of_orbaxs_mismatch_say_how_the_layers_were_saved(mismatch, stacked):
-    assert _saved_layers_stacked(mismatch) is stacked
+    assert saved_layers_stacked(mismatch) is stacked
 
 
 def _meta_file(directory):

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "spiral_jax"
 LAYERS = {
     "models": 0, "envs": 0, "sharding": 0, "templates": 0, "tokenizer": 0, "distributed": 0,
     "compilation": 0, "metrics": 0, "paths": 0, "api_player": 0, "hardware": 0, "policies": 0,
-    "sampling": 1, "rollout": 1, "checkpoint": 1,
+    "sampling": 1, "rollout": 1, "checkpoint": 1, "checkpoint_layout": 1,
     "rl": 2, "eval": 2, "serve": 2,
     "config": 1,
     "run": 3, "run_dir": 3, "plan": 3, "aot": 3, "export": 3,
