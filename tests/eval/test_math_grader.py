@@ -16,11 +16,28 @@ needs_math_verify = pytest.mark.skipif(not math_verify_available(),
     ("\\boxed {3}", "3"),
     ("no box at all: 5", None),
     ("unclosed \\boxed{3", None),
-    ("\\boxed{2} and a broken \\boxed{3", "2"),  # the last *complete* box
+    ("\\boxed{2} and a truncated \\boxed{3", None),  # the last box, never an earlier one
     ("\\boxed{}", ""),
+    ("so \\boxed{2}, then \\boxed{\\{1,2\\} \\cup \\{3\\}}", "\\{1,2\\} \\cup \\{3\\}"),  # escaped braces
+    ("\\boxed{1}. \\boxed{f(x)=\\left\\{\\begin{array}{ll}x & x>0\\\\ 0 & \\text{else}\\end{array}\\right.}",
+     "f(x)=\\left\\{\\begin{array}{ll}x & x>0\\\\ 0 & \\text{else}\\end{array}\\right."),  # piecewise
+    ("\\boxed{2} then \\boxed{\\{1, 2", None),
+    ("\\boxed{a \\\\}", "a \\\\"),  # a LaTeX line break before the closing brace
+    ("\\boxed{1} \\fbox{\\{x\\}}", "\\{x\\}"),
 ])
 def test_last_boxed(text, want):
     assert last_boxed(text) == want
+
+
+@pytest.mark.timeout(60)
+def test_last_boxed_is_one_pass():
+    """Many unclosed boxes (a degenerate response) are read in one pass, not once per box."""
+    import time
+
+    start = time.perf_counter()
+    assert last_boxed("\\boxed{" * 5000) is None
+    assert last_boxed("\\boxed{x" * 5000 + "}") == "x"
+    assert time.perf_counter() - start < 1.0
 
 
 @pytest.mark.parametrize("pred, gold", [
@@ -93,3 +110,56 @@ def test_math_verify_decides_and_the_normaliser_takes_the_rest(monkeypatch):
     assert judge("", "0") == (False, "normaliser")  # nothing to parse
     monkeypatch.setattr(math_grader, "_math_verify", lambda pred, gold, timeout: None)  # cannot parse
     assert judge("50\\%", "0.5") == (True, "normaliser")
+
+
+@needs_math_verify
+@pytest.mark.parametrize("pred, gold", [
+    ("3\\,000", "3000"), ("3000", "3\\,000"), ("1\\;000", "1000"), ("1\\ 000", "1000"), ("1~000", "1000"),
+    ("1\\,234\\,567", "1234567"), ("\\$1\\,000", "1000"),
+])
+def test_digit_group_spacing_is_not_graded_wrong(pred, gold):
+    from spiral_jax.eval.math_grader import judge
+
+    assert judge(pred, gold) == (True, "math-verify")
+    assert judge(pred, "3001")[0] is False
+
+
+@needs_math_verify
+@pytest.mark.parametrize("pred, gold, want", [
+    ("1\\times10^{-7}", "1e-07", True), ("0.0000001", "1e-07", True), ("1e-07", "1 \\times 10^{-7}", True),
+    ("4.5\\times10^{33}", "4.5e+33", True), ("1.5E3", "1500", True),
+    ("2e-7", "1.3e-07", False), ("1\\times10^{-8}", "1e-07", False),
+    ("2e", "2e", True), ("2e", "2", False), ("3e^{2}", "3e^2", True),  # e the constant stays e
+])
+def test_e_notation_with_math_verify(pred, gold, want):
+    from spiral_jax.eval.math_grader import judge
+
+    assert judge(pred, gold) == (want, "math-verify")
+
+
+@pytest.mark.parametrize("pred, gold, want", [
+    ("1e-07", "0.0000001", True), ("1.3\\times 10^{-7}", "1.3e-7", True), ("1.5e3", "1,500", True),
+    ("1.5\\cdot10^3", "1500", True), ("2e-7", "1.3e-7", False), ("2e", "2", False), ("1e9999999", "1", False),
+])
+def test_e_notation_in_the_normaliser(monkeypatch, pred, gold, want):
+    from spiral_jax.eval import math_grader
+
+    monkeypatch.setattr(math_grader, "_math_verify", lambda pred, gold, timeout: None)
+    assert math_grader.judge(pred, gold) == (want, "normaliser")
+
+
+@needs_math_verify
+def test_a_math_verify_timeout_leaves_the_verdict_to_the_normaliser(monkeypatch):
+    import math_verify
+    from math_verify.errors import TimeoutException
+
+    from spiral_jax.eval.math_grader import judge
+
+    def timing_out(gold, target, timeout_seconds=5, raise_on_error=False, **kwargs):
+        if raise_on_error:
+            raise TimeoutException("Timeout during comparison")
+        return False  # what math-verify returns for a timeout unless asked to raise
+
+    monkeypatch.setattr(math_verify, "verify", timing_out)
+    assert judge("50\\%", "0.5") == (True, "normaliser")
+    assert judge("3", "4") == (False, "normaliser")
