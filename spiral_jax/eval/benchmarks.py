@@ -1,7 +1,9 @@
 """Math and general-reasoning benchmarks from local JSONL files: prompt, sample k, grade, report.
 
-Items: one JSON object a line, `{"problem": ..., "answer": ...}` for math (`question` is accepted
-for `problem`) or `{"question": ..., "choices": [...], "answer": "B" | 1}` for multiple choice.
+Items: one JSON object a line (UTF-8), `{"problem": ..., "answer": ...}` for math (`question` is
+accepted for `problem`; the answer a string or a number, or a list of them read as "a, b") or
+`{"question": ..., "choices": [...], "answer": "B" | 1}` for multiple choice (the answer the letter or
+the index of a choice); an optional unique `id` (default: the item's position) and `solution`.
 Every item is asked zero-shot ("Question: ..." then our reason-and-box instruction) or after a few
 worked examples, inside the model's own chat template.  k samples per item; the report gives
 pass@1 from the FIRST sample (the reference's number) and the mean accuracy over all k samples,
@@ -20,6 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from spiral_jax.eval.games import wilson_interval
+from spiral_jax.eval.hub import _unwrap_dollars, answer_text
 from spiral_jax.eval.math_grader import grade_choice, judge, last_boxed, math_verify_available
 from spiral_jax.paths import file_in, run_path
 
@@ -45,25 +48,74 @@ class Item:
         return "choice" if self.choices else "math"
 
 
+def _math_answer(answer, where: str) -> str:
+    """A math item's gold answer as text: a non-empty string or a number, or a list of them joined with
+    ", " as `hub` writes OlympiadBench's multi-part answers."""
+    parts = answer if isinstance(answer, list) else [answer]
+    if not parts or not all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in parts):
+        raise ValueError(f"{where}: 'answer' must be a non-empty string or a number (or a list of them), "
+                         f"not {answer!r}")
+    text = (", ".join(a for a in (_unwrap_dollars(answer_text(p)) for p in parts) if a)
+            if isinstance(answer, list) else answer_text(answer))
+    if not text:
+        raise ValueError(f"{where}: 'answer' is empty; give the reference answer")
+    return text
+
+
+def _choice_answer(choices, answer, where: str) -> tuple[tuple[str, ...], str]:
+    """A multiple-choice item's choices and its answer as a letter, from an index or a letter in range."""
+    if not (isinstance(choices, list) and 0 < len(choices) <= len(LETTERS)
+            and all(isinstance(c, (str, int, float)) and not isinstance(c, bool) for c in choices)):
+        raise ValueError(f"{where}: 'choices' must be a list of 1 to {len(LETTERS)} choices "
+                         f"(strings or numbers), not {choices!r}")
+    letters = LETTERS[:len(choices)]
+    if isinstance(answer, int) and not isinstance(answer, bool) and 0 <= answer < len(choices):
+        return tuple(str(c) for c in choices), letters[answer]
+    if isinstance(answer, str) and answer.strip() and answer.strip().upper() in letters:
+        return tuple(str(c) for c in choices), answer.strip().upper()
+    raise ValueError(f"{where}: 'answer' must be the index (0 to {len(choices) - 1}) or the letter "
+                     f"(A to {letters[-1]}) of the correct choice, not {answer!r}")
+
+
 def load_items(path, limit: int | None = None) -> list[Item]:
-    """Read benchmark items from a JSONL file (see the module docstring for the fields)."""
-    items = []
-    with Path(path).open() as f:
-        for n, line in enumerate(f):
-            if not line.strip():
-                continue
+    """Read benchmark items from a JSONL file (see the module docstring for the fields); a malformed
+    line, a bad answer, a repeated id or a file without items raises ValueError naming the file (and
+    the line)."""
+    items, lines = [], {}
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e}); save it as UTF-8") from None
+    for n, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
             row = json.loads(line)
-            problem = row.get("problem", row.get("question"))
-            if problem is None or "answer" not in row:
-                raise ValueError(f"{path}:{n + 1}: need 'problem' (or 'question') and 'answer'")
-            choices = tuple(str(c) for c in row.get("choices", ()))
-            answer = row["answer"]
-            if choices and isinstance(answer, int):
-                answer = LETTERS[answer]
-            items.append(Item(str(row.get("id", len(items))), str(problem), str(answer), choices,
-                              str(row.get("solution", ""))))
-            if limit is not None and len(items) == limit:
-                break
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not valid JSON ({e}); write one JSON object a line") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: expected a JSON object with 'problem' and 'answer', "
+                             f"got a {type(row).__name__}")
+        problem = row.get("problem", row.get("question"))
+        if problem is None or "answer" not in row:
+            raise ValueError(f"{where}: need 'problem' (or 'question') and 'answer'")
+        if not isinstance(problem, str) or not problem.strip():
+            raise ValueError(f"{where}: 'problem' (or 'question') must be a non-empty string")
+        if "choices" in row:
+            choices, answer = _choice_answer(row["choices"], row["answer"], where)
+        else:
+            choices, answer = (), _math_answer(row["answer"], where)
+        item_id = str(row.get("id", len(items)))
+        if item_id in lines:
+            raise ValueError(f"{where}: id {item_id!r} is already used on line {lines[item_id]}; "
+                             "give every item its own id")
+        lines[item_id] = n
+        items.append(Item(item_id, problem, answer, choices, str(row.get("solution", ""))))
+        if limit is not None and len(items) == limit:
+            break
+    if not items:
+        raise ValueError(f"{path}: no items (an empty file?); write one JSON object a line")
     return items
 
 

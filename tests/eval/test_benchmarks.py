@@ -37,6 +37,40 @@ def test_load_and_prompts(items_file):
     assert sorted(first.splitlines()) == sorted(zero.splitlines())  # the same lines, reordered
 
 
+
+def test_load_accepts_a_bom_numbers_and_answer_lists(tmp_path):
+    path = tmp_path / "items.jsonl"
+    path.write_text('\ufeff{"problem": "a", "answer": 27.0}\n{"problem": "b", "answer": ["$3$", "$5$"]}\n'
+                    '{"question": "c", "choices": ["x", "y"], "answer": " b"}\n', encoding="utf-8")
+    assert [(i.answer, i.choices) for i in load_items(path)] == [("27", ()), ("3, 5", ()), ("B", ("x", "y"))]
+
+
+@pytest.mark.parametrize("text, line, message", [
+    ('{"problem": "a", "answer": "1"}\n{"problem": "b", "answer": \n', 2, "not valid JSON"),
+    ('["a", "1"]\n', 1, "expected a JSON object"),
+    ('{"problem": "a", "answer": null}\n', 1, "'answer' must be"),
+    ('{"problem": "a", "answer": "  "}\n', 1, "'answer' is empty"),
+    ('{"problem": "a", "answer": [[1]]}\n', 1, "'answer' must be"),
+    ('{"problem": 7, "answer": "7"}\n', 1, "'problem' (or 'question') must be"),
+    ('{"question": "a", "choices": ["x", "y"], "answer": 4}\n', 1, "index (0 to 1) or the letter (A to B)"),
+    ('{"question": "a", "choices": ["x", "y"], "answer": -1}\n', 1, "index (0 to 1)"),
+    ('{"question": "a", "choices": ["x", "y"], "answer": true}\n', 1, "index (0 to 1)"),
+    ('{"question": "a", "choices": ["x", "y"], "answer": "C"}\n', 1, "index (0 to 1)"),
+    ('{"question": "a", "choices": ["x", "y"], "answer": "y"}\n', 1, "index (0 to 1)"),
+    ('{"question": "a", "choices": "xyz", "answer": "B"}\n', 1, "'choices' must be a list"),
+    ('{"question": "a", "choices": [], "answer": "A"}\n', 1, "'choices' must be a list"),
+    ('{"problem": "a", "answer": "1"}\n{"id": 0, "problem": "b", "answer": "2"}\n', 2, "id '0' is already used on line 1"),
+    ('\n\n', None, "no items"),
+    (b'{"problem": "\xff", "answer": "1"}\n', None, "not UTF-8"),
+])
+def test_load_refuses_bad_files_naming_the_line(tmp_path, text, line, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ValueError) as e:
+        load_items(path)
+    assert str(e.value).startswith(f"{path}:{line}: " if line else f"{path}: ")
+    assert message in str(e.value)
+
 def test_pass_at_1_is_first_sample_and_mean_is_over_samples(items_file, tmp_path):
     answers = {"half": ["\\boxed{0.5}", "\\boxed{2}"], "sum": ["I think 5", "\\boxed{5}"],
                "mc": ["\\boxed{C}", Response("\\boxed{C", 8, "length")]}
