@@ -159,8 +159,12 @@ class ModelConfig:
         return self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
 
     def base(self) -> "ModelConfig":
-        """This model without adapters: what merged weights, the sampler and HF checkpoints hold."""
-        return self.replace(lora_rank=0) if self.lora_rank else self
+        """This model without adapters: what merged weights, the sampler and HF checkpoints hold. Its
+        LoRA settings are back at their defaults, so that it equals the config read from such a
+        checkpoint (the adapters' alpha and targets are no part of the architecture)."""
+        if not self.lora_rank:
+            return self
+        return self.replace(**{f.name: f.default for f in dataclasses.fields(self) if f.name.startswith("lora_")})
 
     # ---------------------------------------------------------------- HF config.json in and out
 

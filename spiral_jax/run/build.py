@@ -57,6 +57,16 @@ def _base_weights(spec: RunSpec, mesh, rules: str = "sample"):
     return init_params(cfg.base(), jax.random.key(spec.seed), mesh=mesh, dtype=jnp.float32, rules=rules)
 
 
+def check_lora_alpha(config_json: str | None, cfg: ModelConfig, source: str) -> None:
+    """Adapters trained with another model.lora.alpha (in the config JSON a checkpoint keeps) would be
+    scaled otherwise by this config: refused, naming the value to give."""
+    alpha = json.loads(config_json or "{}").get("model", {}).get("lora", {}).get("alpha")
+    if alpha is not None and float(alpha) != cfg.lora_alpha:
+        raise CheckpointError(f"{source} holds LoRA adapters trained with model.lora.alpha={alpha}, this config "
+                              f"sets {cfg.lora_alpha}, which would scale them otherwise: give "
+                              f"--config.model.lora.alpha={alpha}")
+
+
 def load_policy(spec: RunSpec, mesh, what: str = "eval", log=print, adapters: bool = False,
                 step: int | None = None) -> tuple[ModelConfig, dict, str, int]:
     """(cfg, params, where they came from, step) for eval, export and serving: the parameters of the
@@ -79,11 +89,7 @@ def load_policy(spec: RunSpec, mesh, what: str = "eval", log=print, adapters: bo
             ckpt.close()
             source = f"the checkpoint of step {step} in {ckpt.directory}"
             if cfg.lora_rank:
-                alpha = json.loads(meta.get("config") or "{}").get("model", {}).get("lora", {}).get("alpha")
-                if alpha is not None and float(alpha) != cfg.lora_alpha:
-                    raise CheckpointError(f"{source} holds LoRA adapters trained with model.lora.alpha={alpha}, "
-                                          f"this config sets {cfg.lora_alpha}, which would scale them otherwise: "
-                                          f"give --config.model.lora.alpha={alpha}")
+                check_lora_alpha(meta.get("config"), cfg, source)
                 if meta.get("lora_base") != base_fingerprint(spec):
                     raise CheckpointError(f"{source} holds LoRA adapters trained on other weights than model.path's "
                                           f"({meta.get('lora_base')} != {base_fingerprint(spec)}); give the model.path "

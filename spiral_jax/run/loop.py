@@ -40,7 +40,7 @@ from spiral_jax.run.collect import Collected, collect
 from spiral_jax.run.evaluate import evaluate_math, evaluate_policy
 from spiral_jax.run.imitation import imitate
 from spiral_jax.run.metrics import StepTimes, step_scalars, trained_tokens
-from spiral_jax.run.build import base_fingerprint, build_model, build_tokenizer, eval_context
+from spiral_jax.run.build import base_fingerprint, build_model, build_tokenizer, check_lora_alpha, eval_context
 from spiral_jax.run.setup import RunSpec, run_spec
 from spiral_jax.run.state import RunState
 from spiral_jax.run.summary import RunSummary
@@ -145,6 +145,8 @@ class Trainer:
     def _restore(self, base_id: str | None) -> None:
         kl = bool(self.spec.train.kl_coef)
         state = RunState.restore(self.ckpt, self.state, self.policy(self.state.train.params), self.log, reference=kl)
+        if self.cfg.lora_rank:
+            check_lora_alpha(state.config, self.cfg, f"the checkpoint of step {state.step} in {self.ckpt.directory}")
         if state.lora_base != base_id:
             raise CheckpointError(
                 f"the checkpoint in {self.ckpt.directory} was trained on other frozen weights "

@@ -72,6 +72,20 @@ def test_adapter_gradients_match_finite_differences():
         np.testing.assert_allclose(analytic, numeric, rtol=2e-2, atol=2e-3, err_msg=name)
 
 
+def test_the_base_of_any_lora_config_loads_the_checkpoint_it_came_from(tmp_path):
+    """Export, eval and serve of a LoRA run, and a model-folder opponent, load the frozen weights
+    with the run's config less its adapters: whatever alpha and targets the adapters have."""
+    from spiral_jax.models import load_policy_weights
+
+    make_hf_model("qwen3", tmp_path)
+    cfg, params = load_pretrained(tmp_path)
+    lora_cfg = cfg.replace(lora_rank=4, lora_alpha=8.0, lora_targets=("q", "v"))
+    assert lora_cfg.base() == cfg
+    loaded = load_policy_weights(str(tmp_path), lora_cfg.base(), None)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(loaded)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_peft_export_loads_in_transformers_with_our_logits(tmp_path):
     """Our adapters written as a PEFT folder, loaded by peft onto the base model in transformers:
     the same logits as our forward, in fp32, to 1e-4."""

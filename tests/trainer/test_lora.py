@@ -54,6 +54,10 @@ def test_a_lora_resume_is_exact_and_refuses_other_weights(tmp_path):
     with pytest.raises(CheckpointError, match="other frozen weights"):
         Trainer.from_config(tiny_config(tmp_path / "b", **changes, **{"train.steps": 6, "seed": 1}), resume=True,
                 log=lambda *_: None)
+    # Another alpha would scale the trained adapters otherwise: refused as eval and export refuse it.
+    with pytest.raises(CheckpointError, match=r"model.lora.alpha=8.0, this config sets 4.0.*alpha=8.0"):
+        Trainer.from_config(tiny_config(tmp_path / "b", **{**changes, "train.steps": 6, "model.lora.alpha": 4.0}),
+                            resume=True, log=lambda *_: None)
 
 
 def test_export_merged_or_as_a_peft_adapter(tmp_path, capsys):
