@@ -7,6 +7,7 @@ the package sees one shape.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,29 @@ def read_json_object(file: Path) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise CheckpointError(f"{file} must hold a JSON object, got {type(value).__name__}")
     return value
+
+
+# transformers' max_position_embeddings where a config.json leaves it out, by family: it bounds the
+# sampler's cache, which a shape check of the weights cannot catch.
+_MAX_POSITIONS = {"qwen2": 32768, "qwen3": 32768, "llama": 2048}
+_NULLABLE = ("num_key_value_heads", "head_dim")  # null means "as many as the heads", "hidden / heads"
+_REQUIRED = object()
+
+
+def _number(hf: dict[str, Any], key: str, default: Any = _REQUIRED, kind=int, where: str = "config.json"):
+    """hf[key] as a number of `kind`; `default` where the key is absent (or null, for `_NULLABLE`). A
+    missing required key, or a value that is no number, is a CheckpointError naming the key."""
+    value = hf.get(key)
+    if value is None and default is not _REQUIRED and (key not in hf or key in _NULLABLE):
+        return default
+    if key not in hf:
+        raise CheckpointError(f"{where} is missing the required field {key!r}")
+    try:
+        if isinstance(value, bool):
+            raise TypeError(key)
+        return kind(value)
+    except (TypeError, ValueError):
+        raise CheckpointError(f"{where} has {key}={value!r}; it must be a number") from None
 
 
 def _check_full_attention(hf: dict[str, Any], num_layers: int, max_positions: int) -> None:
@@ -187,46 +211,49 @@ class ModelConfig:
         text = hf.get("text_config")  # some multimodal-style configs nest the decoder
         if isinstance(text, dict) and "hidden_size" not in hf:
             hf = {**hf, **text}
-        try:
-            d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
-            fields = dict(
-                model_type=model_type,
-                vocab_size=int(hf["vocab_size"]),
-                hidden_size=d,
-                intermediate_size=int(hf["intermediate_size"]),
-                num_layers=int(hf["num_hidden_layers"]),
-                num_heads=heads,
-                num_kv_heads=int(hf.get("num_key_value_heads") or heads),
-                head_dim=int(hf.get("head_dim") or d // heads),
-            )
-        except KeyError as e:
-            raise CheckpointError(f"config.json is missing the required field {e.args[0]!r}") from None
-        _check_full_attention(hf, fields["num_layers"], int(hf.get("max_position_embeddings", 32768)))
+        hf = {"max_position_embeddings": _MAX_POSITIONS[model_type], **hf}
+        if hf.get("mlp_bias"):
+            raise CheckpointError("config.json has mlp_bias=true; spiral_jax's MLP has no biases (no Qwen or "
+                                  "Llama 3 checkpoint has them)")
+        number = functools.partial(_number, hf)
+        d, heads = number("hidden_size"), number("num_attention_heads")
+        fields = dict(
+            model_type=model_type,
+            vocab_size=number("vocab_size"),
+            hidden_size=d,
+            intermediate_size=number("intermediate_size"),
+            num_layers=number("num_hidden_layers"),
+            num_heads=heads,
+            num_kv_heads=number("num_key_value_heads", heads),
+            head_dim=number("head_dim", d // heads),
+        )
+        _check_full_attention(hf, fields["num_layers"], number("max_position_embeddings"))
         act = hf.get("hidden_act", hf.get("hidden_activation", "silu"))
         if act not in ("silu", "swish"):
             raise CheckpointError(f"config.json has hidden_act={act!r}; spiral_jax's MLP is SwiGLU (silu)")
         rope = dict(hf.get("rope_parameters") or {})  # transformers 5.x
         legacy = hf.get("rope_scaling") or {}  # transformers 4.x
         rope = {**legacy, **rope}
-        theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         scaling = None
         if rope_type == "llama3":
             scaling = RopeScaling(
-                factor=float(rope["factor"]),
-                low_freq_factor=float(rope["low_freq_factor"]),
-                high_freq_factor=float(rope["high_freq_factor"]),
-                original_max_position_embeddings=int(rope["original_max_position_embeddings"]))
+                factor=_number(rope, "factor", kind=float, where="rope_scaling"),
+                low_freq_factor=_number(rope, "low_freq_factor", kind=float, where="rope_scaling"),
+                high_freq_factor=_number(rope, "high_freq_factor", kind=float, where="rope_scaling"),
+                original_max_position_embeddings=_number(rope, "original_max_position_embeddings",
+                                                         where="rope_scaling"))
         elif rope_type not in ("default", None):
             raise CheckpointError(
                 f"unsupported rope type {rope_type!r}; spiral_jax supports default RoPE and 'llama3'")
         attention_bias = bool(hf.get("attention_bias", False))
         eos = hf.get("eos_token_id")
         fields.update(
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(theta),
+            rms_norm_eps=number("rms_norm_eps", 1e-6, kind=float),
+            # transformers 5 reads rope_parameters' theta before a top-level one
+            rope_theta=_number({**hf, **rope}, "rope_theta", 10000.0, kind=float),
             rope_scaling=scaling,
-            max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
+            max_position_embeddings=number("max_position_embeddings"),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             qkv_bias=True if model_type == "qwen2" else attention_bias,
             o_bias=False if model_type == "qwen2" else attention_bias,

@@ -1,5 +1,6 @@
 """save_pretrained / load_pretrained round trips, and every checkpoint error names its fix."""
 import json
+import re
 import shutil
 
 import jax
@@ -140,6 +141,23 @@ def test_a_sliding_window_or_another_activation_is_refused(tmp_path):
     ModelConfig.from_hf_dict({**hf, "layer_types": ["full_attention"] * 4, "sliding_window": None})
     with pytest.raises(CheckpointError, match="hidden_act='gelu'"):
         ModelConfig.from_hf_dict({**hf, "hidden_act": "gelu"})
+
+
+def test_config_values_are_read_as_transformers_reads_them_or_named_when_malformed():
+    hf = {"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+          "num_hidden_layers": 1, "num_attention_heads": 2}
+    assert ModelConfig.from_hf_dict(hf).max_position_embeddings == 2048  # LlamaConfig's default
+    assert ModelConfig.from_hf_dict({**hf, "model_type": "qwen3"}).max_position_embeddings == 32768
+    # transformers 5 reads rope_parameters' theta before a top-level one left by a hand edit.
+    both = {**hf, "rope_theta": 10000.0, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
+    assert ModelConfig.from_hf_dict(both).rope_theta == 1e6
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    for bad, message in [({"rope_theta": None}, "rope_theta=None; it must be a number"),
+                         ({"hidden_size": "eight"}, "hidden_size='eight'; it must be a number"),
+                         ({"rope_scaling": llama3}, "rope_scaling is missing the required field 'low_freq_factor'"),
+                         ({"mlp_bias": True}, "mlp_bias=true; spiral_jax's MLP has no biases")]:
+        with pytest.raises(CheckpointError, match=re.escape(message)):
+            ModelConfig.from_hf_dict({**hf, **bad})
 
 
 def test_a_quantized_checkpoint_is_refused_before_its_tensors_are_read():
