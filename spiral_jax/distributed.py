@@ -34,20 +34,38 @@ def initialize(d: DistributedSetup) -> None:
     global _initialized
     if not d.enabled or _initialized:
         return
-    env = os.environ
-    address = d.coordinator_address or env.get("JAX_COORDINATOR_ADDRESS") or None
-    count = d.num_processes or int(env.get("JAX_NUM_PROCESSES", 0)) or None
-    pid = d.process_id if d.process_id >= 0 else int(env.get("JAX_PROCESS_ID", -1))
-    pid = None if pid < 0 else pid
+    address = d.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS") or None
+    count = d.num_processes if d.num_processes > 0 else _env_int("JAX_NUM_PROCESSES", "num_processes", 0)
+    pid = d.process_id if d.process_id >= 0 else _env_int("JAX_PROCESS_ID", "process_id", -1)
+    count, pid = count or None, None if pid < 0 else pid
+    setup = (f"(got address={address!r}, num_processes={count}, process_id={pid}; config keys distributed.* or "
+             f"JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID)")
     if (count is None) != (pid is None) or (count is not None and address is None):
         raise ValueError(
             "distributed.enabled with a partial setup: give coordinator_address, num_processes and "
-            "process_id together (config keys distributed.* or JAX_COORDINATOR_ADDRESS / "
-            "JAX_NUM_PROCESSES / JAX_PROCESS_ID), or none of them on a TPU pod or SLURM/Kubernetes "
-            f"cluster where JAX detects them (got address={address!r}, num_processes={count}, "
-            f"process_id={pid})")
-    jax.distributed.initialize(coordinator_address=address, num_processes=count, process_id=pid)
+            "process_id together, or none of them on a TPU pod or SLURM/Kubernetes cluster where JAX "
+            f"detects them {setup}")
+    if address is not None and not address.rpartition(":")[2].isdigit():
+        raise ValueError(f"the coordinator address {address!r} needs a port: host:port of process 0, e.g. "
+                         f"10.0.0.1:1234 {setup}")
+    try:
+        jax.distributed.initialize(coordinator_address=address, num_processes=count, process_id=pid)
+    except ValueError as e:  # JAX detected no cluster to take the missing values from
+        raise ValueError(f"jax.distributed could not start: {e} Outside a TPU pod or SLURM/Kubernetes "
+                         f"cluster, give coordinator_address, num_processes and process_id {setup}") from None
     _initialized = True
+
+
+def _env_int(name: str, key: str, unset: int) -> int:
+    """The integer in environment variable `name`; `unset` where it is absent or empty."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return unset
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not an integer; set it to one, or unset it and give "
+                         f"distributed.{key} in the config") from None
 
 
 def is_leader() -> bool:

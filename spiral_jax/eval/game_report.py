@@ -110,5 +110,6 @@ def transfer_report(rollout, params, out_dir, n_games: int, seed: int,
                     games: Sequence[str] = TRANSFER_GAMES) -> dict[tuple[str, str], GameStats]:
     """The out-of-distribution games in one run, written as `transfer.json` / `transfer.md`."""
     results = evaluate_games(rollout, params, games, opponents, n_games, seed, out_dir, settings=settings)
-    write_report(results, out_dir, settings, name="transfer", title="Transfer to unseen games")
+    if is_leader():  # every host has the results; one writes them
+        write_report(results, out_dir, settings, name="transfer", title="Transfer to unseen games")
     return results

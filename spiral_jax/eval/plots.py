@@ -99,7 +99,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = p.parse_args(argv)
     run = Path(args.run)
     logdir = run / "tensorboard" if (run / "tensorboard").is_dir() else run
-    path = learning_curves(logdir, args.out or run / "curves.png", args.panel or DEFAULT_PANELS)
+    if not logdir.is_dir():
+        p.exit(2, f"plots: {run} is not a folder; pass a run's out_dir\n")
+    try:
+        path = learning_curves(logdir, args.out or run / "curves.png", args.panel or DEFAULT_PANELS)
+    except ValueError as e:  # nothing logged yet, or no panel matches
+        p.exit(2, f"plots: {e}; pass a run's out_dir once it has logged a step, or other --panel patterns\n")
     print(f"wrote {path}")
 
 

@@ -57,3 +57,16 @@ def test_transfer_report_all_six_games(tiny_model, rollout, tmp_path):
     results = transfer_report(rollout, tiny_model[1], tmp_path, n_games=2, seed=1, opponents=("random",))
     assert len(results) == 6 and all(s.games == 2 for s in results.values())
     assert (tmp_path / "transfer.md").read_text().count("| both |") == 6
+
+
+def test_only_the_leader_writes_the_transfer_report(tmp_path, monkeypatch):
+    """Every host of a multi-host run holds the results; one writes them to the shared out_dir."""
+    from spiral_jax.eval import game_report
+
+    monkeypatch.setattr(game_report, "evaluate_games", lambda *args, **kwargs: {})
+    monkeypatch.setattr(game_report, "is_leader", lambda: False)
+    transfer_report(None, None, tmp_path, n_games=2, seed=0)
+    assert not list(tmp_path.iterdir())
+    monkeypatch.setattr(game_report, "is_leader", lambda: True)
+    transfer_report(None, None, tmp_path, n_games=2, seed=0)
+    assert (tmp_path / "transfer.md").is_file()

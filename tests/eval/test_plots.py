@@ -23,6 +23,16 @@ def test_learning_curves_png(tmp_path):
     assert (tmp_path / "run" / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_plots_of_a_run_with_nothing_to_draw_say_so(tmp_path, capsys):
+    from spiral_jax.eval.plots import main
+
+    MetricsWriter(tmp_path / "new" / "tensorboard").close()  # a run that has not logged a step yet
+    for run, said in [(tmp_path / "new", "no scalar in"), (tmp_path / "nope", "is not a folder")]:
+        with pytest.raises(SystemExit) as exit_:
+            main([str(run)])
+        assert exit_.value.code == 2 and said in capsys.readouterr().err
+
+
 def test_equal_series_are_drawn_once_with_every_label():
     from spiral_jax.eval.plots import series_label, merge_equal
 

@@ -1,5 +1,6 @@
 """Transcripts: every game is a line, invalid games included, with per-move LLM details."""
 import numpy as np
+import pytest
 
 from spiral_jax.envs import GameRecord, Turn
 from spiral_jax.eval.games import outcome, summarize
@@ -49,6 +50,22 @@ def test_markdown_shows_each_move_past_the_repeated_rules(tmp_path):
     assert "```\nBoard C\n```" in text and "`oops` -> (no move) (invalid)" in text
     assert "For the model, seat 0: invalid" in text
     main([str(path), "--games", "1"])
+
+
+def test_show_says_what_is_wrong_with_its_file(tmp_path, capsys):
+    """A missing file, a last line cut off by a stopped run, an empty file and --games below 1 are
+    one line each, not a traceback or a blank page."""
+    from spiral_jax.eval.show import main
+
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "cut.jsonl").write_text('{"env_id": "Nim-v0", "se')
+    for args, code, said in [([str(tmp_path / "nope.jsonl")], 2, "cannot read"),
+                             ([str(tmp_path / "cut.jsonl")], 2, "holds a line that is not JSON"),
+                             ([str(tmp_path / "empty.jsonl")], 0, "no games in"),
+                             ([str(tmp_path / "empty.jsonl"), "--games", "-1"], 2, "--games -1: give how many")]:
+        with pytest.raises(SystemExit) as exit_:
+            main(args)
+        assert exit_.value.code == code and said in capsys.readouterr().err
 
 
 def test_an_invalid_retry_cut_off_by_the_turn_limit_is_a_draw_for_both_seats():
