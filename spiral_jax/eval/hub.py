@@ -15,7 +15,8 @@ from typing import Callable, NamedTuple
 
 def answer_text(value) -> str:
     """A gold answer as text: integral numbers without a trailing ".0" (AMC's 27.0 -> "27"), other
-    numbers as Python prints them, strings stripped."""
+    numbers as the shortest text of their own precision (a float32 column's 0.1 is "0.1", not the
+    float64 expansion 0.10000000149011612), strings stripped."""
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -23,8 +24,7 @@ def answer_text(value) -> str:
     if isinstance(value, numbers.Integral):
         return str(int(value))
     if isinstance(value, numbers.Real):
-        value = float(value)
-        return str(int(value)) if value.is_integer() else repr(value)
+        return str(int(value)) if float(value).is_integer() else str(value)
     return str(value).strip()
 
 

@@ -105,6 +105,9 @@ def test_mmlu_pro_keeps_the_answer_index_when_dropping_padding(tmp_path, monkeyp
 
 def test_answer_text():
     assert [answer_text(v) for v in (27.0, 70, "204", " 1.5 ", 0.5, -3.0)] == ["27", "70", "204", "1.5", "0.5", "-3"]
+    import numpy as np  # dataset columns come as numpy scalars, float32 ones too
+    assert [answer_text(v) for v in (np.float32(0.1), np.float64(2.5), np.float32(4.0), np.int64(7))] == \
+        ["0.1", "2.5", "4", "7"]
 
 
 def test_without_datasets_says_what_to_install(tmp_path, monkeypatch):
