@@ -16,6 +16,7 @@ by default, and the batches grow: the question there is throughput at a trainer'
     python bench/sampler.py --only tiny  # just the tiny model
 """
 import argparse
+import copy
 import os
 import tempfile
 import time
@@ -139,7 +140,7 @@ def decode_ms_per_step(sampler, params, new: int) -> float:
 
 
 def run(name: str, shape: dict, batches, new: int, repeats: int, dtype: str, bf16: bool):
-    """One model: tok/s of both sides per batch. `bf16`: also (once) against transformers in bf16."""
+    """One model: tok/s of both sides per batch. `bf16`: also against transformers in bf16."""
     with tempfile.TemporaryDirectory() as tmp:
         model, cfg, params = build(shape, tmp, dtype)
     sampler = Sampler(cfg)
@@ -152,19 +153,20 @@ def run(name: str, shape: dict, batches, new: int, repeats: int, dtype: str, bf1
     header = f"{'batch':>6} {'spiral_jax tok/s':>17} {ref_name:>18} {'ratio':>7}"
     bf16 = bf16 and dtype != "bfloat16"
     print(header + (f" {'transformers bf16':>18} {'ratio':>7}" if bf16 else ""))
+    model16 = copy.deepcopy(model).to(torch.bfloat16) if bf16 else None
     parts = []  # per batch: seconds of both sides for one new token and for `new`
     for batch in batches:
         prompts = rng.integers(1, cfg.vocab_size, (batch, PROMPT_LEN))
-        best = best_of_interleaved({"ours": jax_generate(sampler, params, prompts, new),
-                                    "ref": hf_generate(model, prompts, new),
-                                    "ours_1": jax_generate(sampler, params, prompts, 1),
-                                    "ref_1": hf_generate(model, prompts, 1)}, repeats)
+        runs = {"ours": jax_generate(sampler, params, prompts, new), "ref": hf_generate(model, prompts, new),
+                "ours_1": jax_generate(sampler, params, prompts, 1), "ref_1": hf_generate(model, prompts, 1)}
+        if bf16:  # in the same rounds as the others, so that it gets the same best-of
+            runs["ref16"] = hf_generate(model16, prompts, new)
+        best = best_of_interleaved(runs, repeats)
         parts.append((batch, best))
         ours, ref = (batch * new / best[k] for k in ("ours", "ref"))
         line = f"{batch:>6} {ours:>17.1f} {ref:>18.1f} {ours / ref:>6.2f}x"
         if bf16:
-            ref16 = batch * new / _timed(hf_generate(model.to(torch.bfloat16), prompts, new))
-            model.to(ref_dtype)
+            ref16 = batch * new / best["ref16"]
             line += f" {ref16:>18.1f} {ours / ref16:>6.2f}x"
         print(line, flush=True)
     print_split(parts, new)

@@ -200,9 +200,19 @@ GPU_CARDS = {card.kind: card for card in (
 )}
 
 
+# Boards whose data sheet differs from their family's entry above (the PCIe and NVL boards, the 40 GB
+# A100, Grace Hopper): they have none, so a bench measures their rates instead of reading another
+# board's bandwidth and peak.
+_OTHER_BOARDS = ("PCIE", "NVL", "40GB", "GH200")
+
+
 def gpu_card(device_kind: str) -> GpuCard | None:
-    """The card whose kind is in a device's name ("NVIDIA H200" -> H200), else None."""
-    return next((c for k, c in GPU_CARDS.items() if k.lower() in device_kind.lower()), None)
+    """The card whose kind is in a device's name ("NVIDIA H200" -> H200), else None (also for the
+    boards of a family whose data sheet is another: "NVIDIA H100 PCIe")."""
+    name = device_kind.upper()
+    if any(board in name for board in _OTHER_BOARDS):
+        return None
+    return next((c for k, c in GPU_CARDS.items() if k.upper() in name), None)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,10 @@ def test_a_device_kind_finds_its_card():
     assert hardware.gpu_card("NVIDIA H100 80GB HBM3").kind == "H100"
     assert hardware.gpu_card("NVIDIA GeForce RTX 4090").kind == "4090"
     assert hardware.gpu_card("TPU v5p") is None
+    assert hardware.gpu_card("NVIDIA A100-SXM4-80GB").kind == "A100"
+    # Boards with another data sheet than their family's entry: none, so their rates are measured.
+    for kind in ("NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA A100-PCIE-40GB", "NVIDIA GH200 480GB"):
+        assert hardware.gpu_card(kind) is None, kind
 
 
 def test_an_nvidia_preset_compiles_with_the_plugin_or_says_how_to_get_it():
