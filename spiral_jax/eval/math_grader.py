@@ -191,12 +191,19 @@ def grade_math(response: str, gold: str, timeout: float = 5.0) -> tuple[str | No
 
 
 def boxed_letter(response: str) -> str | None:
-    """The choice letter in the last box: `\\boxed{B}`, `\\boxed{(B)}`, `\\boxed{\\text{B}}`, ..."""
+    """The choice letter in the last box: `\\boxed{B}`, `\\boxed{(B)}`, `\\boxed{\\text{B}}`,
+    `\\boxed{\\mathrm{B}}`, or a letter leading the choice's text: `\\boxed{(B) 12}`,
+    `\\boxed{\\text{B. Paris}}`, `\\boxed{B) Paris}`."""
     pred = last_boxed(response)
     if pred is None:
         return None
-    s = re.sub(r"\s+", "", _unwrap(_unwrap(pred, "text"), "textbf")).strip("().:")
-    return s.upper() if re.fullmatch(r"[A-Za-z]", s) else None
+    for command in ("text", "textbf", "mathrm", "mathbf"):
+        pred = _unwrap(pred, command)
+    s = re.sub(r"\s+", "", pred).strip("().:")
+    if re.fullmatch(r"[A-Za-z]", s):
+        return s.upper()
+    lead = re.match(r"\s*(?:\(([A-Za-z])\)|([A-Za-z])[.):])\s", pred)
+    return (lead[1] or lead[2]).upper() if lead else None
 
 
 def grade_choice(response: str, gold: str) -> tuple[str | None, bool]:

@@ -90,6 +90,11 @@ def test_grade_math_responses():
 @pytest.mark.parametrize("text, letter", [
     ("\\boxed{B}", "B"), ("\\boxed{(c)}", "C"), ("\\boxed{\\text{D}}", "D"), ("\\boxed{A.}", "A"),
     ("\\boxed{A} no, \\boxed{E}", "E"), ("\\boxed{AB}", None), ("\\boxed{12}", None), ("B", None),
+    # A letter leading the choice's text, and other wrappers.
+    ("\\boxed{(B) 12}", "B"), ("\\boxed{\\text{B. Paris}}", "B"), ("\\boxed{C) 3/4}", "C"),
+    ("\\boxed{\\mathrm{D}}", "D"), ("\\boxed{\\mathbf{(a)}}", "A"),
+    # Not a choice: a word or an expression that starts with a letter.
+    ("\\boxed{I think B}", None), ("\\boxed{a+b}", None), ("\\boxed{x.y}", None),
 ])
 def test_boxed_letter(text, letter):
     assert boxed_letter(text) == letter
