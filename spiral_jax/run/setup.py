@@ -262,14 +262,13 @@ def _home_expanded(c: ConfigDict) -> ConfigDict:
         return c
     c = c.copy_and_resolve_references()
     for *parents, name in tilde:
-        section = c
-        for p in parents:
-            section = section[p]
+        section = _get(c, parents)
         section[name] = os.path.expanduser(section[name])
     return c
 
 
-def _get(c: ConfigDict, key: tuple[str, ...]):
+def _get(c: ConfigDict, key) -> object:
+    """The value at a path of keys in `c` (a section for a shorter path)."""
     for name in key:
         c = c[name]
     return c
