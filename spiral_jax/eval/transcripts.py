@@ -78,9 +78,10 @@ def to_markdown(lines: Sequence[dict], games: int = 3) -> str:
     the player saw (`_shown`), its response and the action read from it."""
     out = []
     for line in lines[:games]:
-        outcome_text = ", ".join(f"seat {s}: {o}" for s, o in line["outcomes"].items())
-        out.append(f"### {line['env_id']}, seed {line['seed']}: {' vs '.join(line['seats'])}\n\n"
-                   f"For the model, {outcome_text}; rewards {line['rewards']} ({line['reason']})\n")
+        seats = line["seats"]
+        outcome_text = ", ".join(f"seat {s} ({seats[int(s)]}) {o}" for s, o in line["outcomes"].items())
+        out.append(f"### {line['env_id']}, seed {line['seed']}: {' vs '.join(seats)}\n\n"
+                   f"Outcome: {outcome_text}; rewards {line['rewards']} ({line['reason']})\n")
         for t, seen in zip(line["turns"], _shown(line["turns"])):
             out.append(f"player {t['player']} ({t['policy']}) sees\n\n```\n{seen}\n```\n\nand answers "
                        f"`{t['response'].strip()[:200]}` -> {t['action'] or '(no move)'}"

@@ -48,8 +48,20 @@ def test_markdown_shows_each_move_past_the_repeated_rules(tmp_path):
     text = to_markdown(read_transcripts(path))
     assert text.count("Rules line one.") == 2  # each player's first view in full
     assert "```\nBoard C\n```" in text and "`oops` -> (no move) (invalid)" in text
-    assert "For the model, seat 0: invalid" in text
+    assert "Outcome: seat 0 (model) invalid;" in text
     main([str(path), "--games", "1"])
+
+
+def test_markdown_names_each_seat_of_a_game_between_two_llms(tmp_path):
+    """In a game between two LLM policies (the model against a checkpoint), each outcome is labelled
+    with the policy in that seat."""
+    from spiral_jax.eval.transcripts import to_markdown
+
+    turns = [Turn(0, "o", "[1]", "[1]", True), Turn(1, "o", "[2]", "[2]", True)]
+    game = _game(0, ("ckpt", "model"), turns, {0: -1.0, 1: 1.0},
+                 [ModelTurn(0, "ckpt", [1], [2], np.zeros(1), "stop"), ModelTurn(1, "model", [1], [3], np.zeros(1), "stop")])
+    path = write_transcripts(tmp_path / "g.jsonl", [game], ("model", "ckpt"))
+    assert "Outcome: seat 0 (ckpt) loss, seat 1 (model) win;" in to_markdown(read_transcripts(path))
 
 
 def test_show_says_what_is_wrong_with_its_file(tmp_path, capsys):
