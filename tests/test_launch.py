@@ -82,6 +82,10 @@ def test_tpu_from_git_url_and_helpers(capsys):
     assert "git clone -q https://github.com/me/spiral_jax.git spiral_jax" in install
     assert "fetch -q origin dev" in install
     assert install.endswith("; hf download Qwen/Qwen3-0.6B --local-dir 'ckpt/Qwen3 0.6B'")
+    for config in ("/home/me/spiral_jax/configs/x.py", "../x.py", "~/x.py"):  # not a path in the clone
+        rc, _, err = dry(capsys, "tpu", "--name", "t", "--zone", "z", "--accelerator", "v4-8",
+                         "--repo", "https://github.com/me/spiral_jax.git", "--config", config)
+        assert rc == 2 and "its path inside it" in err, config
     for flag, verb in [("--stop", "ssh"), ("--logs", "ssh"), ("--delete", "delete")]:
         rc, lines, _ = dry(capsys, "tpu", "--name", "t", "--zone", "z", flag)
         assert rc == 0 and len(lines) == 1 and shlex.split(lines[0])[4] == verb

@@ -144,6 +144,9 @@ def launch_tpu(args, extra: list[str], runner: Runner) -> int:
     src = _local_root(args)
     require_config(args, None)
     config = config_in_root(args.config, src, os.getcwd()) if src else args.config
+    if src is None and (os.path.isabs(config) or config.startswith("~") or ".." in config.split("/")):
+        raise UsageError(f"--config {config}: with --repo URL the workers read the config from their clone "
+                         f"of the repository, so give its path inside it (e.g. configs/X.py)")
 
     _ensure_vm(runner, args, tpu)
     git_url, archive = _ship(runner, args, src)
