@@ -19,7 +19,6 @@ import argparse
 import copy
 import os
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import jax
@@ -30,6 +29,7 @@ import transformers
 
 from spiral_jax.models import load_pretrained
 from spiral_jax.sampling import Sampler, SamplingParams
+from timing import best_of_interleaved, timed  # bench/timing.py
 
 torch.set_num_threads(2)
 GPU = jax.default_backend() == "gpu"
@@ -60,13 +60,7 @@ def read_bandwidth_gbs() -> float:
             readers = [torch.from_numpy(x).sum, lambda: list(pool.map(np.sum, parts))]
         for read in readers:
             read()  # warm up (compile, page in)
-        return x.nbytes / min(_timed(read) for read in readers for _ in range(5)) / 1e9
-
-
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
+        return x.nbytes / min(timed(read) for read in readers for _ in range(5)) / 1e9
 
 
 def build(shape: dict, path: str, dtype: str):
@@ -99,16 +93,6 @@ def jax_generate(sampler, params, prompts: np.ndarray, new: int):
     return lambda: sampler.generate(params, rows, sp, seed=1)
 
 
-def best_of_interleaved(runs: dict, repeats: int) -> dict:
-    """Best wall time of each callable over `repeats` rounds that take turns, so that a slow spell of a
-    shared machine hits both sides alike."""
-    best = dict.fromkeys(runs, float("inf"))
-    for _ in range(repeats):
-        for name, run in runs.items():
-            best[name] = min(best[name], _timed(run))
-    return best
-
-
 def step_ms(seconds_new: float, seconds_one: float, new: int) -> float:
     """A decode step in ms, from a call's time for `new` tokens and for one: the prefill cancels."""
     return (seconds_new - seconds_one) / (new - 1) * 1e3
@@ -135,7 +119,7 @@ def decode_ms_per_step(sampler, params, new: int) -> float:
     for n in (1, new):
         sp = SamplingParams(max_new_tokens=n, temperature=1.0)
         sampler.generate(params, rows, sp)
-        times[n] = min(_timed(lambda: sampler.generate(params, rows, sp)) for _ in range(5))
+        times[n] = min(timed(lambda: sampler.generate(params, rows, sp)) for _ in range(5))
     return step_ms(times[new], times[1], new)
 
 
