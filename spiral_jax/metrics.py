@@ -7,19 +7,22 @@ Optionally the same scalars and texts also go to Weights & Biases (`wandb.enable
 """
 from __future__ import annotations
 
+import io
 import shutil
+import struct
 import tempfile
 import time
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Iterator, Mapping
 
 import jax
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.compat.proto.tensor_pb2 import TensorProto
 from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
+from tensorboard.summary.writer.record_writer import RecordWriter
 
-from spiral_jax.paths import is_remote, run_path
+from spiral_jax.paths import is_remote, replace_bytes, run_path
 
 
 class MetricsWriter:
@@ -100,3 +103,43 @@ def read_scalars(logdir: str | Path) -> dict[str, list[tuple[int, float]]]:
     acc = EventAccumulator(str(logdir))
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def _records(data: bytes) -> Iterator[bytes]:
+    """The records of a TFRecord file (length, its CRC, data, its CRC); a last record cut off by a
+    crash mid-write is left out."""
+    at = 0
+    while at + 12 <= len(data):
+        (length,) = struct.unpack_from("<Q", data, at)
+        if at + 12 + length + 4 > len(data):
+            return
+        yield data[at + 12:at + 12 + length]
+        at += 12 + length + 4
+
+
+def prune_events(logdir, stale: Callable[[str, int], bool]) -> int:
+    """Remove from the event files in `logdir` every summary value for which `stale(tag, step)`: what
+    a stopped process logged past the checkpoint a resumed run goes on from, which the resumed run
+    logs again (TensorBoard would draw both). Files with nothing stale are left as they were; the
+    others are rewritten whole. Returns how many values were removed."""
+    folder, removed = run_path(logdir), 0
+    if not folder.is_dir():
+        return 0
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        data, kept, dropped = path.read_bytes(), io.BytesIO(), 0
+        writer = RecordWriter(kept)
+        for record in _records(data):
+            event = event_pb2.Event.FromString(record)
+            values = [v for v in event.summary.value if not stale(v.tag, event.step)]
+            if len(values) < len(event.summary.value):
+                dropped += len(event.summary.value) - len(values)
+                if not values:
+                    continue
+                del event.summary.value[:]
+                event.summary.value.extend(values)
+                record = event.SerializeToString()
+            writer.write(record)
+        if dropped or len(kept.getvalue()) != len(data):  # stale values, or a record cut off at the end
+            replace_bytes(path, kept.getvalue())
+        removed += dropped
+    return removed

@@ -27,9 +27,14 @@ def run_path(path: str | os.PathLike) -> epath.Path:
 def replace_text(path: epath.Path, text: str) -> None:
     """Write `path` whole: a temporary file next to it, then moved into place, so that a crash leaves
     the old contents, never half of the new ones."""
+    replace_bytes(path, text.encode())
+
+
+def replace_bytes(path: epath.Path, data: bytes) -> None:
+    """`replace_text` for bytes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f"{path.name}.tmp"
-    tmp.write_text(text)
+    tmp.write_bytes(data)
     tmp.replace(path)
 
 

@@ -28,7 +28,7 @@ from spiral_jax.compilation import compile_count
 from spiral_jax.config import config_changes
 from spiral_jax.distributed import host_local_mesh, initialize, is_leader, to_host_local
 from spiral_jax.eval.benchmarks import local_files
-from spiral_jax.metrics import MetricsWriter
+from spiral_jax.metrics import MetricsWriter, prune_events
 from spiral_jax.models import CheckpointError, load_policy_weights, lora
 from spiral_jax.paths import replace_text, run_path
 from spiral_jax.policies import PolicySpec, kind
@@ -107,6 +107,10 @@ class Trainer:
         self._stop, self.stopped, self.skipped_in_a_row, self.saved_step = False, False, 0, None
         if resume:
             self._restore(base_id)
+            if is_leader():
+                pruned = prune_events(self.out / "tensorboard", self.state.logged_after)
+                if pruned:
+                    self.log(f"removed {pruned} TensorBoard value(s) logged past the checkpoint by the stopped run")
         self.wall_before = self.state.wall_time_s  # of the processes before a resume
         # After the restore: a --resume with nothing to resume leaves no file in out_dir.
         self.writer = MetricsWriter(self.out / "tensorboard", wandb=spec.wandb, config=spec.config)

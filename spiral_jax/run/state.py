@@ -47,6 +47,14 @@ class RunState:
                     totals=self.totals, phase=self.phase, bootstrap_step=self.bootstrap_step,
                     lora_base=self.lora_base, wall_time_s=self.wall_time_s)
 
+    def logged_after(self, tag: str, step: int) -> bool:
+        """Whether a metric logged at `step` comes from past this state: a process stopped after its
+        checkpoint logged it, and a run resumed from here logs that step again. The bootstrap's
+        curves (bootstrap/...) count its own steps, the others RL steps."""
+        if tag.startswith("bootstrap/"):
+            return self.phase == "bootstrap" and step >= self.bootstrap_step
+        return step > self.step
+
     def save(self, ckpt: Checkpointer, seed: int, config_json: str) -> None:
         """One checkpoint of this state, numbered by its RL step (0 throughout the bootstrap)."""
         reference = self.reference if self.phase == "rl" else None

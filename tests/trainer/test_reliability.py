@@ -98,8 +98,12 @@ def test_resume_falls_back_past_a_truncated_checkpoint(tmp_path, monkeypatch):
     assert any("checkpoint step 2" in line and "cannot be read" in line for line in lines)
     assert any("resuming from step 1" in line for line in lines)
     assert (tmp_path / "run" / "checkpoints" / "2.unreadable").is_dir()
+    assert any("removed" in line and "TensorBoard value(s) logged past the checkpoint" in line for line in lines)
     resumed.run()  # writes step 2 again, then 3
     assert resumed.ckpt.latest_step() == 3
+    from spiral_jax.metrics import read_scalars
+    steps = [s for s, _ in read_scalars(tmp_path / "run" / "tensorboard")["train/loss"]]
+    assert steps == sorted(set(steps)) and steps[-1] == 3  # step 2 once: the stopped run's was removed
     del resumed  # what held the failed read's coroutines
     gc.collect()
     assert not unraisable, [f"{u.exc_value!r:.200}" for u in unraisable[:3]]
