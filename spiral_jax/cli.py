@@ -5,7 +5,7 @@
                       [--suite games|transfer|kuhn|crossplay|bench] [--eval_out DIR] ...
     spiral-jax export --config configs/tiny_tictactoe.py --out exported/ [--overwrite]   # HF folder
     spiral-jax serve  --config configs/tiny_tictactoe.py [--port 8000]   # OpenAI-compatible endpoint
-    spiral-jax plan   --config configs/X.py [--hardware v5p-8 [--compile] | --devices 8 --device_memory_gib 16]
+    spiral-jax plan   --config configs/X.py [--hardware v5p-8 [--compile] | --devices 8 [--hosts 2] --device_memory_gib 16]
                       # memory per device, before a run; exit status 1 when it would not fit
     spiral-jax config --config configs/X.py [--config.a.b=v]   # print the resolved config
     spiral-jax launch tpu|gpu --config configs/X.py ...   # start on a TPU slice / GPU hosts (launch -h)
@@ -82,6 +82,7 @@ flags.DEFINE_float("shutdown_s", 30.0, "serve: on SIGTERM/SIGINT, how long runni
 flags.DEFINE_string("hardware", "", "plan: a hardware preset (v4-8, v5e-8, v5p-8, v6e-8, any Cloud TPU type, "
                     "8xH100, 1xH200, 1xH100, 1xL40S, 1x4090); default: the devices JAX sees here.")
 flags.DEFINE_integer("devices", 0, "plan: the device count, instead of --hardware.")
+flags.DEFINE_integer("hosts", 1, "plan: with --devices, the machines they are spread over (one JAX process each).")
 flags.DEFINE_bool("compile", False, "plan: also compile the run's programs ahead of time for --hardware and print "
                   "each one's compiled memory per device. On this machine, no accelerator needed: a TPU slice "
                   "such as v5p-8 by libtpu (pip install -e '.[tpu]'), an NVIDIA preset such as 1xH200 by XLA's "
@@ -107,7 +108,7 @@ COMMANDS = {
               ("config", "host", "port", "served_name", "max_tokens", "api_key", "allow_origin", "max_body_mb",
                "timeout_s", "shutdown_s")),
     "plan": ("Memory per device of a config on some hardware, before a run; exit status 1 if it does not fit.",
-             ("config", "hardware", "devices", "device_memory_gib", "compile")),
+             ("config", "hardware", "devices", "hosts", "device_memory_gib", "compile")),
     "config": ("Print the resolved config: the file's values with the --config.a.b=v overrides applied.",
                ("config",)),
 }
@@ -300,7 +301,7 @@ def _plan(spec) -> int:
 
     devices = FLAGS.devices if FLAGS["devices"].present else None
     memory = FLAGS.device_memory_gib if FLAGS["device_memory_gib"].present else None
-    hw = hardware.planned_hardware(FLAGS.hardware, devices, memory)
+    hw = hardware.planned_hardware(FLAGS.hardware, devices, memory, FLAGS.hosts if FLAGS["hosts"].present else None)
     text, fits = plan.report(spec, hw)
     print(text)
     if not FLAGS.compile:

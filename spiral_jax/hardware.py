@@ -280,23 +280,33 @@ def hardware(name: str) -> Hardware:
                          f"(v5p-16, v5litepod-32, ...) (or pass --devices N --device_memory_gib G)") from None
 
 
-def custom_hardware(devices: int, memory_gib: float | None) -> Hardware:
-    """Any other slice or box: a device count and, if known, GiB per device (0/None: no limit)."""
+def custom_hardware(devices: int, memory_gib: float | None, hosts: int = 1) -> Hardware:
+    """Any other slice or box: a device count and, if known, GiB per device (0/None: no limit), on
+    `hosts` machines with the same number each."""
     if devices < 1:
         raise ValueError(f"--devices must be >= 1, got {devices}")
+    if hosts < 1 or devices % hosts:
+        raise ValueError(f"--hosts {hosts}: give the machines the {devices} devices are spread over, the same "
+                         f"number on each (a divisor of --devices)")
     if memory_gib is not None and memory_gib < 0:
         raise ValueError(f"--device_memory_gib must be > 0 (GiB per device), got {memory_gib:g}; leave it out "
                          f"when the memory is unknown")
     memory = None if not memory_gib else int(memory_gib * GiB)
-    return Hardware(f"{devices} x {memory_gib:g} GiB" if memory else f"{devices} devices", devices, memory)
+    name = f"{devices} x {memory_gib:g} GiB" if memory else f"{devices} devices"
+    return Hardware(name + (f" on {hosts} hosts" if hosts > 1 else ""), devices, memory, hosts=hosts)
 
 
-def planned_hardware(name: str = "", devices: int | None = None, memory_gib: float | None = None) -> Hardware:
+def planned_hardware(name: str = "", devices: int | None = None, memory_gib: float | None = None,
+                     hosts: int | None = None) -> Hardware:
     """What `spiral-jax plan` plans for: the hardware `name`; else `devices` devices of `memory_gib`
-    GiB each (unknown without it); else the devices JAX sees here, with `memory_gib` where given.
-    None: the flag was not given. A combination that would ignore a flag is refused."""
+    GiB each (unknown without it) on `hosts` machines (1 without it); else the devices JAX sees here,
+    with `memory_gib` where given. None: the flag was not given. A combination that would ignore a
+    flag is refused."""
     if name and devices is not None:
         raise ValueError("pass --hardware or --devices, not both")
+    if hosts is not None and devices is None:
+        raise ValueError("--hosts is for --devices; a --hardware preset and this machine's devices know their "
+                         "hosts: leave it out")
     if name and memory_gib is not None:
         raise ValueError("--device_memory_gib is for --devices or this machine's devices; a --hardware preset has "
                          "its own memory per device: leave out one of them")
@@ -306,7 +316,7 @@ def planned_hardware(name: str = "", devices: int | None = None, memory_gib: flo
     if name:
         return hardware(name)
     if devices is not None:
-        return custom_hardware(devices, memory_gib)
+        return custom_hardware(devices, memory_gib, 1 if hosts is None else hosts)
     here = local_hardware()
     return here if memory_gib is None else custom_hardware(here.devices, memory_gib)
 

@@ -504,6 +504,18 @@ def test_continuous_schedule_counts_a_kv_cache_per_policy_and_max_in_flight_slot
     assert Rollout._engine(fake, "model", 2).slots == 8
 
 
+def test_devices_on_several_hosts_are_planned_as_a_multihost_slice(capsys):
+    """--devices 16 --hosts 4 is four machines of 4 devices: a tensor group may not cross them, as on
+    the Cloud TPU slice of that shape."""
+    v4 = str(CONFIGS / "mesh_tpu_v4_8.py")  # tensor 4
+    plan = ["spiral-jax", "plan", "--config", v4, "--devices", "16", "--config.mesh.fsdp=4"]
+    assert cli.main(plan + ["--hosts", "4"]) == 0
+    assert "16 devices on 4 hosts" in capsys.readouterr().out
+    assert cli.main(plan + ["--hosts", "8", "--config.mesh.tensor=4"]) == 1
+    assert "splits tensor groups across the 8 hosts" in capsys.readouterr().out
+    assert H.planned_hardware("", 16, 40.0, 4).devices_per_host == 4
+
+
 def test_unknown_memory_and_a_mesh_for_other_devices_names_a_mesh_that_matches(capsys):
     v4 = str(CONFIGS / "mesh_tpu_v4_8.py")  # data 1, fsdp 1, tensor 4: 4 devices
     assert cli.main(["spiral-jax", "plan", "--config", v4, "--devices", "8"]) == 1
@@ -527,7 +539,9 @@ def test_cli_plan_refuses_flags_it_would_ignore_or_that_make_no_sense(capsys):
     for flags, message in ((["--hardware", "v5e-8", "--device_memory_gib", "1"], "a --hardware preset has its own"),
                            (["--devices", "0"], "--devices must be >= 1"),
                            (["--devices", "8", "--device_memory_gib", "-1"], "--device_memory_gib must be > 0"),
-                           (["--device_memory_gib", "0"], "--device_memory_gib must be > 0")):
+                           (["--device_memory_gib", "0"], "--device_memory_gib must be > 0"),
+                           (["--hardware", "v5e-8", "--hosts", "2"], "--hosts is for --devices"),
+                           (["--devices", "8", "--hosts", "3"], "a divisor of --devices")):
         assert cli.main(plan + flags) == 1, flags
         assert message in capsys.readouterr().err, flags
     assert H.hardware("8xh100 ") == H.hardware("8xH100") and H.hardware(" 1xH200") == H.hardware("1xH200")
