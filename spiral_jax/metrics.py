@@ -125,7 +125,7 @@ def prune_events(logdir, stale: Callable[[str, int], bool]) -> int:
     folder, removed = run_path(logdir), 0
     if not folder.is_dir():
         return 0
-    for path in sorted(folder.glob("events.out.tfevents.*")):
+    for path in sorted(p for p in folder.iterdir() if p.name.startswith("events.out.tfevents.")):
         data, kept, dropped = path.read_bytes(), io.BytesIO(), 0
         writer = RecordWriter(kept)
         for record in _records(data):

@@ -77,8 +77,7 @@ def leftover_run(out_dir: str) -> str | None:
         ckpt.close()
         if step is not None:
             found.append(f"checkpoints up to step {step}")
-    if not is_remote(out_dir):
-        found += _present(Path(out_dir), RUN_FILES[1:])
+    found += _present(run_path(out_dir), RUN_FILES[1:])
     return ", ".join(found) or None
 
 

@@ -109,3 +109,33 @@ def test_names_from_user_text_stay_inside_their_folder(out):
     assert len({safe_name(t) for t in ("a/b", "a_b", "a:b", "a?b", "..", ".", "")}) == 7
     assert all("/" not in safe_name(t) and not safe_name(t).startswith(".") for t in ("..", ".x", "../../etc"))
     assert file_in(given, "../../x", ".jsonl").parent == run_path(given)
+
+
+def test_a_run_left_in_the_out_dir_is_found_by_its_files(out, monkeypatch):
+    """A fresh run refuses an out_dir holding another run's summary or TensorBoard events, in a bucket
+    as in a local folder (not only by its checkpoints)."""
+    from spiral_jax import checkpoint
+    from spiral_jax.run_dir import leftover_run
+
+    given, files = out
+    # orbax reads a bucket through Google's client, which the fake bucket does not serve: no checkpoints
+    monkeypatch.setattr(checkpoint, "Checkpointer", lambda _: type("None", (), dict(
+        latest_step=lambda self: None, close=lambda self: None))())
+    assert leftover_run(given) is None
+    writer = MetricsWriter(f"{given}/tensorboard")
+    writer.scalars(1, {"train/loss": 0.5})
+    writer.close()
+    replace_text(run_path(given) / "summary.json", "{}\n")
+    assert leftover_run(given) == "tensorboard, summary.json"
+
+
+def test_a_resumed_run_prunes_its_events_in_the_out_dir(out):
+    from spiral_jax.metrics import prune_events
+
+    given, files = out
+    writer = MetricsWriter(f"{given}/tensorboard")
+    for step in (1, 2, 3):
+        writer.scalars(step, {"train/loss": float(step)})
+    writer.close()
+    assert prune_events(f"{given}/tensorboard", lambda tag, step: step > 1) == 2
+    assert read_scalars(files / "tensorboard")["train/loss"] == [(1, 1.0)]
