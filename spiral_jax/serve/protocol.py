@@ -118,13 +118,13 @@ def _number(body: dict, key: str, default, kind, low=None, high=None):
     value = body.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
-            kind is int and value != int(value)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and (
+            not math.isfinite(value) or kind is int and value != int(value))):
         raise bad(f"{key} must be a finite {'whole ' if kind is int else ''}number, got {value!r}", key)
-    value = kind(value)
+    # Bounds before the conversion: an integer past float's range (JSON has no limit) compares exactly.
     if (low is not None and value < low) or (high is not None and value > high):
-        raise bad(f"{key} must be between {low} and {high}, got {value}", key)
-    return value
+        raise bad(f"{key} must be between {low} and {high}, got {value!r}", key)
+    return kind(value)
 
 
 def _check_fields(body: dict, allowed: set[str], limits: Limits) -> None:

@@ -330,6 +330,8 @@ def test_malformed_requests_are_refused_at_once(served, request_bytes, status, m
     (b'{"messages": [{"role": "user", "content": "hi"}], "n": 1e400}', "n must be a finite whole number"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "n": NaN}', "not JSON"),
     ({"messages": USER, "seed": 2 ** 70}, "seed must be between"),
+    ({"messages": USER, "temperature": 10 ** 400}, "temperature must be between"),  # no float holds it
+    ({"messages": USER, "max_tokens": -10 ** 400}, "max_tokens must be between"),
     (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "surrogate"),
     (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
     ({"messages": [{"role": "user", "content": "word " * 2000}]}, "this server takes at most 768"),
