@@ -198,8 +198,10 @@ def _handler(server: ChatServer):
                 raise ApiError(411, "a POST needs a Content-Length header")
             if not (length.isascii() and length.isdigit()):  # str.isdigit takes "²" too
                 raise protocol.bad(f"Content-Length must be a non-negative whole number, got {length!r}")
-            if int(length) > s.max_body_bytes:
-                raise ApiError(413, f"the body is {int(length)} bytes; this server takes at most {s.max_body_bytes}")
+            length = length.lstrip("0") or "0"
+            if len(length) > len(str(s.max_body_bytes)) or int(length) > s.max_body_bytes:  # int() takes 4300 digits
+                raise ApiError(413, f"the body is {length if len(length) < 20 else 'over 10^19'} bytes; this server "
+                                    f"takes at most {s.max_body_bytes}")
             return protocol.decode_body(self.rfile.read(int(length)))
 
         # ------------------------------------------------------------------------------- routes

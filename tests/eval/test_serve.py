@@ -303,6 +303,8 @@ def test_answers_cancelled_before_they_start_cost_no_step(tiny_ctx, sampler, cap
 @pytest.mark.parametrize("request_bytes,status,message", [
     (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100000000000\r\n\r\n", 413,
      b"at most 4194304"),
+    (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n", 413,
+     b"at most 4194304"),  # past the 4300 digits int() takes
     (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: abc\r\n\r\n", 400, b"Content-Length"),
     (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: -1\r\n\r\n", 400, b"Content-Length"),
     (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: \xb2\r\n\r\n", 400,
