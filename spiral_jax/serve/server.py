@@ -196,6 +196,8 @@ def _handler(server: ChatServer):
                 raise ApiError(411, "chunked bodies are not supported; send Content-Length")
             if not length:
                 raise ApiError(411, "a POST needs a Content-Length header")
+            if len({v.strip() for v in self.headers.get_all("Content-Length")}) > 1:  # which one would a proxy read?
+                raise protocol.bad("the request has Content-Length headers that disagree")
             if not (length.isascii() and length.isdigit()):  # str.isdigit takes "²" too
                 raise protocol.bad(f"Content-Length must be a non-negative whole number, got {length!r}")
             length = length.lstrip("0") or "0"

@@ -310,6 +310,8 @@ def test_answers_cancelled_before_they_start_cost_no_step(tiny_ctx, sampler, cap
     (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: \xb2\r\n\r\n", 400,
      b"Content-Length"),  # a digit to str.isdigit, not to int()
     (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n\r\n", 411, b"Content-Length"),
+    (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2\r\nContent-Length: 40\r\n\r\n{}",
+     400, b"disagree"),
     (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 4\r\n\r\n\xff\xfe{}", 400, b"UTF-8"),
     (b"GET /v1/models HTTP/1.1\r\nHost: evil.example\r\n\r\n", 403, b"loopback"),
     (b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nOrigin: https://evil.example\r\n\r\n", 403, b"--allow_origin"),
