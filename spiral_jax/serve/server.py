@@ -169,10 +169,31 @@ def _handler(server: ChatServer):
             if self.close_connection:
                 self.send_header("Connection", "close")
             self.end_headers()
-            self.wfile.write(data)
+            if self.command != "HEAD":
+                self.wfile.write(data)
 
         def _error(self, err: ApiError) -> None:
             self._send(err.status, err.body())
+
+        def send_error(self, code, message=None, explain=None):
+            """http.server's own refusals (a malformed request line or header, a method with no do_
+            here), in JSON like every other error; the connection closes after."""
+            if code == 501:  # the method: this API has GET, HEAD, POST and OPTIONS
+                code, message = 405, (f"method {self.command} is not allowed; this server has GET /v1/models, "
+                                      "POST /v1/chat/completions and POST /v1/completions")
+            message = message or self.responses.get(code, ("error",))[0]
+            data = json.dumps(ApiError(code, f"{message} ({explain})" if explain else message).body()).encode()
+            self.close_connection = True
+            self.request_version = self.protocol_version  # a request line it could not read still gets a status line
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            if code == 405:
+                self.send_header("Allow", "GET, HEAD, POST, OPTIONS")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
 
         def _guard(self) -> None:
             """Host, origin and key checks every request passes first."""
@@ -230,6 +251,8 @@ def _handler(server: ChatServer):
                                                              "created": 0, "owned_by": "spiral-jax"}]})
             except ApiError as err:
                 self._error(err)
+
+        do_HEAD = do_GET  # noqa: N815 (GET's status and headers, no body: _send)
 
         def do_POST(self):  # noqa: N802
             body = None

@@ -348,6 +348,30 @@ def test_bad_values_get_400_naming_them(served, body, message):
     assert status == 400 and message in reply["error"]["message"], reply
 
 
+@pytest.mark.parametrize("request_bytes,status,message", [
+    (b"PUT /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2\r\n\r\n{}", 405, "PUT is not allowed"),
+    (b"BREW /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n", 405, "BREW is not allowed"),
+    (b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nX-A: " + b"a" * 70_000 + b"\r\n\r\n", 431, "Line too long"),
+    (b"GET /v1/models HTTP/9.1\r\nHost: localhost\r\n\r\n", 505, "Invalid HTTP version"),
+    (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", 400, "Bad request"),  # TLS to a plain HTTP port
+])
+def test_http_servers_own_refusals_are_json(served, request_bytes, status, message):
+    """What http.server refuses before a handler runs (other methods, malformed headers) is the
+    OpenAI error JSON too, not its HTML page; HEAD is GET without the body."""
+    head, _, body = _raw(served, request_bytes).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d" % status) and b"Content-Type: application/json" in head, head
+    assert message in json.loads(body)["error"]["message"]
+    assert (b"Allow: GET, HEAD, POST, OPTIONS" in head) == (status == 405)
+    host, port = served.http.server_address[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    conn.request("HEAD", "/v1/models")
+    reply = conn.getresponse()
+    assert reply.status == 200 and int(reply.getheader("Content-Length")) > 0 and reply.read() == b""
+    conn.request("GET", "/v1/models")  # the same connection: nothing was left on it
+    assert json.loads(conn.getresponse().read())["data"][0]["id"] == "tiny"
+    conn.close()
+
+
 def test_cross_origin_requests_only_when_allowed(tiny_ctx, sampler):
     server = ChatServer(sampler, tiny_ctx.tokenizer, tiny_ctx.params, "tiny", port=0, max_rows=8,
                         max_tokens=4, allow_origin=("https://ok.example",))
