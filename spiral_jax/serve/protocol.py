@@ -200,9 +200,9 @@ def parse_chat(body: dict, tokenizer, limits: Limits) -> Ask:
     for m in messages:
         _text(m["content"], "messages"), _text(m["role"], "messages")
     _check_chars([m["content"] for m in messages], limits)
-    if "max_tokens" in body and "max_completion_tokens" in body:
+    if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:  # null: not given
         raise bad("give max_tokens or max_completion_tokens, not both", "max_completion_tokens")
-    key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    key = "max_tokens" if body.get("max_completion_tokens") is None else "max_completion_tokens"
     max_tokens = _number(body, key, limits.max_tokens, int, 1, limits.max_tokens)
     logprobs = body.get("logprobs") or False
     if not isinstance(logprobs, bool):

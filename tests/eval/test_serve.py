@@ -348,6 +348,14 @@ def test_bad_values_get_400_naming_them(served, body, message):
     assert status == 400 and message in reply["error"]["message"], reply
 
 
+def test_null_fields_count_as_not_given(endless):
+    """A client that writes every field, null where unset, asks for what it would without them:
+    max_tokens null beside max_completion_tokens is not a second limit."""
+    for limits in ({"max_tokens": None, "max_completion_tokens": 3}, {"max_tokens": 3, "max_completion_tokens": None}):
+        status, reply, _ = _post(endless, {"messages": USER, "n": None, "seed": None, "stop": None, **limits})
+        assert status == 200 and reply["usage"]["completion_tokens"] == 3, reply
+
+
 @pytest.mark.parametrize("request_bytes,status,message", [
     (b"PUT /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2\r\n\r\n{}", 405, "PUT is not allowed"),
     (b"BREW /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n", 405, "BREW is not allowed"),
