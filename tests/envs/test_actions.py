@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from spiral_jax.envs import (EVAL_INVALID_REWARDS, apply_action, extract_action, make,
                              registered_ids)
+from spiral_jax.envs.liars_dice import _BID
 from spiral_jax.envs.negotiation import offer_body
 
 
@@ -139,3 +140,27 @@ def test_long_hostile_responses_are_read_in_linear_time():
         result = apply_action(env, "[Offer: 1 Wood" + tail, mode="env")
         assert result.info["valid"] == (tail[-1] != "]")  # no "]": chat; "1 Wood ... x": unreadable
     assert time.perf_counter() - start < 2.0
+
+
+_REFERENCE_BID = re.compile(r"\[bid\s*:?\s*(\d+)[,\s]+(\d+)\]", re.IGNORECASE)
+_BIDDISH = st.lists(st.sampled_from(["[bid", "[Bid:", "BID", "[", "]", ":", " ", "  ", "\t", "\n", "\u3000", ",",
+                                     "1", "23", "\u0664", "x"]), max_size=12).map("".join)
+
+
+@given(_BIDDISH)
+@settings(max_examples=3000, deadline=None)
+def test_bids_are_read_as_the_reference_pattern_reads_them(text):
+    match, reference = _BID.search(text), _REFERENCE_BID.search(text)
+    assert (match and (match.span(), match.groups())) == (reference and (reference.span(), reference.groups()))
+
+
+def test_a_long_run_of_whitespace_after_bid_is_read_in_linear_time():
+    """A pattern with two `\\s*` in a row splits a run of whitespace after "[bid" in every possible way:
+    20,000 spaces take seconds."""
+    env = make("LiarsDice-v1")
+    env.reset(0)
+    start = time.perf_counter()
+    for tail, valid in (("", False), ("x]", False), ("1]", False), ("1 2]", True)):
+        assert env.step("[bid" + " " * 20_000 + tail).info["valid"] == valid
+        env.reset(0)
+    assert time.perf_counter() - start < 1.0
