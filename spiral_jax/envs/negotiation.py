@@ -76,8 +76,12 @@ def _body(inside: str) -> str | None:
 
 
 def parse_offer(body: str) -> tuple[Items, Items] | None:
-    """(offered, requested) from the inside of an `[Offer: ...]`, or None if it cannot be read."""
-    body = re.sub(r"[.,!?]+$", "", " ".join(body.split()))
+    """(offered, requested) from the inside of an `[Offer: ...]`, or None if it cannot be read.
+
+    Trailing punctuation is stripped, not matched with a pattern like `[.,!?]+$`: that one scans
+    each long run of punctuation from every position in it (time quadratic in its length).
+    """
+    body = " ".join(body.split()).rstrip(".,!?")
     parts = re.split(r"\s*->\s*", _LEAD.sub("", body))
     if len(parts) != 2:
         return None

@@ -164,3 +164,18 @@ def test_a_long_run_of_whitespace_after_bid_is_read_in_linear_time():
         assert env.step("[bid" + " " * 20_000 + tail).info["valid"] == valid
         env.reset(0)
     assert time.perf_counter() - start < 1.0
+
+
+def test_offer_with_a_long_run_of_punctuation_is_read_in_linear_time():
+    """Trailing punctuation matched with `[.,!?]+$` is scanned from every position of a run that
+    does not end the offer: 20,000 dots take over a second."""
+    start = time.perf_counter()
+    for run, tail, valid in (("." * 20_000, "x]", False), ("," * 20_000, " 1]", False),
+                             (".,!?" * 5_000, "]", False), ("." * 20_000, " -> 1 Gold]", False)):
+        env = make("SimpleNegotiation-v1")
+        env.reset(0)
+        assert apply_action(env, "[Offer: 1 Wood" + run + tail, mode="env").info["valid"] == valid
+    env.reset(0)
+    assert apply_action(env, "[Offer: 1 Wood -> 1 Gold" + "." * 20_000 + "]", mode="env").info["valid"]
+    assert env.state()["offer"]["requested"] == (("Gold", 1),)
+    assert time.perf_counter() - start < 1.0
