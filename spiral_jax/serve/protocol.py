@@ -30,6 +30,7 @@ _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "seed", "stream",
            "logprobs", "user", *_NEUTRAL}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
 TEXT_FIELDS = _COMMON | {"prompt", "best_of"}
+CHAT_ROLES = ("system", "developer", "user", "assistant")
 
 
 class ApiError(Exception):
@@ -190,15 +191,39 @@ def _check_chars(texts, limits: Limits) -> None:
                   f"(at most {limits.max_prompt_len * limits.chars_per_token} characters)")
 
 
+def _messages(body: dict) -> list[dict]:
+    """The conversation as [{"role", "content"}]: text in OpenAI's roles, a developer message read as
+    a system one (as OpenAI reads it). A message's other keys are refused unless null or empty (a
+    client may send back a reply's message with "tool_calls": null); so are tool messages and
+    content parts, which this server does not implement."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("messages must be a non-empty list of {\"role\": ..., \"content\": \"...\"}", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad(f"{where} must be an object {{\"role\": ..., \"content\": \"...\"}}, got {type(m).__name__}",
+                      where)
+        role = m.get("role")
+        if role in ("tool", "function"):
+            raise bad(f"{where} is a {role} message; this server does not support tool calls", f"{where}.role")
+        if role not in CHAT_ROLES:
+            raise bad(f"{where}.role must be one of {', '.join(CHAT_ROLES)}, got {role!r}", f"{where}.role")
+        extra = sorted(k for k, v in m.items() if k not in ("role", "content") and v not in (None, []))
+        if extra:
+            raise bad(f"this server does not support {where}.{extra[0]}", f"{where}.{extra[0]}")
+        content = m.get("content")
+        if not isinstance(content, str):
+            got = "a list of content parts" if isinstance(content, list) else type(content).__name__
+            raise bad(f"{where}.content must be a string (this server takes text only), got {got}", f"{where}.content")
+        out.append({"role": "system" if role == "developer" else role, "content": _text(content, f"{where}.content")})
+    return out
+
+
 def parse_chat(body: dict, tokenizer, limits: Limits) -> Ask:
     _check_fields(body, CHAT_FIELDS, limits)
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str)
-            for m in messages):
-        raise bad("messages must be a non-empty list of {\"role\": ..., \"content\": \"...\"}", "messages")
-    for m in messages:
-        _text(m["content"], "messages"), _text(m["role"], "messages")
+    messages = _messages(body)
     _check_chars([m["content"] for m in messages], limits)
     if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:  # null: not given
         raise bad("give max_tokens or max_completion_tokens, not both", "max_completion_tokens")
