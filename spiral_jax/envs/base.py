@@ -10,6 +10,7 @@ wording of it (`text`).  Tests compare the facts with the reference traces; mode
 """
 from __future__ import annotations
 
+import unicodedata
 from collections import deque
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
@@ -42,7 +43,13 @@ class StepResult(NamedTuple):
 
 def to_int(digits: str) -> int:
     """Parse a run of digits as int() does, leading zeros included; a run of more than 18 significant
-    digits becomes 10**18 (beyond any move) instead of a slow or refused conversion."""
+    digits becomes 10**18 (beyond any move) instead of a slow or refused conversion.
+
+    `\\d` and int() take the decimal digits of every script ("٠", "０"), so those are turned into
+    ASCII first: a leading zero in another script is a zero too.
+    """
+    if not digits.isascii():
+        digits = "".join(str(unicodedata.decimal(c)) for c in digits)
     digits = digits.lstrip("0") or "0"
     return int(digits) if len(digits) <= 18 else 10**18
 

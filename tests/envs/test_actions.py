@@ -113,6 +113,24 @@ def test_env_mode_reads_numbers_with_leading_zeros_as_the_reference_does():
     assert ("invalid", (0, "range")) in [(m.kind, m.data) for m in env.messages(0)]
 
 
+@pytest.mark.parametrize("env_id, move, state", [
+    ("TicTacToe-v0", "[{z}4]", ("board", [["", "", ""], ["", "O", ""], ["", "", ""]])),
+    ("Nim-v0", "[{z}1 {z}2]", ("piles", [3, 2, 5])),
+    ("ConnectFour-v0", "[col {z}6]", ("board", [["."] * 7] * 5 + [["."] * 6 + ["X"]])),
+    ("LiarsDice-v1", "[Bid: {z}3, {z}4]", ("bid", [3, 4])),
+])
+def test_leading_zeros_of_any_script_read_as_int_reads_them(env_id, move, state):
+    """`\\d` matches the digits of every script and int() reads them: past 18 digits, "٠" and "０"
+    are leading zeros as "0" is."""
+    for zero in ("0", "\u0660", "\uff10"):
+        env = make(env_id)
+        env.reset(0)
+        text = move.format(z=zero * 30)
+        assert int(re.search(r"\d+", text).group()) < 10  # the reference reads a small number
+        assert env.step(text).info["valid"], (env_id, zero)
+        assert env.state()[state[0]] == state[1]
+
+
 # The reference's offer pattern, the oracle for `offer_body`.
 _REFERENCE_OFFER = re.compile(r"\[Offer:\s*(?:I\s+(?:give|offer)\s+)?([^\[\]]+?)\s*\.*\]", re.IGNORECASE)
 _OFFERISH = st.builds(
