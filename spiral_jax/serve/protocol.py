@@ -23,9 +23,9 @@ from spiral_jax.sampling import MIN_TEMPERATURE, SamplingParams
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_STRINGS = 4
 _SEED_RANGE = 1 << 63
-# Fields a client may send with only their neutral value (what the server does anyway), or empty.
+# Fields a client may send with only their neutral value (what the server does anyway, in its JSON type), or null.
 _NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "response_format": {"type": "text"}, "echo": False,
-            "suffix": None, "parallel_tool_calls": None, "tools": None, "tool_choice": None, "logit_bias": None}
+            "suffix": "", "parallel_tool_calls": False, "tools": [], "tool_choice": None, "logit_bias": {}}
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "seed", "stream", "stream_options", "stop",
            "logprobs", "user", *_NEUTRAL}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
@@ -132,9 +132,11 @@ def _check_fields(body: dict, allowed: set[str], limits: Limits) -> None:
     if unknown:
         raise bad(f"this server does not support the parameter {unknown[0]!r}", unknown[0])
     for key, neutral in _NEUTRAL.items():
-        if body.get(key) and body[key] != neutral:
+        if body.get(key) is not None and not (body[key] == neutral and _kind(body[key]) == _kind(neutral)):
             raise bad(f"this server does not support {key}={body[key]!r} (only {neutral!r})", key)
-    if "model" in body and body["model"] != limits.model:
+    if body.get("user") is not None:
+        _text(body["user"], "user")
+    if body.get("model") is not None and _text(body["model"], "model") != limits.model:
         raise ApiError(404, f"the model {body['model']!r} is not served here; this server has {limits.model!r}",
                        "model")
 
@@ -162,16 +164,27 @@ def _stop(body: dict) -> tuple[str, ...]:
     return stop
 
 
+def _kind(value) -> str:
+    """The JSON type of a value (True is no number here, as it is to Python)."""
+    if isinstance(value, bool):
+        return "boolean"
+    return "number" if isinstance(value, (int, float)) else type(value).__name__
+
+
+def _flag(value, param: str) -> bool:
+    if value is not None and not isinstance(value, bool):
+        raise bad(f"{param} must be true or false, got {value!r}", param)
+    return bool(value)
+
+
 def _stream(body: dict) -> tuple[bool, bool]:
-    stream = body.get("stream") or False
-    if not isinstance(stream, bool):
-        raise bad("stream must be true or false", "stream")
-    options = body.get("stream_options") or {}
+    stream = _flag(body.get("stream"), "stream")
+    options = {} if body.get("stream_options") is None else body["stream_options"]
     if not isinstance(options, dict) or set(options) - {"include_usage"}:
         raise bad("stream_options may hold only include_usage", "stream_options")
     if options and not stream:
         raise bad("stream_options needs stream=true", "stream_options")
-    return stream, bool(options.get("include_usage", False))
+    return stream, _flag(options.get("include_usage"), "stream_options.include_usage")
 
 
 def _check_length(prompt: list[int], limits: Limits) -> list[int]:
@@ -229,9 +242,7 @@ def parse_chat(body: dict, tokenizer, limits: Limits) -> Ask:
         raise bad("give max_tokens or max_completion_tokens, not both", "max_completion_tokens")
     key = "max_tokens" if body.get("max_completion_tokens") is None else "max_completion_tokens"
     max_tokens = _number(body, key, limits.max_tokens, int, 1, limits.max_tokens)
-    logprobs = body.get("logprobs") or False
-    if not isinstance(logprobs, bool):
-        raise bad("logprobs must be true or false", "logprobs")
+    logprobs = _flag(body.get("logprobs"), "logprobs")
     top = _number(body, "top_logprobs", 0, int, 0, MAX_TOP_LOGPROBS)
     if top and not logprobs:
         raise bad("top_logprobs needs logprobs=true", "top_logprobs")

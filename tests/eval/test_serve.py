@@ -347,6 +347,11 @@ def test_malformed_requests_are_refused_at_once(served, request_bytes, status, m
     ({"messages": [*USER, {"role": "tool", "content": "42", "tool_call_id": "c1"}]}, "messages[1] is a tool message"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}, "got a list of content parts"),
     ({"messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "does not support messages[0].name"),
+    ({"messages": USER, "stream": 0}, "stream must be true or false"),  # wrong types, even falsy ones
+    ({"messages": USER, "stream": True, "stream_options": {"include_usage": "no"}}, "include_usage must be true or"),
+    ({"messages": USER, "frequency_penalty": False}, "does not support frequency_penalty=False (only 0)"),
+    ({"messages": USER, "model": ["tiny"]}, "model must be a string"),
+    ({"messages": USER, "user": {"id": 7}}, "user must be a string"),
 ])
 def test_bad_values_get_400_naming_them(served, body, message):
     status, reply, _ = _post(served, body if isinstance(body, bytes) else json.dumps(body, allow_nan=True).encode())
