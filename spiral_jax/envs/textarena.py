@@ -30,7 +30,8 @@ class TextArenaEnv(Env):
     """A two-player TextArena env behind the `Env` protocol; `ta_kwargs` go to `textarena.make`.
 
     Chance events cannot be injected; the seed is passed to TextArena's own reset.  An action is
-    reported invalid when TextArena raised its error count or ended the game for an invalid move.
+    reported invalid when TextArena raised its error count or ended the game for an invalid move, or
+    when TextArena's code raised an exception on it (see `_failed`).
 
     TextArena's games draw from the process-wide generators (Python's `random`, which its reset
     re-seeds, and some from numpy's `np.random`).  Each adapter keeps its own state of both, seeded
@@ -108,7 +109,11 @@ class TextArenaEnv(Env):
     def _play_ta(self, player: int, action: str) -> None:
         state = self._ta.state
         errors_before = state.error_count
-        done, info = self._ta.step(action)
+        try:
+            done, info = self._ta.step(action)
+        except Exception as err:  # noqa: BLE001 (whatever the text, a move must not raise)
+            self._failed(player, err)
+            return
         # TextArena 0.6 reports the reason in the step's info; 0.7 in state.game_info[player], with
         # an `invalid_move` flag when an invalid move ended the game.
         mine = (getattr(state, "game_info", None) or {}).get(player) or {}
@@ -120,6 +125,15 @@ class TextArenaEnv(Env):
             rewards = closed[0] if isinstance(closed, tuple) else closed
             self._finish({int(k): v for k, v in rewards.items()}, reason)
         self._collect()
+
+    def _failed(self, player: int, err: Exception) -> None:
+        """A move TextArena's code raised on (e.g. int() of a number of more than 4,300 digits, in its
+        TicTacToe, SimpleTak or Othello): an invalid move under our allowance (once it is used up, the
+        offender gets -1 and the other player 0, as in the native games), counted in TextArena's error
+        count too, so that its later invalid moves are judged against the same allowance."""
+        self._collect()
+        self._invalid(player, "error", f"The game could not read the move ({type(err).__name__}: {str(err)[:200]}).")
+        self._ta.state.error_count = self.error_count
 
     def _state(self) -> dict:
         return {"game_state": self._ta.state.game_state}

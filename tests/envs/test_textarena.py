@@ -223,3 +223,38 @@ def test_random_opponent_on_textarena_is_a_clear_error():
     env.reset(0)
     with pytest.raises(ValueError, match="needs a game that lists its legal moves"):
         RandomOpponent(0).act(env)
+
+
+@needs_textarena
+@pytest.mark.parametrize("allowance", [0, 1])
+def test_a_move_textarena_raises_on_is_an_invalid_move(allowance):
+    """TextArena's TicTacToe reads the cell with int(), which refuses more than 4,300 digits."""
+    env = make("textarena:TicTacToe-v0", error_allowance=allowance)
+    env.reset(seed=0)
+    result = env.step("[1" + "0" * 5000 + "]")
+    assert not result.info["valid"] and result.done == (allowance == 0) and env.current_player() == 0
+    if allowance == 0:
+        assert result.rewards == {0: -1, 1: 0}
+        return
+    assert env.error_count == 1 and "could not read the move" in env.observation(0)
+    assert env.step("[4]").info["valid"] and env.current_player() == 1 and env.error_count == 0
+
+
+class _RaisingTextArenaEnv(_FakeTextArenaEnv):
+    def step(self, action):
+        if action == "[boom]":
+            self.state.observations[0].append((self.state.current_player_id, action))
+            raise ValueError("cannot read that")
+        return super().step(action)
+
+
+def test_a_move_textarena_raises_on_counts_against_the_allowance(monkeypatch):
+    fake = type("textarena", (), {"make": staticmethod(lambda env_id, **kw: _RaisingTextArenaEnv())})
+    monkeypatch.setitem(__import__("sys").modules, "textarena", fake)
+    env = make("textarena:Fake-v0", error_allowance=1)
+    env.reset(seed=0)
+    result = apply_action(env, "\\boxed{boom}", mode="env")
+    assert not result.info["valid"] and not result.done and env.error_count == env._ta.state.error_count == 1
+    assert "ValueError: cannot read that" in env.observation(0)
+    result = apply_action(env, "\\boxed{y}", mode="env")  # TextArena's own invalid move: the allowance is used up
+    assert result.done and not result.info["valid"] and result.rewards == {0: -1, 1: 0}
