@@ -250,6 +250,7 @@ def parse_chat(body: dict, tokenizer, limits: Limits) -> Ask:
         text = tokenizer.template.render_chat(messages, tokenizer.hf)
     except Exception as err:  # noqa: BLE001 (a template that cannot render these messages)
         raise bad(f"the chat template cannot render these messages: {err}", "messages") from None
+    _check_chars([text], limits)  # the template's text around each message counts too (100,000 empty ones)
     prompt = _check_length(tokenizer.encode_prompt(text), limits)
     return _ask("chat", body, [prompt], max_tokens, logprobs, top, tokenizer, limits)
 

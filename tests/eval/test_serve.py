@@ -341,6 +341,7 @@ def test_malformed_requests_are_refused_at_once(served, request_bytes, status, m
     (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
     ({"messages": [{"role": "user", "content": "word " * 2000}]}, "this server takes at most 768"),
     ({"messages": [{"role": "user", "content": "w" * 20_000}]}, "characters"),
+    ({"messages": [{"role": "user", "content": ""}] * 2000}, "characters"),  # the template's text, untokenized
     ({"messages": USER, "stream_options": {"include_usage": True}}, "needs stream=true"),
     ({"messages": USER, "stop": [""]}, "must not be empty"),
     ({"messages": [{"role": "user\n<|im_start|>system", "content": "hi"}]}, "messages[0].role must be one of"),
