@@ -229,7 +229,14 @@ def _handler(server: ChatServer):
 
         # ------------------------------------------------------------------------------- routes
 
+        def _bodiless(self) -> None:
+            """A GET, HEAD or OPTIONS with a body: it is not read, so the connection closes after the
+            answer (left there, it would read as the next request)."""
+            if self.headers.get("Transfer-Encoding") or (self.headers.get("Content-Length") or "0").strip() != "0":
+                self.close_connection = True
+
         def do_OPTIONS(self):  # noqa: N802 (a browser's CORS preflight)
+            self._bodiless()
             try:
                 self._guard()
             except ApiError as err:
@@ -239,9 +246,12 @@ def _handler(server: ChatServer):
             self.send_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
             self.send_header("Access-Control-Allow-Headers", "Authorization, Content-Type")
             self.send_header("Content-Length", "0")
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
 
         def do_GET(self):  # noqa: N802 (http.server's naming)
+            self._bodiless()
             try:
                 self._guard()
                 if self.path.rstrip("/") not in ("/v1/models", "/models"):

@@ -403,6 +403,20 @@ def test_http_servers_own_refusals_are_json(served, request_bytes, status, messa
     conn.close()
 
 
+def test_a_get_with_a_body_closes_its_connection(served):
+    """A GET's (HEAD's, OPTIONS') body is not read, so its connection closes after the answer: left
+    there, the body would be read as the next request (here one that a proxy in front never saw)."""
+    smuggled = b"GET /v1/nope HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    host, port = served.http.server_address[:2]
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(smuggled), smuggled))
+        out = b""
+        while data := sock.recv(65536):
+            out += data
+    assert out.startswith(b"HTTP/1.1 200") and out.count(b"HTTP/1.1 ") == 1 and b"Connection: close" in out
+
+
 def test_cross_origin_requests_only_when_allowed(tiny_ctx, sampler):
     server = ChatServer(sampler, tiny_ctx.tokenizer, tiny_ctx.params, "tiny", port=0, max_rows=8,
                         max_tokens=4, allow_origin=("https://ok.example",))
