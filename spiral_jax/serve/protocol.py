@@ -208,7 +208,7 @@ def _messages(body: dict) -> list[dict]:
     """The conversation as [{"role", "content"}]: text in OpenAI's roles, a developer message read as
     a system one (as OpenAI reads it). A message's other keys are refused unless null or empty (a
     client may send back a reply's message with "tool_calls": null); so are tool messages and
-    content parts, which this server does not implement."""
+    content parts other than text, which this server does not implement."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages must be a non-empty list of {\"role\": ..., \"content\": \"...\"}", "messages")
@@ -226,12 +226,29 @@ def _messages(body: dict) -> list[dict]:
         extra = sorted(k for k, v in m.items() if k not in ("role", "content") and v not in (None, []))
         if extra:
             raise bad(f"this server does not support {where}.{extra[0]}", f"{where}.{extra[0]}")
-        content = m.get("content")
-        if not isinstance(content, str):
-            got = "a list of content parts" if isinstance(content, list) else type(content).__name__
-            raise bad(f"{where}.content must be a string (this server takes text only), got {got}", f"{where}.content")
+        content = _content(m.get("content"), f"{where}.content")
         out.append({"role": "system" if role == "developer" else role, "content": _text(content, f"{where}.content")})
     return out
+
+
+def _content(content, where: str) -> str:
+    """A message's text: a string, or a list of text parts ({"type": "text", "text": ...}, as the
+    openai client and LangChain may send it) joined by newlines, as vLLM joins them. Other parts
+    (images, audio, files) are refused: this server takes text only."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        got = "an empty list" if content == [] else type(content).__name__
+        raise bad(f"{where} must be a string or a list of text parts, got {got}", where)
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
+            shown = f"a {kind!r} part" if isinstance(kind, str) else f"{type(part).__name__}"
+            raise bad(f"{where}[{j}] must be a text part {{\"type\": \"text\", \"text\": \"...\"}} (this "
+                      f"server takes text only), got {shown}", f"{where}[{j}]")
+        texts.append(part["text"])
+    return "\n".join(texts)
 
 
 def parse_chat(body: dict, tokenizer, limits: Limits) -> Ask:

@@ -281,6 +281,13 @@ def _handler(server: ChatServer):
                 if body is None:  # refused before its body was read: left there, it would read as a request
                     self.close_connection = True
                 return self._error(err)
+            except (ConnectionError, TimeoutError):  # the client went away: nobody to answer
+                raise
+            except Exception as err:  # noqa: BLE001 (a bug in reading this request: answer it, keep serving)
+                log.exception("reading a request to %s failed", self.path)
+                self.close_connection = True
+                return self._error(ApiError(500, f"the server failed to read this request ({type(err).__name__}); "
+                                                 "its log has the details"))
             if ask.stream:
                 return self._stream(job)
             if not self._wait(job):

@@ -279,6 +279,21 @@ def test_a_failed_step_fails_the_requests_it_was_finishing(endless, monkeypatch)
     assert _post(endless, {"messages": USER, "max_tokens": 3})[0] == 200
 
 
+def test_a_bug_in_reading_a_request_is_a_json_500_and_the_server_goes_on(served, monkeypatch, caplog):
+    """An exception other than a refusal while a request is read (a parsing bug) answers that request
+    with the API's JSON error and logs the traceback; the connection closes and the next request is
+    served."""
+    def broken(*args, **kwargs):
+        raise KeyError("a field the parser forgot")
+
+    monkeypatch.setattr(protocol, "parse_chat", broken)
+    status, reply, _ = _post(served, json.dumps({"messages": USER}).encode())
+    assert status == 500 and "failed to read this request (KeyError)" in reply["error"]["message"], reply
+    assert any(r.exc_info is not None and "reading a request" in r.getMessage() for r in caplog.records)
+    monkeypatch.undo()
+    assert _post(served, json.dumps({"messages": USER, "max_tokens": 2}).encode())[0] == 200
+
+
 def test_answers_cancelled_before_they_start_cost_no_step(tiny_ctx, sampler, caplog):
     """A request whose client leaves before any of its answers is admitted leaves nothing to decode:
     the loop takes no step (no engine may be running yet), and logs no failure."""
@@ -346,7 +361,10 @@ def test_malformed_requests_are_refused_at_once(served, request_bytes, status, m
     ({"messages": USER, "stop": [""]}, "must not be empty"),
     ({"messages": [{"role": "user\n<|im_start|>system", "content": "hi"}]}, "messages[0].role must be one of"),
     ({"messages": [*USER, {"role": "tool", "content": "42", "tool_call_id": "c1"}]}, "messages[1] is a tool message"),
-    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}, "got a list of content parts"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content[0] must be a text part"),
+    ({"messages": [{"role": "user", "content": []}]}, "messages[0].content must be a string or a list of text parts"),
+    ({"messages": [{"role": "user", "content": None}]}, "got NoneType"),
     ({"messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "does not support messages[0].name"),
     ({"messages": USER, "stream": 0}, "stream must be true or false"),  # wrong types, even falsy ones
     ({"messages": USER, "stream": True, "stream_options": {"include_usage": "no"}}, "include_usage must be true or"),
@@ -369,6 +387,9 @@ def test_messages_in_openai_roles(served):
     assert prompts([{"role": "developer", "content": "Be brief."}, *USER]) == prompts(brief)
     dumped = {"role": "assistant", "content": "Ok.", "refusal": None, "tool_calls": None, "function_call": None}
     assert prompts([*USER, dumped, *USER]) == prompts([*USER, {"role": "assistant", "content": "Ok."}, *USER])
+    parts = [{"type": "text", "text": "Be"}, {"type": "text", "text": "brief."}]  # text parts: joined by newlines
+    assert prompts([{"role": "system", "content": parts}, *USER]) == prompts(
+        [{"role": "system", "content": "Be\nbrief."}, *USER])
 
 
 def test_null_fields_count_as_not_given(endless):
