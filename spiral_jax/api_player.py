@@ -40,7 +40,7 @@ _RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}  # worth another try; other 
 class ApiPlayer:
     model: str
     base_url: str  # up to and including the version, e.g. http://localhost:8000/v1
-    api_key: str | None = None
+    api_key: str | None = dataclasses.field(default=None, repr=False)  # never in a repr, log or error
     temperature: float = 0.6
     top_p: float = 0.95
     max_tokens: int = 4096
@@ -53,6 +53,12 @@ class ApiPlayer:
     calls: int = 0
 
     def __post_init__(self):
+        """Refuses a key an HTTP header cannot carry (a line break, say, from a key file) now: sending
+        it would fail in http.client with an error that quotes the key."""
+        if self.api_key and not (self.api_key.isascii() and self.api_key.isprintable()):
+            raise ValueError("the API key holds a line break, a control character or a non-ASCII character, "
+                             "which an HTTP header cannot carry; check the environment variable named by "
+                             "api.key_env")
         self._lock = threading.Lock()
 
     @classmethod

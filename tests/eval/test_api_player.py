@@ -153,3 +153,14 @@ def test_eval_transcripts_of_a_spec_with_dot_dot_stay_in_the_report_folder(hosti
     assert results["TicTacToe-v0", spec].games == 2
     written = [p.relative_to(tmp_path) for p in tmp_path.rglob("*.jsonl")]
     assert len(written) == 1 and written[0].parts[0] == "report" and written[0].suffix == ".jsonl", written
+
+
+@pytest.mark.parametrize("key", ["sk-secret\n", "sk-secret\r\nX-Injected: 1", "sk-s\u2019cret"])
+def test_a_key_a_header_cannot_carry_is_refused_without_showing_it(key, monkeypatch):
+    """A trailing newline (a key read from a file) made http.client raise an error quoting the key,
+    which went into the log line and check()'s error; and the dataclass repr showed any key."""
+    monkeypatch.setenv("HOSTILE_TEST_KEY", key)
+    with pytest.raises(ValueError, match="an HTTP header cannot carry; check the environment variable") as err:
+        _player("http://127.0.0.1:9/v1", "good")
+    assert "cret" not in repr(err.value)
+    assert "sk-secret" not in repr(ApiPlayer("m", "http://127.0.0.1:9/v1", "sk-secret"))
