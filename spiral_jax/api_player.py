@@ -22,6 +22,7 @@ import http.client
 import json
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -64,10 +65,15 @@ class ApiPlayer:
     @classmethod
     def from_spec(cls, spec: str, key_env: str = "OPENAI_API_KEY", **settings) -> "ApiPlayer":
         """`openai:MODEL@BASE_URL`, the key read from the environment variable `key_env` (none is
-        sent when it is unset, as local servers need none)."""
+        sent when it is unset, as local servers need none). Credentials in the URL (user:pass@) are
+        refused, and the error shows them as ***."""
         model, sep, url = spec[len(API_PREFIX):].rpartition("@") if kind(spec) == "api" else ("", "", "")
+        shown = re.sub(r"://.*@", "://***@", spec)
+        if "://" in model:  # the last "@" ended a user:pass in the URL
+            raise ValueError(f"API opponent {shown!r}: credentials in BASE_URL are not sent; put the key in the "
+                             "environment variable named by api.key_env (OPENAI_API_KEY by default)")
         if not (model and sep and url.startswith(("http://", "https://"))):
-            raise ValueError(f"API opponent {spec!r}: write it openai:MODEL@BASE_URL, e.g. "
+            raise ValueError(f"API opponent {shown!r}: write it openai:MODEL@BASE_URL, e.g. "
                              "openai:gpt-4o-mini@https://api.openai.com/v1 or openai:local@http://localhost:8000/v1")
         return cls(model, url.rstrip("/"), os.environ.get(key_env) or None, **settings)
 

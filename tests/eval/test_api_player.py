@@ -164,3 +164,11 @@ def test_a_key_a_header_cannot_carry_is_refused_without_showing_it(key, monkeypa
         _player("http://127.0.0.1:9/v1", "good")
     assert "cret" not in repr(err.value)
     assert "sk-secret" not in repr(ApiPlayer("m", "http://127.0.0.1:9/v1", "sk-secret"))
+
+
+@pytest.mark.parametrize("url", ["http://user:hunter2@127.0.0.1:9/v1", "https://:hunter2@host/v1",
+                                 "ftp://user:hunter2@host/v1", "http://user:pa/ss@hunter2@host/v1"])
+def test_credentials_in_the_url_are_refused_without_showing_them(url):
+    with pytest.raises(ValueError) as err:
+        ApiPlayer.from_spec(f"openai:m@{url}")
+    assert "hunter2" not in str(err.value) and "://***@" in str(err.value), err.value
