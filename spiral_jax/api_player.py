@@ -98,7 +98,8 @@ class ApiPlayer:
             if deadline.expired:
                 raise late from None
             if isinstance(err, http.client.HTTPException):  # a malformed status line, a cut-off body
-                raise ConnectionError(f"{url} sent a malformed HTTP reply ({err!r})") from None
+                shown = _shown(repr(err), self.api_key)
+                raise ConnectionError(f"{url} sent a malformed HTTP reply ({shown})") from None
             raise
         finally:
             deadline.cancel()
@@ -162,7 +163,7 @@ class ApiPlayer:
             except (urllib.error.URLError, OSError) as err:  # refused, reset, timed out
                 problem = str(err)
             except (ValueError, KeyError, IndexError, TypeError) as err:  # not JSON, or not a completion
-                problem = f"an unreadable reply ({err!r})"
+                problem = f"an unreadable reply ({type(err).__name__}: {err})"  # a repr could hold the body
                 break
         with self._lock:
             self.calls += 1
@@ -193,7 +194,8 @@ class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
 
     def _refuse(self, req, fp, code, msg, headers):
         fp.close()
-        location = headers.get("Location", "(no Location header)")
+        key = (req.get_header("Authorization") or "").removeprefix("Bearer ")
+        location = _shown(headers.get("Location", "(no Location header)"), key)
         raise RedirectRefused(f"{req.full_url} answered HTTP {code}, a redirect to {location}; redirects are "
                               f"not followed, so the API key is never sent elsewhere: set BASE_URL in "
                               f"openai:MODEL@BASE_URL to the address that answers directly")
@@ -261,6 +263,16 @@ class _DeadlineHTTPHandler(_WatchedConnections, urllib.request.HTTPHandler):
 
 class _DeadlineHTTPSHandler(_WatchedConnections, urllib.request.HTTPSHandler):
     pass
+
+
+def _shown(text: str, secret: str | None, limit: int = 200) -> str:
+    """A server's words (a status line, a Location header) as they go into a log line or an error:
+    `secret` (the key, which the server may echo) as ***, control characters escaped, at most `limit`
+    characters of it; a hostile server can send 64 KiB of them."""
+    if secret:
+        text = text.replace(secret, "***")
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return shown + ("..." if len(text) > limit else "")
 
 
 def _read_capped(response, limit: int, url: str) -> bytes:

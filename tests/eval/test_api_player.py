@@ -33,6 +33,15 @@ class _Hostile(http.server.BaseHTTPRequestHandler):
                 self.send_header("Location", _Hostile.redirect_to + self.path.split("/", 3)[3])
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+            elif kind in ("echo_redirect", "echo_status"):  # 64 KiB of server text: the key, escapes, filler
+                words = f"{self.headers.get('Authorization')} \x1b[2J" + "a" * 65000
+                if kind == "echo_status":
+                    self.wfile.write(words.encode() + b"\r\n\r\n")
+                else:
+                    self.send_response(302)
+                    self.send_header("Location", "http://elsewhere/" + words)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
             elif kind == "trickle_body":  # whole headers, then a byte every 0.1 s of a 1000-byte body
                 self.send_response(200)
                 self.send_header("Content-Length", "1000")
@@ -57,6 +66,7 @@ class _Hostile(http.server.BaseHTTPRequestHandler):
                     _Hostile.written[kind] += 65536
             else:
                 status, payload = {"badutf8": (200, b'{"data": "\xff\xfe"}'), "notjson": (200, b"<html>hi</html>"),
+                                   "badutf8_long": (200, b'{"data": "' + b"\xff" * 2**20 + b'"}'),
                                    "forbidden": (403, b"{}"),
                                    "deep": (200, b"[" * 200_000)}.get(kind, (200, GOOD))
                 self.send_response(status)
@@ -172,3 +182,17 @@ def test_credentials_in_the_url_are_refused_without_showing_them(url):
     with pytest.raises(ValueError) as err:
         ApiPlayer.from_spec(f"openai:m@{url}")
     assert "hunter2" not in str(err.value) and "://***@" in str(err.value), err.value
+
+
+@pytest.mark.parametrize("kind", ["badutf8_long", "echo_redirect", "echo_status"])
+def test_the_log_line_and_error_hold_a_short_escaped_part_of_what_the_server_sent(hostile, kind, monkeypatch, caplog):
+    """A 1 MiB body that is not UTF-8 went into the log line four times over (the repr of its
+    UnicodeDecodeError); a 64 KiB Location or status line went in whole, terminal escapes and an
+    echoed key included."""
+    monkeypatch.setenv("HOSTILE_TEST_KEY", "sk-secret")
+    player = _player(hostile[0], kind)
+    assert player.reply("a") == ""
+    with pytest.raises(ConnectionError) as err:
+        player.check()
+    for text in (caplog.text, str(err.value)):
+        assert len(text) < 1000 and "\x1b" not in text and "sk-secret" not in text, text[:300]
