@@ -5,6 +5,7 @@ import http.server
 import json
 import threading
 import time
+import tracemalloc
 
 import pytest
 
@@ -12,6 +13,7 @@ from spiral_jax.api_player import ApiPlayer
 
 HUGE = 64 * 2**20
 GOOD = json.dumps({"choices": [{"message": {"content": "\\boxed{4}"}}]}).encode()
+BYTE_CHUNKS = b"".join(b"1\r\n%c\r\n" % c for c in GOOD.ljust(2**17)) + b"0\r\n\r\n"  # 128 KiB, a chunk a byte
 
 
 class _Hostile(http.server.BaseHTTPRequestHandler):
@@ -42,6 +44,11 @@ class _Hostile(http.server.BaseHTTPRequestHandler):
                     self.send_header("Location", "http://elsewhere/" + words)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
+            elif kind == "byte_chunks":
+                self.send_response(200)
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                self.wfile.write(BYTE_CHUNKS)
             elif kind == "trickle_body":  # whole headers, then a byte every 0.1 s of a 1000-byte body
                 self.send_response(200)
                 self.send_header("Content-Length", "1000")
@@ -196,3 +203,15 @@ def test_the_log_line_and_error_hold_a_short_escaped_part_of_what_the_server_sen
         player.check()
     for text in (caplog.text, str(err.value)):
         assert len(text) < 1000 and "\x1b" not in text and "sk-secret" not in text, text[:300]
+
+
+def test_a_reply_in_one_byte_chunks_takes_about_its_size_in_memory(hostile):
+    """Each chunk is a piece read1 returns; a list of 1-byte pieces took ~85 bytes a byte."""
+    player = _player(hostile[0], "byte_chunks", max_reply_bytes=2**18)
+    tracemalloc.start()
+    try:
+        assert player.reply("a") == "\\boxed{4}"
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, peak
