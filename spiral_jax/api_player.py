@@ -210,6 +210,7 @@ class _Deadline:
 
     def __init__(self, seconds: float):
         self.expired, self._sockets, self._lock = False, [], threading.Lock()
+        self._end = time.monotonic() + seconds
         self._timer = threading.Timer(seconds, self._expire)
         self._timer.daemon = True
         self._timer.start()
@@ -220,6 +221,29 @@ class _Deadline:
             expired = self.expired
         if expired:
             self._shut(sock)
+
+    def connect(self, address, timeout, source_address=None) -> socket.socket:
+        """socket.create_connection, each of the host's addresses tried in the time left. That one
+        gives each address the whole timeout: a host with N addresses that do not answer took N
+        times timeout_s."""
+        error = None
+        for family, kind_, proto, _, addr in socket.getaddrinfo(*address, 0, socket.SOCK_STREAM):
+            left = self._end - time.monotonic()
+            if left <= 0:
+                break
+            sock = socket.socket(family, kind_, proto)
+            try:
+                sock.settimeout(min(timeout, left))
+                if source_address:
+                    sock.bind(source_address)
+                sock.connect(addr)
+            except OSError as err:
+                sock.close()
+                error = err
+                continue
+            self.watch(sock)  # from now on, e.g. through a TLS handshake
+            return sock
+        raise error or TimeoutError("timed out")
 
     def _expire(self) -> None:
         with self._lock:
@@ -251,6 +275,7 @@ class _WatchedConnections:
 
         class Watched(http_class):
             def connect(self):
+                self._create_connection = deadline.connect
                 super().connect()
                 deadline.watch(self.sock)
 

@@ -3,6 +3,7 @@ a server that trickles bytes is cut off at the request's deadline, an oversized 
 it is read, and `check()` says what is wrong as ConnectionError or PermissionError."""
 import http.server
 import json
+import socket
 import threading
 import time
 import tracemalloc
@@ -215,3 +216,29 @@ def test_a_reply_in_one_byte_chunks_takes_about_its_size_in_memory(hostile):
     finally:
         tracemalloc.stop()
     assert peak < 2**20, peak
+
+
+def test_timeout_s_bounds_the_connect_to_a_host_with_many_addresses(hostile, monkeypatch):
+    """Each address got the whole timeout: three that never answer took three times timeout_s. A
+    refused address is still passed over for the next one."""
+    full = socket.create_server(("127.0.0.1", 0), backlog=0)  # once its queue is full it drops SYNs
+    fillers = [socket.socket() for _ in range(4)]
+    for f in fillers:
+        f.setblocking(False)
+        f.connect_ex(full.getsockname())
+    probe = socket.socket()
+    probe.settimeout(0.2)
+    if probe.connect_ex(full.getsockname()) == 0:
+        pytest.skip("this kernel completes connects to a full listener")
+    good = ("127.0.0.1", int(hostile[0].rsplit(":", 1)[1].split("/")[0]))
+    addresses = {"silent.test": [full.getsockname()] * 3, "fallback.test": [("127.0.0.1", 9), good]}
+    real = socket.getaddrinfo
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, port, *a, **k: [
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", addr) for addr in addresses[host]] if host in addresses
+        else real(host, port, *a, **k))
+    start = time.perf_counter()
+    assert _player("http://silent.test/v1", "good", timeout_s=0.5).reply("a") == ""
+    assert time.perf_counter() - start < 1.0
+    assert _player("http://fallback.test/v1", "good").reply("a") == "\\boxed{4}"
+    for sock in [full, probe, *fillers]:
+        sock.close()
