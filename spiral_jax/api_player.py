@@ -304,10 +304,13 @@ def _read_capped(response, limit: int, url: str) -> bytes:
     """The body, read a piece at a time so that one larger than `limit` bytes is never held whole.
     The pieces go into one bytearray: a list of them cost ~85 bytes a piece, and a server sending
     one-byte chunks makes a piece of each byte."""
-    declared = response.headers.get("Content-Length", "")
     too_large = (f"the reply from {url} is larger than max_reply_bytes={limit} (api.max_reply_bytes); "
                  f"is it an OpenAI-compatible endpoint?")
-    if declared.isdigit() and int(declared) > limit:
+    try:  # read as http.client reads it
+        declared = int(response.headers.get("Content-Length", ""))
+    except ValueError:  # none, '²' (a digit to str.isdigit) or past int's 4,300 digits: read to the end
+        declared = 0
+    if declared > limit:
         raise ReplyTooLarge(too_large)
     body = bytearray()
     while piece := response.read1(65536):

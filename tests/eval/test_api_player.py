@@ -45,6 +45,10 @@ class _Hostile(http.server.BaseHTTPRequestHandler):
                     self.send_header("Location", "http://elsewhere/" + words)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
+            elif kind in ("odd_length", "long_length"):  # a Content-Length that http.client ignores
+                length = b"\xb2" if kind == "odd_length" else b"1" * 5000
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: " + length + b"\r\nConnection: close\r\n\r\n" + GOOD)
+                self.close_connection = True
             elif kind == "byte_chunks":
                 self.send_response(200)
                 self.send_header("Transfer-Encoding", "chunked")
@@ -242,3 +246,11 @@ def test_timeout_s_bounds_the_connect_to_a_host_with_many_addresses(hostile, mon
     assert _player("http://fallback.test/v1", "good").reply("a") == "\\boxed{4}"
     for sock in [full, probe, *fillers]:
         sock.close()
+
+
+@pytest.mark.parametrize("kind", ["odd_length", "long_length"])
+def test_a_content_length_http_client_ignores_does_not_spoil_the_reply(hostile, kind):
+    """'²' passed str.isdigit and 5,000 digits int()'s limit, so int() raised and a good reply,
+    which http.client reads to the end, was "unreadable" ("not JSON" to check())."""
+    assert _player(hostile[0], kind).reply("a") == "\\boxed{4}"
+    _player(hostile[0], kind).check()
