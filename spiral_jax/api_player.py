@@ -223,9 +223,8 @@ class _Deadline:
             self._shut(sock)
 
     def connect(self, address, timeout, source_address=None) -> socket.socket:
-        """socket.create_connection, each of the host's addresses tried in the time left. That one
-        gives each address the whole timeout: a host with N addresses that do not answer took N
-        times timeout_s."""
+        """socket.create_connection, each of the host's addresses tried in the time left (that function
+        gives each one the whole timeout: N addresses that do not answer would take N times timeout_s)."""
         error = None
         for family, kind_, proto, _, addr in socket.getaddrinfo(*address, 0, socket.SOCK_STREAM):
             left = self._end - time.monotonic()
@@ -302,7 +301,7 @@ def _shown(text: str, secret: str | None, limit: int = 200) -> str:
 
 def _read_capped(response, limit: int, url: str) -> bytes:
     """The body, read a piece at a time so that one larger than `limit` bytes is never held whole.
-    The pieces go into one bytearray: a list of them cost ~85 bytes a piece, and a server sending
+    The pieces go into one bytearray: a list would cost ~85 bytes a piece, and a server sending
     one-byte chunks makes a piece of each byte."""
     too_large = (f"the reply from {url} is larger than max_reply_bytes={limit} (api.max_reply_bytes); "
                  f"is it an OpenAI-compatible endpoint?")
