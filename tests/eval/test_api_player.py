@@ -179,8 +179,8 @@ def test_eval_transcripts_of_a_spec_with_dot_dot_stay_in_the_report_folder(hosti
 
 @pytest.mark.parametrize("key", ["sk-secret\n", "sk-secret\r\nX-Injected: 1", "sk-s\u2019cret"])
 def test_a_key_a_header_cannot_carry_is_refused_without_showing_it(key, monkeypatch):
-    """A trailing newline (a key read from a file) made http.client raise an error quoting the key,
-    which went into the log line and check()'s error; and the dataclass repr showed any key."""
+    """A trailing newline (a key read from a file) would make http.client raise an error quoting the
+    key, for the log line and check()'s error; the player is refused instead. Its repr shows no key."""
     monkeypatch.setenv("HOSTILE_TEST_KEY", key)
     with pytest.raises(ValueError, match="an HTTP header cannot carry; check the environment variable") as err:
         _player("http://127.0.0.1:9/v1", "good")
@@ -198,9 +198,9 @@ def test_credentials_in_the_url_are_refused_without_showing_them(url):
 
 @pytest.mark.parametrize("kind", ["badutf8_long", "echo_redirect", "echo_status"])
 def test_the_log_line_and_error_hold_a_short_escaped_part_of_what_the_server_sent(hostile, kind, monkeypatch, caplog):
-    """A 1 MiB body that is not UTF-8 went into the log line four times over (the repr of its
-    UnicodeDecodeError); a 64 KiB Location or status line went in whole, terminal escapes and an
-    echoed key included."""
+    """A 1 MiB body that is not UTF-8 (whose UnicodeDecodeError's repr holds it four times over), a
+    64 KiB Location or status line with terminal escapes and an echoed key: the log line and the
+    error keep under 1,000 characters, escape the escapes and show the key as ***."""
     monkeypatch.setenv("HOSTILE_TEST_KEY", "sk-secret")
     player = _player(hostile[0], kind)
     assert player.reply("a") == ""
@@ -211,7 +211,7 @@ def test_the_log_line_and_error_hold_a_short_escaped_part_of_what_the_server_sen
 
 
 def test_a_reply_in_one_byte_chunks_takes_about_its_size_in_memory(hostile):
-    """Each chunk is a piece read1 returns; a list of 1-byte pieces took ~85 bytes a byte."""
+    """Each chunk is a piece read1 returns; a list of 1-byte pieces would take ~85 bytes a byte."""
     player = _player(hostile[0], "byte_chunks", max_reply_bytes=2**18)
     tracemalloc.start()
     try:
@@ -223,8 +223,8 @@ def test_a_reply_in_one_byte_chunks_takes_about_its_size_in_memory(hostile):
 
 
 def test_timeout_s_bounds_the_connect_to_a_host_with_many_addresses(hostile, monkeypatch):
-    """Each address got the whole timeout: three that never answer took three times timeout_s. A
-    refused address is still passed over for the next one."""
+    """Three addresses that never answer take timeout_s in all, not three times it; a refused
+    address is passed over for the next one."""
     full = socket.create_server(("127.0.0.1", 0), backlog=0)  # once its queue is full it drops SYNs
     fillers = [socket.socket() for _ in range(4)]
     for f in fillers:
@@ -250,7 +250,7 @@ def test_timeout_s_bounds_the_connect_to_a_host_with_many_addresses(hostile, mon
 
 @pytest.mark.parametrize("kind", ["odd_length", "long_length"])
 def test_a_content_length_http_client_ignores_does_not_spoil_the_reply(hostile, kind):
-    """'²' passed str.isdigit and 5,000 digits int()'s limit, so int() raised and a good reply,
-    which http.client reads to the end, was "unreadable" ("not JSON" to check())."""
+    """'²' (a digit to str.isdigit, not to int()) and 5,000 digits (past int()'s limit): http.client
+    drops such a length and reads the body to the end, and so does the player."""
     assert _player(hostile[0], kind).reply("a") == "\\boxed{4}"
     _player(hostile[0], kind).check()
