@@ -145,7 +145,7 @@ class ApiPlayer:
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                content = self._request("/chat/completions", body)["choices"][0]["message"]["content"]
+                content = _text(self._request("/chat/completions", body)["choices"][0]["message"]["content"])
                 if isinstance(content, str):
                     content.encode("utf-8")  # a lone surrogate (JSON can hold one) is no text: ValueError
                     with self._lock:
@@ -317,3 +317,14 @@ def _read_capped(response, limit: int, url: str) -> bytes:
             raise ReplyTooLarge(too_large)
         body += piece
     return bytes(body)
+
+
+def _text(content):
+    """A reply's text: its content when a string; for content given as parts (some OpenAI-compatible
+    servers send [{"type": "text", "text": ...}, ...], a reasoning model's thinking among them) the
+    text parts joined; anything else as it is, for the caller to refuse."""
+    if isinstance(content, list):
+        texts = [p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if texts and all(isinstance(t, str) for t in texts):
+            return "".join(texts)
+    return content

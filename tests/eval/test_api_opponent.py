@@ -27,7 +27,10 @@ class _FakeApi(http.server.BaseHTTPRequestHandler):
         if kind == "slow":
             time.sleep(1.0)
         status = 500 if kind == "broken" else 200
-        content = {"good": "\\boxed{4}", "surrogate": "\\boxed{4}\ud800"}.get(kind)  # JSON can hold a lone surrogate
+        content = {"good": "\\boxed{4}", "surrogate": "\\boxed{4}\ud800",  # JSON can hold a lone surrogate
+                   "parts": [{"type": "thinking", "thinking": "hm"}, {"type": "text", "text": "\\boxed"},
+                             {"type": "text", "text": "{4}"}],
+                   "no_text_parts": [{"type": "image_url", "image_url": {"url": "x"}}]}.get(kind)
         payload = b"not json" if kind == "garbage" else json.dumps({"choices": [{"message": {"content": content}}]}).encode()
         self.send_response(status)
         self.send_header("Content-Length", str(len(payload)))
@@ -46,7 +49,8 @@ def fake_api():
     server.shutdown()
 
 
-@pytest.mark.parametrize("kind,requests", [("garbage", 1), ("broken", 3), ("slow", 3), ("null", 1), ("surrogate", 1)])
+@pytest.mark.parametrize("kind,requests", [("garbage", 1), ("broken", 3), ("slow", 3), ("null", 1), ("surrogate", 1),
+                                           ("no_text_parts", 1)])
 def test_unusable_replies_are_counted_invalid_moves(fake_api, kind, requests, caplog):
     """Unreadable bodies and replies without text (or with a lone surrogate, which no tokenizer takes)
     fail at once; server errors and timeouts are retried
@@ -64,6 +68,13 @@ def test_good_replies_key_and_concurrency(fake_api, monkeypatch):
     player = ApiPlayer.from_spec(f"openai:good@{fake_api}", key_env="MY_KEY", concurrency=3)
     assert player.replies([str(i) for i in range(5)]) == ["\\boxed{4}"] * 5 and player.failures == 0
     assert _FakeApi.seen[-1] == ("good", "Bearer sk-test")
+
+
+def test_a_reply_in_content_parts_is_its_text_parts_joined(fake_api):
+    """Some OpenAI-compatible servers send the content as parts, a reasoning model's thinking among
+    them: the answer is the text parts, in order."""
+    player = ApiPlayer.from_spec(f"openai:parts@{fake_api}")
+    assert player.replies(["a"]) == ["\\boxed{4}"] and player.failures == 0
 
 
 def test_dead_endpoint_refused_key_and_bad_specs_are_clear_errors(fake_api):
