@@ -4,10 +4,12 @@ Config files in configs/ start from `base_config()` and change what their experi
 config comes back locked: its keys are fixed, so a misspelt key, in a file or in a --config.a.b=v
 override, is an error naming the key (values can still change). What a config builds (the model,
 tokenizer, optimiser and sampling settings) is `spiral_jax.run.setup`'s: this module depends on
-nothing above the templates, so every layer may read a config's schema.
+nothing above the templates, so every layer may read a config's schema. `check_values` holds a config
+to it: each field's type, range (RANGES) or choices (CHOICES), before anything is built.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ml_collections import ConfigDict
@@ -113,6 +115,122 @@ def base_config() -> ConfigDict:
     c.wandb = ConfigDict(dict(enabled=False, project="spiral_jax", entity="", name=""))
     c.lock()
     return c
+
+
+# The numbers each numeric field takes, checked by `check_values` before anything is built: "[a, b)"
+# is a <= v < b, and so on; no field takes NaN or an infinity, or a whole number past 2**31 - 1 (JAX's
+# shapes and indices are int32). A note says what an edge value means.
+_COUNT, _SOME, _PROB, _POSITIVE = "[0, inf)", "[1, inf)", "[0, 1]", "(0, inf)"
+RANGES = {
+    "seed": "[0, 4294967295]", "compile_ahead": "[-1, inf)", "model.lora.rank": _COUNT,
+    **dict.fromkeys([f"model.random.{k}" for k in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                                                    "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings")],
+                    _SOME), "model.random.rope_theta": _POSITIVE,
+    "model.random.rms_norm_eps": _POSITIVE, "model.lora.alpha": _POSITIVE, "games.max_turns": _SOME,
+    "rollout.pool_size": _SOME, "rollout.pool_every": _SOME, "rollout.pool_self_weight": _PROB,
+    "rollout.games_per_batch": _SOME, "rollout.samples_per_step": _SOME, "rollout.max_new_tokens": _SOME,
+    "rollout.max_prompt_len": _SOME, "rollout.max_in_flight": _COUNT, "rollout.top_k": _COUNT,
+    **{f"{s}.temperature": "[1e-05, inf)" for s in ("rollout", "eval", "eval.math")},
+    **{f"{s}.top_p": "(0, 1]" for s in ("rollout", "eval", "eval.math")},
+    "rae.decay": _PROB, "rae.games_per_shard": _COUNT,
+    "optim.learning_rate": _COUNT, "optim.warmup_steps": _COUNT, "optim.decay_steps": _COUNT,
+    "optim.final_lr_fraction": _PROB, "optim.b1": "[0, 1)", "optim.b2": "[0, 1)", "optim.eps": _POSITIVE,
+    "optim.weight_decay": _COUNT, "optim.max_grad_norm": _POSITIVE, "optim.epochs": _SOME, "optim.clip": _POSITIVE,
+    "optim.normaliser_constant": _POSITIVE, "optim.tis_cap": _COUNT, "optim.kl_coef": _COUNT,
+    "optim.micro_batch_size": _COUNT, "optim.samples_per_row": _COUNT, "optim.logprob_chunk": _SOME,
+    "train.steps": _COUNT, "train.eval_every": _COUNT, "train.checkpoint_every": _COUNT, "train.keep": _SOME,
+    "train.transcripts": _COUNT, "train.max_skipped_in_a_row": _COUNT,
+    "eval.max_new_tokens": _SOME, "eval.kuhn_samples": "[-1, inf)", "eval.math.every": _COUNT,
+    "eval.math.samples": _SOME, "eval.math.limit": _COUNT, "eval.math.max_new_tokens": _SOME,
+    "bootstrap.steps": _COUNT, "bootstrap.batch_size": _SOME, "bootstrap.learning_rate": _COUNT,
+    "bootstrap.warmup_steps": _COUNT, "bootstrap.explore": _PROB, "bootstrap.hash_uniform": _PROB,
+    "api.timeout_s": _POSITIVE, "api.retries": _COUNT, "api.concurrency": _SOME, "api.max_reply_bytes": _SOME,
+    "distributed.num_processes": _COUNT, "distributed.process_id": "[-1, inf)",
+}
+NOTES = {"seed": "JAX's random keys hold 32 bits", "model.lora.rank": "0: full fine-tuning",
+         "compile_ahead": "threads compiling the next programs in the background: 0 for none, -1 for the default, "
+                          "none on a CPU", "rollout.max_in_flight": "0: all of a batch at once",
+         "train.eval_every": "0: none between the first and the last",
+         "train.checkpoint_every": "0: none between the first and the last", "optim.tis_cap": "0: off",
+         "optim.micro_batch_size": "0: the whole batch", "optim.samples_per_row": "0: auto",
+         "rollout.top_k": "0: off", "train.max_skipped_in_a_row": "0: never stop", "eval.math.every": "0: never",
+         "eval.math.limit": "0: every item", "eval.kuhn_samples": "-1: off, 0: exact scoring",
+         "distributed.num_processes": "0: JAX_NUM_PROCESSES or JAX's detection",
+         "distributed.process_id": "-1: JAX_PROCESS_ID or JAX's detection"}
+CHOICES = {"rollout.mode": ("self_play", "fixed_opponent", "pool"), "rollout.selection": ("exact", "all"),
+           "rollout.schedule": ("rounds", "continuous"), "model.compute_dtype": ("float32", "bfloat16", "float16"),
+           "bootstrap.targets": ("sampled", "distribution"), "optim.normaliser": ("constant", "token_mean"),
+           **dict.fromkeys(("optim.schedule", "bootstrap.schedule"), ("constant", "linear", "cosine"))}
+_NUMBER_TUPLES = {"games.weights": "numbers", "games.invalid_rewards": "two numbers (the invalid mover's reward, "
+                  "the other player's)", "eval.invalid_rewards": "two numbers (the invalid mover's reward, the other "
+                  "player's)"}
+
+
+def _leaves(c: ConfigDict, prefix: str = ""):
+    for name, value in c.items():
+        if isinstance(value, ConfigDict):
+            yield from _leaves(value, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", value
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _finite(v) -> bool:
+    return not isinstance(v, float) or math.isfinite(v)  # an int of any size is
+
+
+def _type_wanted(key: str, default, value) -> str | None:
+    """What field `key` (default `default`) takes, when `value` is not of it: a config file may set any
+    field to None, and a bool where a number goes, which ml_collections lets through."""
+    if isinstance(default, (tuple, list)):
+        if key in _NUMBER_TUPLES:
+            ok = isinstance(value, (tuple, list)) and all(_number(v) and _finite(v) for v in value) and (
+                key == "games.weights" or len(value) == 2)
+            return None if ok else f"a tuple of {_NUMBER_TUPLES[key]}, e.g. {tuple(default)}"
+        ok = isinstance(value, (tuple, list)) and all(isinstance(v, str) for v in value)
+        return None if ok else "a tuple of strings" + (f", e.g. {tuple(default)}" if default else "")
+    for kind, want in ((bool, "true or false"), (int, "a whole number"), (float, "a number"), (str, "a string")):
+        if isinstance(default, kind):
+            ok = isinstance(value, kind) if kind in (bool, str) else _number(value) and (
+                kind is float or isinstance(value, int))
+            return None if ok else want
+
+
+def _bound(b: float) -> str:
+    return str(int(b)) if float(b).is_integer() else f"{b:g}"
+
+
+def check_values(c: ConfigDict) -> None:
+    """Every field of `c` holds a value of its type (base_config's), within RANGES and CHOICES; raises
+    ValueError naming the first that does not, its value and what to give."""
+    for key, default in _leaves(base_config()):
+        node, walked, parts = c, "the config", key.split(".")
+        for i, part in enumerate(parts):
+            if not isinstance(node, ConfigDict) or part not in node:
+                what = f"has no field {part!r}" if isinstance(node, ConfigDict) else f"is {node!r}, not a section"
+                raise ValueError(f"{walked} {what}; start the config from spiral_jax.config.base_config() and "
+                                 f"change its values")
+            node, walked = node[part], ".".join(parts[:i + 1])
+        if key in CHOICES and node not in CHOICES[key]:
+            raise ValueError(f"{key}={node!r}; use one of {', '.join(CHOICES[key])}")
+        if want := _type_wanted(key, default, node):
+            raise ValueError(f"{key}={node!r}: give {want}")
+        if isinstance(node, int) and node >= 2**31 and key != "seed":
+            raise ValueError(f"{key}={node}: give at most {2**31 - 1} (JAX's shapes and indices are int32)")
+        if key not in RANGES:
+            continue
+        lo, hi = (float(b) for b in RANGES[key][1:-1].split(","))
+        open_lo, open_hi = RANGES[key][0] == "(", RANGES[key][-1] == ")"
+        if _finite(node) and (lo < node if open_lo else lo <= node) and (node < hi if open_hi else node <= hi):
+            continue
+        bounds = [f"{'more than' if open_lo else 'at least'} {_bound(lo)}"] + (
+            [f"{'less than' if open_hi else 'at most'} {_bound(hi)}"] if math.isfinite(hi) else [])
+        finite = "" if _finite(node) else "a finite number, "
+        note = f" ({NOTES[key]})" if key in NOTES else ""
+        raise ValueError(f"{key}={node!r}: give {finite}{' and '.join(bounds)}{note}")
 
 
 EVAL_PROTOCOLS = {

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from ml_collections import ConfigDict
 
-from spiral_jax.config import EMBEDDED_TOKENIZER
+from spiral_jax.config import EMBEDDED_TOKENIZER, check_values
 from spiral_jax.distributed import DistributedSetup
 from spiral_jax.envs import make
 from spiral_jax.eval.kuhn_policy import ENV_ID as KUHN_ENV_ID
@@ -27,7 +27,6 @@ from spiral_jax.rl.train_step import TrainConfig
 from spiral_jax.sampling import Sampler, SamplingParams, bucket_length, cache_slots
 from spiral_jax.templates import Template
 
-MODES = ("self_play", "fixed_opponent", "pool")
 TEACHERS = {"random": "uniformly random legal moves (the answer format, no strategy)",
             "hashed": "a random move distribution fixed per observation (no strategy)",
             "legal": "any legal move, the model's own choice (the answer format, no strategy)",
@@ -277,13 +276,15 @@ def _get(c: ConfigDict, key) -> object:
 def run_spec(c: ConfigDict, config_file: str = "", planning: bool = False) -> RunSpec:
     """Read config `c` once into a RunSpec, checking what can be checked without devices.
     `planning`: for the memory planner, which needs the model's shape, not its weights."""
+    check_values(c)  # types, ranges and choices of single fields
     c = _home_expanded(c)
     r, e, m, t = c.rollout, c.eval, c.eval.math, c.train
-    if r.mode not in MODES:
-        raise ValueError(f"rollout.mode={r.mode!r}; use one of {', '.join(MODES)}")
-    if r.selection not in ("exact", "all"):
-        raise ValueError(f"rollout.selection={r.selection!r}; use exact or all")
-    PolicySpec.parse(r.opponent)
+    for key, names in (("rollout.opponent", (r.opponent,)), ("eval.opponents", e.opponents)):
+        for name in names:
+            try:
+                PolicySpec.parse(name)
+            except ValueError as err:
+                raise ValueError(f"{key}: {err}") from None
     _check_games(c)
     eval_env_ids = tuple(e.env_ids) or tuple(c.games.env_ids)
     _check_scripted_opponents(c, eval_env_ids)
@@ -293,22 +294,10 @@ def run_spec(c: ConfigDict, config_file: str = "", planning: bool = False) -> Ru
                              f"number of games (0: none)")
     if not str(c.out_dir).strip():
         raise ValueError("out_dir is empty; give the folder the run writes to (e.g. --config.out_dir=runs/NAME)")
-    for key, value, least in (("rollout.games_per_batch", r.games_per_batch, 1),
-                              ("rollout.samples_per_step", r.samples_per_step, 1),
-                              ("rollout.max_in_flight", r.max_in_flight, 0), ("train.steps", t.steps, 0),
-                              ("train.eval_every", t.eval_every, 0), ("train.checkpoint_every", t.checkpoint_every, 0),
-                              ("train.keep", t.keep, 1)):
-        if value < least:
-            never = " (0: none between the first and the last)" if key.endswith("_every") else \
-                " (0: all of a batch at once)" if key.endswith("flight") else ""
-            raise ValueError(f"{key}={value}: give at least {least}{never}")
     if others := [o for o in e.opponents if kind(o) not in WEIGHTLESS]:
         raise ValueError(f"eval.opponents: {others[0]!r} is not random, scripted, self or openai:MODEL@URL, the "
                          f"players a run evaluates against (a model folder plays in `spiral-jax eval --opponents "
                          f"NAME=FOLDER`); give a tuple, e.g. --config.eval.opponents='(\"random\", \"scripted\")'")
-    if c.compile_ahead < -1:
-        raise ValueError(f"compile_ahead={c.compile_ahead}: give the threads that compile the next programs "
-                         f"in the background, 0 for none, or -1 for the default (none on a CPU)")
     if m.every and not m.files:
         raise ValueError("eval.math.every needs eval.math.files: the benchmarks to run, as (\"NAME=items.jsonl\", ...)")
     tok, (model, model_source) = c.tokenizer, _model(c, planning)

@@ -188,3 +188,70 @@ def test_run_spec_reads_the_config_once_and_checks_it():
     bad.compile_ahead = -2
     with pytest.raises(ValueError, match="compile_ahead=-2: .* -1 for the default"):
         run_spec(bad)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    # Out of range, NaN and infinities: each fails at the first step, or trains something else quietly.
+    ("seed", -1, r"seed=-1: give at least 0 and at most 4294967295"),  # was: at the first RL step
+    ("seed", 2**32, r"seed=4294967296: .* at most 4294967295"),  # was: the same model as seed 0
+    ("optim.learning_rate", -1e-6, r"optim.learning_rate=-1e-06: give at least 0"),  # gradient ascent
+    ("optim.learning_rate", float("nan"), r"optim.learning_rate=nan: give a finite number, at least 0"),
+    ("optim.kl_coef", -0.1, r"optim.kl_coef=-0.1: give at least 0"),
+    ("optim.tis_cap", float("inf"), r"optim.tis_cap=inf: give a finite number, at least 0 \(0: off\)"),
+    ("optim.b2", 1.0, r"optim.b2=1.0: give at least 0 and less than 1"),
+    ("optim.logprob_chunk", 0, r"optim.logprob_chunk=0: give at least 1"),
+    ("rollout.temperature", float("inf"), r"rollout.temperature=inf: give a finite number, at least 1e-05"),
+    ("eval.top_p", 1.5, r"eval.top_p=1.5: give more than 0 and at most 1"),
+    ("rollout.pool_every", 0, r"rollout.pool_every=0: give at least 1"),  # was: ZeroDivisionError after a step
+    ("rollout.pool_self_weight", 2.0, r"pool_self_weight=2.0: give at least 0 and at most 1"),
+    ("games.max_turns", 0, r"games.max_turns=0: give at least 1"),
+    ("rae.decay", 1.5, r"rae.decay=1.5: give at least 0 and at most 1"),
+    ("train.transcripts", -1, r"train.transcripts=-1: give at least 0"),  # was: all but the last
+    ("train.max_skipped_in_a_row", -1, r"max_skipped_in_a_row=-1: give at least 0 \(0: never stop\)"),
+    ("eval.math.limit", -1, r"eval.math.limit=-1: give at least 0 \(0: every item\)"),
+    ("eval.math.every", -1, r"eval.math.every=-1: give at least 0 \(0: never\)"),  # was: "needs files"
+    ("model.random.num_kv_heads", 0, r"model.random.num_kv_heads=0: give at least 1"),  # was: ZeroDivisionError
+    ("model.lora.alpha", 0.0, r"model.lora.alpha=0.0: give more than 0"),
+    ("bootstrap.batch_size", 0, r"bootstrap.batch_size=0: give at least 1"),
+    ("api.concurrency", 0, r"api.concurrency=0: give at least 1"),
+    ("train.steps", 2**31, r"train.steps=2147483648: give at most 2147483647"),
+    # Names the code reads only later (after the model is built), or never.
+    ("rollout.schedule", "continous", r"rollout.schedule='continous'; use one of rounds, continuous"),
+    ("bootstrap.targets", "all", r"bootstrap.targets='all'; use one of sampled, distribution"),
+    ("model.compute_dtype", "bf16", r"model.compute_dtype='bf16'; use one of float32, bfloat16, float16"),
+    ("optim.epochs", None, r"optim.epochs=None: give a whole number"),  # was: TypeError in TrainConfig
+    # Types a config file can set and ml_collections lets through: None anywhere, a bool for a number.
+    ("train.steps", None, r"train.steps=None: give a whole number"),
+    ("train.keep", True, r"train.keep=True: give a whole number"),
+    ("tokenizer.path", None, r"tokenizer.path=None: give a string"),
+    ("games.invalid_rewards", (1.0,), r"games.invalid_rewards=\(1.0,\): give a tuple of two numbers"),
+    ("eval.invalid_rewards", ("-1", "1"), r"eval.invalid_rewards=\('-1', '1'\): give a tuple of two numbers"),
+    ("games.weights", ("1",), r"games.weights=\('1',\): give a tuple of numbers"),
+    ("games.env_ids", (1,), r"games.env_ids=\(1,\): give a tuple of strings"),  # was: AttributeError
+    ("eval.opponents", None, r"eval.opponents=None: give a tuple of strings"),  # was: TypeError
+    ("eval.opponents", ("",), r"eval.opponents: player ''"),
+    ("train", None, r"train is None, not a section; start the config from spiral_jax.config.base_config"),
+])
+def test_run_spec_names_a_bad_value_and_what_to_give(key, value, message):
+    c = base_config()
+    *section, name = key.split(".")
+    node = c
+    for part in section:
+        node = node[part]
+    node[name] = value
+    with pytest.raises(ValueError, match=message):
+        run_spec(c)
+
+
+def test_every_preset_passes_the_value_checks_and_every_checked_key_exists():
+    from pathlib import Path
+
+    from spiral_jax.config import CHOICES, NOTES, RANGES, check_values, config_from_file
+
+    keys = {k for k, _ in base_config().items()} | {f"{s}.{k}" for s, v in base_config().items()
+                                                      if hasattr(v, "items") for k, _ in v.items()}
+    keys |= {f"{a}.{b}.{k}" for a, v in base_config().items() if hasattr(v, "items")
+             for b, w in v.items() if hasattr(w, "items") for k, _ in w.items()}
+    assert not [k for k in (*RANGES, *CHOICES, *NOTES) if k not in keys]
+    for preset in sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.py")):
+        check_values(config_from_file(str(preset)))
