@@ -168,8 +168,11 @@ class ApiPlayer:
         with self._lock:
             self.calls += 1
             self.failures += 1
-        log.warning("API opponent %s@%s: no usable reply (%s); the move is invalid", self.model, self.base_url,
-                    problem)
+            failures = self.failures
+        if failures <= 3 or str(failures).strip("0") == "1":  # a dead server: the 1st-3rd, 10th, 100th, ...
+            log.warning("API opponent %s@%s: no usable reply (%s); the move is invalid%s", self.model,
+                        self.base_url, problem, f" ({failures} such moves so far; logged at 1-3, 10, 100, ...)"
+                        if failures > 3 else "")
         return ""
 
     def replies(self, prompts: Sequence[str]) -> list[str]:

@@ -70,6 +70,14 @@ def test_good_replies_key_and_concurrency(fake_api, monkeypatch):
     assert _FakeApi.seen[-1] == ("good", "Bearer sk-test")
 
 
+def test_a_dead_server_logs_a_few_failed_moves_not_every_one(fake_api, caplog):
+    """The first three failed moves are logged, then the 10th, 100th, ... with the count so far."""
+    player = ApiPlayer.from_spec(f"openai:garbage@{fake_api}", concurrency=8)
+    assert player.replies(["a"] * 120) == [""] * 120 and player.failures == 120
+    said = [r.getMessage() for r in caplog.records if "no usable reply" in r.getMessage()]
+    assert len(said) == 5 and "(10 such moves so far" in said[3] and "(100 such moves so far" in said[4]
+
+
 def test_a_reply_in_content_parts_is_its_text_parts_joined(fake_api):
     """Some OpenAI-compatible servers send the content as parts, a reasoning model's thinking among
     them: the answer is the text parts, in order."""
