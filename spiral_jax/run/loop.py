@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import signal
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -125,11 +124,6 @@ class Trainer:
         r = self.spec.rollout
         if r.mode != "fixed_opponent" or not PolicySpec.parse(r.opponent).sampled:
             return {}
-        if not Path(r.opponent).is_dir():
-            raise FileNotFoundError(f"rollout.opponent={r.opponent!r} is neither 'random', 'scripted', an API "
-                                    "model (openai:MODEL@URL) nor a model folder; give a Hugging Face "
-                                    "checkpoint folder with the model's architecture (e.g. one written by "
-                                    "spiral-jax export)")
         params = load_policy_weights(r.opponent, self.cfg.base(), self.sample_mesh)
         if self.sample_cfg.lora_rank:  # a sampler that applies adapters: give the opponent fresh ones (B = 0)
             params = lora.join(params, lora.init_adapters(self.sample_cfg, jax.random.key(0), self.sample_mesh, "sample"))

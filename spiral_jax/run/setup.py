@@ -182,6 +182,9 @@ def _bootstrap(c: ConfigDict) -> BootstrapSpec | None:
         return None
     if b.teacher not in TEACHERS:
         raise ValueError(f"bootstrap.teacher={b.teacher!r}; use one of {', '.join(TEACHERS)}")
+    if b.targets == "distribution" and b.teacher not in ("random", "hashed"):
+        raise ValueError(f"bootstrap.targets='distribution' needs a random or hashed teacher (one with a move "
+                         f"distribution), not {b.teacher!r}; use bootstrap.targets='sampled'")
     tc = train_config(c.optim, learning_rate=b.learning_rate, normaliser="token_mean", epochs=1,
                       kl_coef=0.0, tis_cap=0.0, warmup_steps=b.warmup_steps, schedule=b.schedule,
                       decay_steps=max(b.steps - b.warmup_steps, 1), final_lr_fraction=0.0)
@@ -248,6 +251,27 @@ def _model(c: ConfigDict, planning: bool) -> tuple[ModelConfig, str]:
     return shape, f"model.random (no config.json at {path!r})" if path else "model.random"
 
 
+def _check_together(c: ConfigDict, model: ModelConfig, model_source: str, planning: bool) -> None:
+    """Values each fine alone that do not go together, or name what is not there: failures that would
+    otherwise come after the model is built, or never (a run past the model's context)."""
+    r, e, m, d = c.rollout, c.eval, c.eval.math, c.distributed
+    opponent = kind(r.opponent)
+    if r.mode == "fixed_opponent" and (opponent not in ("scripted", "api", "checkpoint") or (
+            opponent == "checkpoint" and not planning and not Path(r.opponent).is_dir())):
+        raise FileNotFoundError(f"rollout.opponent={r.opponent!r} is neither 'random', 'scripted', an API model "
+                                f"(openai:MODEL@URL) nor a model folder; give a Hugging Face checkpoint folder with "
+                                f"the model's architecture (e.g. one written by spiral-jax export)")
+    new = max(("rollout", r.max_new_tokens), ("eval", e.max_new_tokens),
+              ("eval.math", m.max_new_tokens if m.every or m.files else 0), key=lambda kv: kv[1])
+    if c.model.path and r.max_prompt_len + new[1] > model.max_position_embeddings:
+        raise ValueError(f"rollout.max_prompt_len={r.max_prompt_len} + {new[0]}.max_new_tokens={new[1]} is past the "
+                         f"model's context, max_position_embeddings={model.max_position_embeddings} ({model_source}); "
+                         f"give at most {model.max_position_embeddings} positions in all")
+    if d.enabled and d.num_processes and d.process_id >= d.num_processes:
+        raise ValueError(f"distributed.process_id={d.process_id}: give one below distributed.num_processes="
+                         f"{d.num_processes} (0 for the coordinator), or -1 to read JAX_PROCESS_ID")
+
+
 # Config values that name a local folder, where a leading ~ means the home folder.
 _FOLDERS = (("out_dir",), ("model", "path"), ("tokenizer", "path"), ("rollout", "opponent"))
 
@@ -301,6 +325,7 @@ def run_spec(c: ConfigDict, config_file: str = "", planning: bool = False) -> Ru
     if m.every and not m.files:
         raise ValueError("eval.math.every needs eval.math.files: the benchmarks to run, as (\"NAME=items.jsonl\", ...)")
     tok, (model, model_source) = c.tokenizer, _model(c, planning)
+    _check_together(c, model, model_source, planning)
     return RunSpec(
         seed=c.seed, out_dir=c.out_dir, model=model, model_source=model_source, model_path=c.model.path,
         random_shape=c.model.random.to_dict(), lora_merged=c.model.lora.sample == "merged",

@@ -243,6 +243,42 @@ def test_run_spec_names_a_bad_value_and_what_to_give(key, value, message):
         run_spec(c)
 
 
+@pytest.mark.parametrize("changes, error, message", [
+    ({"rollout.mode": "fixed_opponent", "rollout.opponent": "no_such_folder"}, FileNotFoundError,
+     "rollout.opponent='no_such_folder' is neither 'random', 'scripted'"),  # was: after the model was built
+    ({"rollout.mode": "fixed_opponent", "rollout.opponent": "self"}, FileNotFoundError, "rollout.opponent='self'"),
+    ({"bootstrap.enabled": True, "bootstrap.teacher": "scripted", "bootstrap.targets": "distribution"}, ValueError,
+     "bootstrap.targets='distribution' needs a random or hashed teacher"),  # was: at the first bootstrap step
+    ({"distributed.enabled": True, "distributed.num_processes": 2, "distributed.process_id": 2}, ValueError,
+     "distributed.process_id=2: give one below distributed.num_processes=2"),
+])
+def test_run_spec_refuses_values_that_do_not_go_together(changes, error, message):
+    c = base_config()
+    for key, value in changes.items():
+        section, name = key.split(".")
+        c[section][name] = value
+    with pytest.raises(error, match=message):
+        run_spec(c)
+
+
+def test_run_spec_refuses_answers_past_the_checkpoint_context(tmp_path):
+    """A checkpoint's max_position_embeddings bounds a prompt plus its answer; a random model's does not."""
+    from spiral_jax.models import ModelConfig, save_pretrained
+    from spiral_jax.models.params import init_params
+    from tests.tiny_models import TINY_RUN
+
+    cfg = ModelConfig(model_type="qwen3", **TINY_RUN, tie_word_embeddings=True)  # 512 positions
+    save_pretrained(cfg, init_params(cfg, jax.random.key(0)), tmp_path)
+    c = base_config()
+    c.model.path = str(tmp_path)
+    c.rollout.update(max_prompt_len=256, max_new_tokens=128)
+    c.eval.max_new_tokens = 256
+    assert run_spec(c).model.max_position_embeddings == 512
+    c.eval.max_new_tokens = 257
+    with pytest.raises(ValueError, match=r"max_prompt_len=256 \+ eval.max_new_tokens=257 .* max_position_embeddings=512"):
+        run_spec(c)
+
+
 def test_every_preset_passes_the_value_checks_and_every_checked_key_exists():
     from pathlib import Path
 
