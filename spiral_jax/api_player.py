@@ -113,7 +113,8 @@ class ApiPlayer:
     def check(self) -> None:
         """Reach the endpoint (GET /models) once: a clear error now instead of a run of invalid moves.
         Raises PermissionError for a refused key and ConnectionError for anything else that is wrong
-        (no server, a redirect, a timeout, a reply that is too large or not JSON)."""
+        (no server, a redirect, a timeout, a reply that is too large or not JSON); a busy endpoint
+        (429, 503) passes with a warning."""
         url = f"{self.base_url}/models"
         try:
             self._request("/models")
@@ -121,7 +122,10 @@ class ApiPlayer:
             if err.code in (401, 403):
                 raise PermissionError(f"{self.base_url} refused the API key (HTTP {err.code}); set the "
                                       "environment variable named by api.key_env") from None
-            if err.code != 404:  # an endpoint without /models is still alive
+            if err.code in (429, 503):  # alive but busy now: each move retries as it would later
+                log.warning("API opponent %s: %s answered HTTP %d (busy); going on, moves retry", self.model, url,
+                            err.code)
+            elif err.code != 404:  # an endpoint without /models is still alive
                 raise ConnectionError(f"{url} answered HTTP {err.code}") from None
         except (RedirectRefused, ReplyTooLarge) as err:
             raise ConnectionError(str(err)) from None

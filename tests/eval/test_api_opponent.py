@@ -16,7 +16,8 @@ class _FakeApi(http.server.BaseHTTPRequestHandler):
     seen: list = []
 
     def do_GET(self):  # noqa: N802
-        self.send_response(401 if "refuse" in self.path else 200)
+        self.send_response(401 if "refuse" in self.path else 429 if "busy" in self.path else
+                           500 if "broken" in self.path else 200)
         self.end_headers()
         self.wfile.write(b"{}")
 
@@ -91,6 +92,9 @@ def test_dead_endpoint_refused_key_and_bad_specs_are_clear_errors(fake_api):
     with pytest.raises(PermissionError, match="refused the API key"):
         ApiPlayer.from_spec(f"openai:m@{fake_api}/refuse").check()
     ApiPlayer.from_spec(f"openai:m@{fake_api}").check()  # alive: no error
+    ApiPlayer.from_spec(f"openai:m@{fake_api}/busy").check()  # rate-limited now: alive, the moves retry
+    with pytest.raises(ConnectionError, match="answered HTTP 500"):
+        ApiPlayer.from_spec(f"openai:m@{fake_api}/broken").check()
     for spec in ("openai:gpt", "openai:@http://x/v1", "openai:m@ftp://x", "gpt@http://x"):
         with pytest.raises(ValueError, match="write it openai:MODEL@BASE_URL"):
             ApiPlayer.from_spec(spec)
