@@ -360,11 +360,11 @@ def _run(command: str, c) -> int:
     from spiral_jax.sharding import make_mesh
 
     mesh = host_local_mesh(make_mesh(**spec.mesh))
+    tokenizer = build_tokenizer(spec)  # before the weights: a missing tokenizer fails at once
     cfg, params, source, step = load_policy(spec, mesh, what=command, log=lambda *a, **k: print(*a, **k, file=sys.stderr),
                                             adapters=command == "export" and FLAGS.adapter,
                                             step=FLAGS.step if command == "eval" and FLAGS.step >= 0 else None)
     print(f"[{command}] {source}", file=sys.stderr)
-    tokenizer = build_tokenizer(spec, cfg)
     if command == "eval":
         from spiral_jax.run.evaluate import run_eval
 

@@ -74,10 +74,11 @@ class Trainer:
         self.out = run_path(spec.out_dir)  # local or gs://, for every file the run writes
         self.mesh = make_mesh(**spec.mesh)
         self.sample_mesh = host_local_mesh(self.mesh)
-        self.cfg, params = build_model(spec, self.mesh)
-        self.tokenizer = tokenizer or build_tokenizer(spec, self.cfg)
+        # Checked before the weights are loaded: a micro-batch that does not split, a missing tokenizer.
         self.rows = row_multiple(spec.train.micro_batch_size, batch_shards(self.mesh),
                                  r.samples_per_step if r.selection == "exact" else None)
+        self.tokenizer = tokenizer or build_tokenizer(spec, spec.model)
+        self.cfg, params = build_model(spec, self.mesh)
         self.samples_per_row = per_row(spec.train.samples_per_row, self.cfg, self.mesh.devices.flat[0].platform)
         # With LoRA the weights are frozen and the adapters trained; the sampler, evaluation and
         # opponents see `sample_cfg`: the merged model, or the adapters beside the weights.

@@ -340,6 +340,22 @@ def test_unknown_env_id(tmp_path):
         Trainer.from_config(tiny_config(tmp_path, **{"games.env_ids": ("Chess-v0",)}))
 
 
+def test_a_run_that_cannot_start_fails_before_the_weights_are_loaded(tmp_path, monkeypatch):
+    """A missing tokenizer, or a micro-batch that does not split the step's samples, is an error before
+    build_model (which loads a checkpoint's weights: minutes for a real model), not after it."""
+    from spiral_jax.run import loop
+
+    def build_model(*_):
+        raise AssertionError("the weights were loaded before the config was checked")
+
+    monkeypatch.setattr(loop, "build_model", build_model)
+    for changes, error, message in [({"tokenizer.path": str(tmp_path / "nope")}, CheckpointError, "does not exist"),
+                                    ({"tokenizer.path": ""}, CheckpointError, "no tokenizer: set tokenizer.path"),
+                                    ({"optim.micro_batch_size": 7}, ValueError, "micro_batch_size=7 must be .* divide")]:
+        with pytest.raises(error, match=message):
+            Trainer.from_config(tiny_config(tmp_path, **changes), log=lambda *_: None)
+
+
 def test_missing_checkpoint(tmp_path):
     c = tiny_config(tmp_path)
     with c.unlocked():
