@@ -134,14 +134,15 @@ def _help(command: str) -> str:
     return "\n".join(lines)
 
 
-def _parse(argv: list[str]) -> None:
-    """Parse flags; repeatable in one process (tests call main() several times)."""
+def _parse(argv: list[str]) -> list[str]:
+    """Parse flags, returning the arguments that are not flags; repeatable in one process (tests call main()
+    several times)."""
     for name in [n for n in FLAGS if n.startswith("config.")]:
         delattr(FLAGS, name)  # override flags registered by an earlier parse
     FLAGS.unparse_flags()
     saved, sys.argv = sys.argv, argv  # config_flags finds --config.a.b overrides in sys.argv
     try:
-        FLAGS(argv)
+        return FLAGS(argv)[1:]
     finally:
         sys.argv = saved
 
@@ -194,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"spiral-jax {command}: cannot load the config file: {e}", file=sys.stderr)
             return 2
     try:
-        _parse(argv)
+        if rest := _parse(argv):  # `--resume true`, a value after a space: it would be dropped
+            raise flags.Error(f"unexpected argument {rest[0]!r}; flags are --name=VALUE, boolean ones --name "
+                              f"or --noname")
     except flags.Error as e:
         print(f"spiral-jax {command}: {e}", file=sys.stderr)
         return 2

@@ -37,6 +37,25 @@ def test_a_command_rejects_another_commands_flags(capsys):
     assert main(["spiral-jax", "export", f"--config={TINY}", "--resume"]) == 2
 
 
+def _no_training(monkeypatch):
+    """Building a Trainer fails the test: the command line should have been refused before."""
+    import spiral_jax.run
+
+    def trainer(*args, **kwargs):
+        raise AssertionError("the command line was accepted and training started")
+
+    monkeypatch.setattr(spiral_jax.run, "Trainer", trainer)
+
+
+@pytest.mark.parametrize("extra", [["--resume", "true"], ["stray"], ["--", "--config.train.steps=3"]])
+def test_an_argument_that_is_not_a_flag_is_refused_not_dropped(extra, tmp_path, capsys, monkeypatch):
+    _no_training(monkeypatch)
+    assert main(["spiral-jax", "train", f"--config={TINY}", f"--config.out_dir={tmp_path / 'run'}", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"spiral-jax train: unexpected argument {extra[-1]!r}; flags are --name=VALUE") and "\n" not in err
+    assert not (tmp_path / "run").exists()
+
+
 def test_config_prints_the_resolved_config(capsys):
     assert main(["spiral-jax", "config", f"--config={TINY}", "--config.train.steps=7"]) == 0
     config = json.loads(capsys.readouterr().out)
