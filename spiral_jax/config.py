@@ -276,8 +276,9 @@ def config_from_file(name: str, relative_to: str | None = None) -> ConfigDict:
     import traceback
 
     path = Path(relative_to).with_name(name) if relative_to else Path(name)
-    if not path.is_file():
-        raise ConfigFileError(f"config file {path} does not exist; pass a Python file with a get_config() "
+    if not path.is_file() or path.suffix != ".py":
+        what = "is a folder" if path.is_dir() else "is not a Python file (.py)" if path.exists() else "does not exist"
+        raise ConfigFileError(f"config file {path} {what}; pass a Python file with a get_config() "
                               f"function (the presets are in configs/)")
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)

@@ -56,6 +56,17 @@ def test_an_argument_that_is_not_a_flag_is_refused_not_dropped(extra, tmp_path, 
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("name, what", [("configs", "is a folder"), ("config.json", "is not a Python file (.py)"),
+                                        ("missing.py", "does not exist")])
+def test_a_config_that_is_not_a_python_file_is_named_as_such(name, what, tmp_path, capsys):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "config.json").write_text("{}")
+    assert main(["spiral-jax", "config", f"--config={tmp_path / name}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"spiral-jax config: cannot load the config file: config file {tmp_path / name} {what}; pass a "
+                   f"Python file with a get_config() function (the presets are in configs/)")
+
+
 def test_config_prints_the_resolved_config(capsys):
     assert main(["spiral-jax", "config", f"--config={TINY}", "--config.train.steps=7"]) == 0
     config = json.loads(capsys.readouterr().out)
