@@ -145,6 +145,11 @@ class RunDir:
         self.token = uuid.uuid4().hex  # tells this claim's lock from any other, in this process too
 
     def __enter__(self) -> "RunDir":
+        checkpoints = Path(self.out_dir) / "checkpoints"
+        if self.resume and self.lock is not None and not (checkpoints.is_dir() and any(
+                p.name.isdigit() for p in checkpoints.iterdir())):  # before the model is built; no folder made
+            raise RunDirError(f"no checkpoint to resume from in {checkpoints}; leave out --resume to start a new "
+                              f"run, or give the run's folder as --config.out_dir")
         if self.lock is not None:
             try:
                 self.acquire()

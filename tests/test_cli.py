@@ -67,6 +67,17 @@ def test_a_config_that_is_not_a_python_file_is_named_as_such(name, what, tmp_pat
                    f"Python file with a get_config() function (the presets are in configs/)")
 
 
+def test_resume_without_a_checkpoint_fails_before_the_model_is_built(tmp_path, capsys, monkeypatch):
+    _no_training(monkeypatch)
+    (tmp_path / "run" / "checkpoints" / "3.orbax-checkpoint-tmp-1").mkdir(parents=True)  # no finished step
+    for out_dir in (tmp_path / "new", tmp_path / "run"):
+        assert main(["spiral-jax", "train", f"--config={TINY}", f"--config.out_dir={out_dir}", "--resume"]) == 1
+        assert capsys.readouterr().err.strip() == (
+            f"spiral-jax train: RunDirError: no checkpoint to resume from in {out_dir / 'checkpoints'}; leave out "
+            f"--resume to start a new run, or give the run's folder as --config.out_dir")
+    assert not (tmp_path / "new").exists() and not (tmp_path / "run" / "run.lock").exists()
+
+
 def test_config_prints_the_resolved_config(capsys):
     assert main(["spiral-jax", "config", f"--config={TINY}", "--config.train.steps=7"]) == 0
     config = json.loads(capsys.readouterr().out)
