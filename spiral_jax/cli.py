@@ -353,6 +353,9 @@ def _run(command: str, c) -> int:
             trainer.run()
         return PREEMPTED_EXIT_CODE if trainer.stopped else 0
     out = os.path.expanduser(FLAGS.out)  # a shell leaves --out=~/x as written
+    if command == "eval":  # before any weights are loaded: flags that cannot work fail now
+        from spiral_jax.run.evaluate import check_eval_args
+        check_eval_args(spec, FLAGS, [n for n in COMMANDS["eval"][1] if FLAGS[n].present])
     if command == "export":  # before any weights are loaded: a folder that is unsafe to write fails now
         from spiral_jax.run_dir import check_export_dir
         check_export_dir(out, spec.out_dir, FLAGS.overwrite,

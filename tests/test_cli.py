@@ -78,6 +78,21 @@ def test_resume_without_a_checkpoint_fails_before_the_model_is_built(tmp_path, c
     assert not (tmp_path / "new").exists() and not (tmp_path / "run" / "run.lock").exists()
 
 
+@pytest.mark.parametrize("command, extra, message", [
+    ("eval", ["--games=3"], "--games=3: evaluation plays each matchup from both seats equally"),
+    ("eval", ["--suite=kuhn", "--env_ids=Nim-v0"], "--env_ids is for --suite games; --suite kuhn does not read it")])
+def test_flags_that_cannot_work_fail_before_the_weights_load(command, extra, message, tmp_path, capsys, monkeypatch):
+    import spiral_jax.run.build
+
+    def load_policy(*args, **kwargs):
+        raise AssertionError("the flags were accepted and the weights loaded")
+
+    monkeypatch.setattr(spiral_jax.run.build, "load_policy", load_policy)
+    assert main(["spiral-jax", command, f"--config={TINY}", f"--config.out_dir={tmp_path / 'run'}", *extra]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"spiral-jax {command}: ") and message in err and "\n" not in err, err
+
+
 def test_config_prints_the_resolved_config(capsys):
     assert main(["spiral-jax", "config", f"--config={TINY}", "--config.train.steps=7"]) == 0
     config = json.loads(capsys.readouterr().out)

@@ -9,18 +9,24 @@ again plays the very games the run played at step N.
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 from spiral_jax.distributed import is_leader
+from spiral_jax.envs import make
 from spiral_jax.eval import benchmarks, game_report, hub
 from spiral_jax.eval.suite import EvalContext, run_benchmarks, run_crossplay, run_games, run_kuhn, run_transfer
-from spiral_jax.paths import file_in
+from spiral_jax.paths import file_in, is_remote
 from spiral_jax.policies import SCRIPTED, WEIGHTLESS, kind
 from spiral_jax.rollout import PlayedGame
 from spiral_jax.run.setup import RunSpec
 
 SUITES = ("games", "transfer", "kuhn", "crossplay", "bench")
+# The flags of `spiral-jax eval` each suite reads, besides --step, --eval_out and --protocol.
+SUITE_FLAGS = {"games": ("games", "opponents", "env_ids"), "transfer": ("games", "opponents"), "kuhn": ("kuhn_samples",),
+               "crossplay": ("games", "opponents", "players", "crossplay_env"),
+               "bench": ("bench", "samples", "shots_file", "shots", "limit")}
 
 
 def transcript(game: PlayedGame) -> str:
@@ -86,6 +92,109 @@ def _named(spec: str, taken: set[str]) -> tuple[str, str]:
     return label, path
 
 
+def _kind(flag: str, name: str) -> str:
+    try:
+        return kind(name)
+    except ValueError as e:
+        raise ValueError(f"--{flag}: {e}") from None
+
+
+def _local_bench(name: str) -> bool:
+    """Whether a --bench entry names a local JSONL file (else a benchmark to download from the hub)."""
+    return "=" in name or name.endswith(".jsonl") or Path(name).is_file()
+
+
+def _check_eval_out(folder: str, out_dir: str) -> None:
+    """A report folder that can be one: not below a file, writable, not inside the run's checkpoints or
+    TensorBoard folders (orbax and TensorBoard read every entry there)."""
+    target = Path(os.path.realpath(os.path.expanduser(folder)))
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise ValueError(f"--eval_out {folder}: {existing} is {'a file' if not existing.is_dir() else 'not writable'}; "
+                         f"give a folder for the reports you can write")
+    run = Path(os.path.realpath(os.path.expanduser(out_dir)))
+    if not is_remote(out_dir) and run in target.parents and target.relative_to(run).parts[0] in ("checkpoints",
+                                                                                                  "tensorboard"):
+        raise ValueError(f"--eval_out {folder} is inside the run's {target.relative_to(run).parts[0]} folder; give a "
+                         f"folder of its own, e.g. --eval_out {run / 'eval' / 'NAME'}")
+
+
+def check_eval_args(spec: RunSpec, args, given=()) -> None:
+    """What `run_eval` would otherwise refuse only once the weights are loaded, or never: a count below 0,
+    an odd --games, a --step below -1, a name listed twice, unknown games, model folders that are not
+    there, a report folder that cannot be one, benchmark and example files that are missing or
+    malformed, and a flag in `given` (those on the command line) that --suite does not read."""
+    suite = args.suite
+    if suite not in SUITES:
+        raise ValueError(f"--suite must be one of {', '.join(SUITES)}, got {suite!r}")
+    if stray := [n for n in given if n not in (*SUITE_FLAGS[suite], "config", "suite", "step", "eval_out", "protocol")]:
+        owners = " or ".join(s for s, names in SUITE_FLAGS.items() if stray[0] in names)
+        raise ValueError(f"--{stray[0]} is for --suite {owners}; --suite {suite} does not read it: leave it out")
+    for name in ("games", "kuhn_samples", "samples", "shots", "limit"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name}={getattr(args, name)}: give 0 or more (spiral-jax eval --help says what 0 means)")
+    if args.games % 2:
+        raise ValueError(f"--games={args.games}: evaluation plays each matchup from both seats equally; give an even "
+                         f"number")
+    if getattr(args, "step", -1) < -1:
+        raise ValueError(f"--step={args.step}: give the training step of a checkpoint (0 or more), or leave it out for "
+                         f"the newest")
+    for name in ("opponents", "env_ids", "players", "bench"):
+        values = list(getattr(args, name))
+        if twice := next((v for i, v in enumerate(values) if v in values[:i]), None):
+            raise ValueError(f"--{name} lists {twice!r} twice; give each once")
+    if args.eval_out:
+        _check_eval_out(args.eval_out, spec.out_dir)
+    for flag, env_id in [("env_ids", e) for e in args.env_ids] + [("crossplay_env", args.crossplay_env)] * (
+            suite == "crossplay"):
+        try:
+            make(env_id)
+        except ValueError as e:
+            raise ValueError(f"--{flag}: {e}") from None
+    kinds = {o: _kind("opponents", o) for o in args.opponents}
+    if suite == "transfer" and (folders := [o for o in args.opponents if kinds[o] not in WEIGHTLESS]):
+        raise ValueError(f"--suite transfer plays scripted, self and API opponents, not the model folder "
+                         f"{folders[0]!r}: play it with --suite games --env_ids ...")
+    if suite == "crossplay" and (others := [o for o in args.opponents if kinds[o] != "scripted"]):
+        raise ValueError(f"--opponents {others[0]}: --suite crossplay plays --players and the scripted opponents "
+                         f"(random, scripted); give a model folder to --players")
+    taken = {"model", *(o for o in args.opponents if kinds[o] in WEIGHTLESS)}
+    for name in [o for o in args.opponents if kinds[o] not in WEIGHTLESS] if suite == "games" else ():
+        if not Path(path := _named(name, taken)[1]).is_dir():
+            raise FileNotFoundError(f"--opponents {name}: not random, scripted, self or openai:MODEL@URL, and no "
+                                    f"model folder {path} exists (name=path/to/hf_folder for a model)")
+    for name in args.players if suite == "crossplay" else ():
+        if not Path(path := _named(name, taken)[1]).is_dir():
+            raise FileNotFoundError(f"--players {name}: no model folder {path} exists (name=path/to/hf_folder)")
+    if suite == "crossplay" and not args.players and not args.opponents:
+        raise ValueError("--suite crossplay needs players besides the model: --players NAME=HF_FOLDER,... and/or "
+                         "--opponents random,scripted")
+    if suite == "bench":
+        _check_bench(spec, args)
+
+
+def _check_bench(spec: RunSpec, args) -> None:
+    names, sources = args.bench or spec.evaluation.math.files, hub.hub_sources()
+    if not names:
+        raise ValueError("--bench needs NAME=file.jsonl (or NAME, to download from the hub) entries, "
+                         "or eval.math.files in the config")
+    for name in names:
+        if not _local_bench(name) and name not in sources:
+            raise ValueError(f"--bench {name}: no such file, and not a benchmark to download (one of "
+                             f"{', '.join(sources)}); give NAME=items.jsonl")
+        for path in benchmarks.local_files([name]).values() if _local_bench(name) else ():
+            benchmarks.load_items(path, args.limit or spec.evaluation.math.limit)  # JSONL of problems and answers
+    if bool(args.shots) != bool(args.shots_file):
+        raise ValueError("--shots N and --shots_file FILE go together: N worked examples from FILE (give both, or "
+                         "neither for zero-shot prompts)")
+    if args.shots_file:
+        if not Path(args.shots_file).is_file():
+            raise FileNotFoundError(f"--shots_file {args.shots_file}: no such file (JSONL of worked examples)")
+        if len(shots := benchmarks.load_items(args.shots_file, args.shots)) < args.shots:
+            raise ValueError(f"--shots {args.shots}: {args.shots_file} holds {len(shots)} examples; give at most "
+                             f"{len(shots)}")
+
+
 def run_eval(ctx: EvalContext, spec: RunSpec, args) -> str:
     """`spiral-jax eval --suite ...`: run the chosen suite, write its files, return its markdown.
 
@@ -93,9 +202,8 @@ def run_eval(ctx: EvalContext, spec: RunSpec, args) -> str:
     (per pair; 0: eval.final_games), eval_out (default <out_dir>/eval/<suite>), opponents and env_ids
     (default the config's), players (crossplay: "name=path" or "path"), crossplay_env, kuhn_samples
     (0: exact scoring), bench ("NAME=file.jsonl", "file.jsonl", or "NAME" from the hub), samples,
-    shots_file, shots, limit."""
-    if args.suite not in SUITES:
-        raise ValueError(f"--suite must be one of {', '.join(SUITES)}, got {args.suite!r}")
+    shots_file, shots, limit. Checked first (`check_eval_args`), as the CLI does before loading weights."""
+    check_eval_args(spec, args)
     out = Path(args.eval_out) if args.eval_out else Path(spec.out_dir) / "eval" / args.suite
     n, e = args.games or spec.evaluation.final_games, spec.evaluation
     if args.suite == "games":
@@ -108,20 +216,13 @@ def run_eval(ctx: EvalContext, spec: RunSpec, args) -> str:
             elif kind(name) == "api":  # reached now: a dead endpoint fails before any game
                 ctx.rollout.api_player(name).check()
                 opponents.append(name)
-            else:  # a model folder
+            else:  # a model folder (checked to be there)
                 label, path = _named(name, taken)
-                if not Path(path).is_dir():
-                    raise FileNotFoundError(f"--opponents {name}: not random, scripted, self or "
-                                            f"openai:MODEL@URL, and no model folder {path} exists "
-                                            "(name=path/to/hf_folder for a model)")
                 extra[label] = ctx.load_weights(path)
                 opponents.append(label)
         results = run_games(ctx, out, args.env_ids or e.env_ids, opponents, n, extra)
         return game_report.to_markdown(results, ctx.settings(n_games=n))
     if args.suite == "transfer":
-        if folders := [o for o in args.opponents if kind(o) not in WEIGHTLESS]:
-            raise ValueError(f"--suite transfer plays scripted, self and API opponents, not the model folder "
-                             f"{folders[0]!r}: play it with --suite games --env_ids ...")
         results = run_transfer(ctx, out, n, args.opponents or SCRIPTED)
         return game_report.to_markdown(results, ctx.settings(n_games=n), "Transfer to unseen games")
     if args.suite == "kuhn":
@@ -135,12 +236,8 @@ def run_eval(ctx: EvalContext, spec: RunSpec, args) -> str:
         return (out / "crossplay.md").read_text()
     files, m = {}, e.math
     for name in args.bench or m.files:
-        local = "=" in name or name.endswith(".jsonl") or Path(name).is_file()
-        files.update(benchmarks.local_files([name]) if local else
+        files.update(benchmarks.local_files([name]) if _local_bench(name) else
                      {name: hub.download(name, file_in(out / "data", name, ".jsonl"))})
-    if not files:
-        raise ValueError("--bench needs NAME=file.jsonl (or NAME, to download from the hub) entries, "
-                         "or eval.math.files in the config")
     results = run_benchmarks(ctx, out, files, args.samples or m.samples, args.shots_file or None, args.shots,
                              args.limit or m.limit, instruction_first=m.instruction_first)
     return benchmarks.markdown(results)

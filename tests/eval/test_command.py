@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from spiral_jax.config import EVAL_PROTOCOLS, base_config, with_protocol
-from spiral_jax.run.evaluate import run_eval
+from spiral_jax.run.evaluate import check_eval_args, run_eval
 from spiral_jax.run.setup import run_spec
 
 
@@ -64,6 +64,44 @@ def test_two_model_folders_of_one_name_are_refused_before_any_game(ctx, tmp_path
     # The transfer suite has no weights for a model folder: refused before its first game too.
     with pytest.raises(ValueError, match="--suite transfer plays scripted, self and API opponents"):
         run_eval(ctx, c, args(suite="transfer", opponents=["random", folders[0]]))
+
+
+@pytest.mark.parametrize("changes, given, message", [
+    (dict(games=3), (), "--games=3: evaluation plays each matchup from both seats equally; give an even number"),
+    (dict(games=-2), (), r"--games=-2: give 0 or more"),
+    (dict(suite="kuhn", kuhn_samples=-1), (), r"--kuhn_samples=-1: give 0 or more"),
+    (dict(step=-5), (), r"--step=-5: give the training step of a checkpoint \(0 or more\)"),
+    (dict(opponents=["random", "random"]), (), "--opponents lists 'random' twice"),
+    (dict(opponents=[""]), (), "--opponents: player '': give random"),
+    (dict(opponents=["nope"]), (), "--opponents nope: not random, scripted, self or openai:MODEL@URL, and no model"),
+    (dict(env_ids=["Nope-v0"]), (), "--env_ids: unknown env id 'Nope-v0'"),
+    (dict(suite="kuhn", env_ids=["Nim-v0"]), ("env_ids",), "--env_ids is for --suite games; --suite kuhn does not"),
+    (dict(players=["x"]), ("players",), "--players is for --suite crossplay; --suite games does not read it"),
+    (dict(suite="crossplay"), (), "--suite crossplay needs players besides the model"),
+    (dict(suite="crossplay", opponents=["self"]), (), "--opponents self: --suite crossplay plays --players and"),
+    (dict(suite="crossplay", players=["a=/no/such"]), (), "--players a=/no/such: no model folder /no/such"),
+    (dict(suite="crossplay", crossplay_env="Nope-v0", opponents=["random"]), (), "--crossplay_env: unknown env id"),
+    (dict(suite="bench", bench=["NOPE"]), (), "--bench NOPE: no such file, and not a benchmark to download"),
+    (dict(suite="bench", bench=["{tmp}/bad.jsonl"]), (), "bad.jsonl:1: not valid JSON"),
+    (dict(suite="bench", bench=["{tmp}/toy.jsonl"], shots=2), (), "--shots N and --shots_file FILE go together"),
+    (dict(suite="bench", bench=["{tmp}/toy.jsonl"], shots=2, shots_file="{tmp}/toy.jsonl"), (),
+     "--shots 2: .*toy.jsonl holds 1 examples; give at most 1"),
+    (dict(suite="bench", bench=["{tmp}/toy.jsonl"], shots=1, shots_file="{tmp}/no.jsonl"), (),
+     "--shots_file .*no.jsonl: no such file"),
+    (dict(eval_out="{tmp}/toy.jsonl/x"), (), "--eval_out .*toy.jsonl/x: .*toy.jsonl is a file"),
+    (dict(eval_out="{tmp}/checkpoints/0"), (), "--eval_out .*checkpoints/0 is inside the run's checkpoints folder"),
+])
+def test_flags_that_cannot_work_are_refused_before_anything_loads(changes, given, message, tmp_path):
+    """`check_eval_args`, which the CLI calls before the weights load, and run_eval too."""
+    (tmp_path / "toy.jsonl").write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
+    (tmp_path / "bad.jsonl").write_text("{nope\n")
+    c = base_config()
+    c.out_dir = str(tmp_path)
+    changes = {k: [x.format(tmp=tmp_path) for x in v] if isinstance(v, list) else v.format(tmp=tmp_path)
+               if isinstance(v, str) else v for k, v in changes.items()}
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        check_eval_args(run_spec(c), args(**{"step": -1, **changes}), given)
+    check_eval_args(run_spec(c), args(step=-1))  # the defaults pass
 
 
 def test_bench_samples_and_prompts_as_eval_math_says(ctx, tmp_path):
