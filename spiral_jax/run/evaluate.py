@@ -17,7 +17,7 @@ from spiral_jax.distributed import is_leader
 from spiral_jax.envs import make
 from spiral_jax.eval import benchmarks, game_report, hub
 from spiral_jax.eval.suite import EvalContext, run_benchmarks, run_crossplay, run_games, run_kuhn, run_transfer
-from spiral_jax.paths import file_in, is_remote
+from spiral_jax.paths import file_in, is_remote, run_path
 from spiral_jax.policies import SCRIPTED, WEIGHTLESS, kind
 from spiral_jax.rollout import PlayedGame
 from spiral_jax.run.setup import RunSpec
@@ -143,7 +143,7 @@ def check_eval_args(spec: RunSpec, args, given=()) -> None:
         values = list(getattr(args, name))
         if twice := next((v for i, v in enumerate(values) if v in values[:i]), None):
             raise ValueError(f"--{name} lists {twice!r} twice; give each once")
-    if args.eval_out:
+    if args.eval_out and not is_remote(args.eval_out):
         _check_eval_out(args.eval_out, spec.out_dir)
     for flag, env_id in [("env_ids", e) for e in args.env_ids] + [("crossplay_env", args.crossplay_env)] * (
             suite == "crossplay"):
@@ -204,7 +204,8 @@ def run_eval(ctx: EvalContext, spec: RunSpec, args) -> str:
     (0: exact scoring), bench ("NAME=file.jsonl", "file.jsonl", or "NAME" from the hub), samples,
     shots_file, shots, limit. Checked first (`check_eval_args`), as the CLI does before loading weights."""
     check_eval_args(spec, args)
-    out = Path(args.eval_out) if args.eval_out else Path(spec.out_dir) / "eval" / args.suite
+    # run_path: a gs:// out_dir stays one (pathlib makes gs://b/x a local gs:/b/x); a shell leaves ~ as written.
+    out = run_path(os.path.expanduser(args.eval_out) if args.eval_out else f"{spec.out_dir.rstrip('/')}/eval/{args.suite}")
     n, e = args.games or spec.evaluation.final_games, spec.evaluation
     if args.suite == "games":
         names = args.opponents or e.opponents

@@ -104,6 +104,27 @@ def test_flags_that_cannot_work_are_refused_before_anything_loads(changes, given
     check_eval_args(run_spec(c), args(step=-1))  # the defaults pass
 
 
+@pytest.mark.parametrize("out_dir, eval_out, folder", [
+    ("gs://bucket/run", "", "gs://bucket/run/eval/games"), ("{tmp}/run", "~/report", "{tmp}/home/report")])
+def test_the_report_folder_is_the_one_given(out_dir, eval_out, folder, tmp_path, monkeypatch):
+    """A gs:// out_dir's reports go to the bucket, not to a local folder named gs:; --eval_out=~/x (a
+    shell leaves the ~) is in the home folder, not in a folder named ~."""
+    import spiral_jax.run.evaluate as evaluate
+
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+    def run_games(ctx, out, *rest):
+        raise StopIteration(str(out))
+
+    monkeypatch.setattr(evaluate, "run_games", run_games)
+    c = base_config()
+    c.out_dir = out_dir.format(tmp=tmp_path)
+    with pytest.raises(StopIteration) as played:
+        run_eval(None, run_spec(c), args(opponents=["random"], eval_out=eval_out))
+    assert str(played.value) == folder.format(tmp=tmp_path)
+
+
 def test_bench_samples_and_prompts_as_eval_math_says(ctx, tmp_path):
     """Without --bench the suite runs eval.math.files; eval.math sets the sampling, the samples, the
     limit and the prompt order (the context carries its sampling, as the CLI builds it)."""
