@@ -357,9 +357,9 @@ def _run(command: str, c) -> int:
         from spiral_jax.run.evaluate import check_eval_args
         check_eval_args(spec, FLAGS, [n for n in COMMANDS["eval"][1] if FLAGS[n].present])
     if command == "export":  # before any weights are loaded: a folder that is unsafe to write fails now
-        from spiral_jax.run_dir import check_export_dir
-        check_export_dir(out, spec.out_dir, FLAGS.overwrite,
-                         reads={"model.path": spec.model_path, "tokenizer.path": spec.tokenizer_path})
+        from spiral_jax.export import check_export_args
+        check_export_args(spec, out, FLAGS.overwrite, FLAGS.adapter, FLAGS.max_shard_gib,
+                          [n for n in COMMANDS["export"][1] if FLAGS[n].present])
     # eval / export / serve: a checkpoint's parameters in out_dir, else the weights at model.path.
     from spiral_jax.distributed import host_local_mesh
     from spiral_jax.run.build import build_tokenizer, eval_context, load_policy

@@ -4,11 +4,12 @@ export manifest so that a later --overwrite removes exactly what this export wro
 values, so the command line's flags and config stay in cli.py."""
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
 from spiral_jax.models import save_adapter, save_pretrained
-from spiral_jax.run_dir import clear_export_dir, record_export
+from spiral_jax.run_dir import check_export_dir, clear_export_dir, record_export
 from spiral_jax.tokenizer import read_generation_config
 
 
@@ -18,6 +19,23 @@ from spiral_jax.tokenizer import read_generation_config
 # whatever transformers release the model's own tokenizer loads in; saving them anew would write the
 # installed release's format (transformers 5's does not load in 4.x).
 TOKENIZER_FILES = ("tokenizer", "special_tokens", "vocab", "merges", "added_tokens", "chat_template")
+
+
+def check_export_args(spec, out: str, overwrite: bool, adapter: bool, max_shard_gib: float, given=()) -> None:
+    """Before any weights are loaded: a folder that is unsafe to write (`check_export_dir`), a shard size
+    that is no size, --adapter on a run without LoRA adapters, and --adapter with the flags of merged
+    weights in `given` (those on the command line), which it would ignore."""
+    check_export_dir(out, spec.out_dir, overwrite,
+                     reads={"model.path": spec.model_path, "tokenizer.path": spec.tokenizer_path})
+    if not 0 < max_shard_gib < math.inf:
+        raise ValueError(f"--max_shard_gib={max_shard_gib:g}: give the largest safetensors file in GiB, a number "
+                         f"above 0 (default 5)")
+    if adapter and not spec.model.lora_rank:
+        raise ValueError("--adapter writes a LoRA run's adapters, and this run trains none (model.lora.rank=0); "
+                         "leave out --adapter to export the weights")
+    if adapter and (flags := [f"--{n}" for n in given if n in ("dtype", "max_shard_gib")]):
+        raise ValueError(f"{' and '.join(flags)} {'are' if len(flags) > 1 else 'is'} for merged weights; --adapter "
+                         f"writes the adapters as trained (float32, one file): leave out {' and '.join(flags)}")
 
 
 def export_checkpoint(cfg, params, tokenizer, out: str | Path, *, model_path: str = "", tokenizer_path: str = "",

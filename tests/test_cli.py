@@ -80,7 +80,12 @@ def test_resume_without_a_checkpoint_fails_before_the_model_is_built(tmp_path, c
 
 @pytest.mark.parametrize("command, extra, message", [
     ("eval", ["--games=3"], "--games=3: evaluation plays each matchup from both seats equally"),
-    ("eval", ["--suite=kuhn", "--env_ids=Nim-v0"], "--env_ids is for --suite games; --suite kuhn does not read it")])
+    ("eval", ["--suite=kuhn", "--env_ids=Nim-v0"], "--env_ids is for --suite games; --suite kuhn does not read it"),
+    ("export", ["--out={tmp}/hf", "--max_shard_gib=0"], "--max_shard_gib=0: give the largest safetensors file in GiB"),
+    ("export", ["--out={tmp}/hf", "--max_shard_gib=inf"], "--max_shard_gib=inf: give the largest safetensors file"),
+    ("export", ["--out={tmp}/hf", "--adapter"], "--adapter writes a LoRA run's adapters, and this run trains none"),
+    ("export", ["--out={tmp}/hf", "--adapter", "--dtype=bfloat16", "--config.model.lora.rank=4"],
+     "--dtype is for merged weights; --adapter writes the adapters as trained (float32, one file)")])
 def test_flags_that_cannot_work_fail_before_the_weights_load(command, extra, message, tmp_path, capsys, monkeypatch):
     import spiral_jax.run.build
 
@@ -88,9 +93,11 @@ def test_flags_that_cannot_work_fail_before_the_weights_load(command, extra, mes
         raise AssertionError("the flags were accepted and the weights loaded")
 
     monkeypatch.setattr(spiral_jax.run.build, "load_policy", load_policy)
+    extra = [arg.format(tmp=tmp_path) for arg in extra]
     assert main(["spiral-jax", command, f"--config={TINY}", f"--config.out_dir={tmp_path / 'run'}", *extra]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"spiral-jax {command}: ") and message in err and "\n" not in err, err
+    assert not (tmp_path / "hf").exists()
 
 
 def test_config_prints_the_resolved_config(capsys):
