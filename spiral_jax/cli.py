@@ -71,7 +71,7 @@ flags.DEFINE_string("host", "127.0.0.1", "serve: the address to listen on (0.0.0
 flags.DEFINE_integer("port", 8000, "serve: the port (0: any free one).")
 flags.DEFINE_string("served_name", "", "serve: the model name clients use (default: out_dir's last part).")
 flags.DEFINE_integer("max_tokens", 4096, "serve: the most new tokens one request may ask for.")
-flags.DEFINE_string("api_key", "", "serve: a key every request must send as 'Authorization: Bearer KEY' "
+flags.DEFINE_string("api_key", None, "serve: a key every request must send as 'Authorization: Bearer KEY' "
                     "(default: none; give one whenever --host is not a loopback address).")
 flags.DEFINE_list("allow_origin", [], "serve: browser origins allowed to call the server (e.g. "
                   "https://app.example; '*': any); requests from any other origin get 403.")
@@ -360,6 +360,9 @@ def _run(command: str, c) -> int:
         from spiral_jax.export import check_export_args
         check_export_args(spec, out, FLAGS.overwrite, FLAGS.adapter, FLAGS.max_shard_gib,
                           [n for n in COMMANDS["export"][1] if FLAGS[n].present])
+    if command == "serve":  # before any weights are loaded: settings that cannot work fail now
+        from spiral_jax.serve.command import serve, serve_settings
+        settings = serve_settings(FLAGS, spec)
     # eval / export / serve: a checkpoint's parameters in out_dir, else the weights at model.path.
     from spiral_jax.distributed import host_local_mesh
     from spiral_jax.run.build import build_tokenizer, eval_context, load_policy
@@ -377,13 +380,6 @@ def _run(command: str, c) -> int:
         print(run_eval(eval_context(spec, cfg, params, tokenizer, mesh, step), spec, FLAGS))
         return 0
     if command == "serve":
-        from spiral_jax.serve import ServeSettings
-        from spiral_jax.serve.command import serve
-
-        settings = ServeSettings(FLAGS.host, FLAGS.port, max_rows=spec.rollout.games_per_batch,
-                                 max_tokens=FLAGS.max_tokens, seed=spec.seed, api_key=FLAGS.api_key or None,
-                                 allow_origin=tuple(FLAGS.allow_origin), max_body_bytes=int(FLAGS.max_body_mb * 1e6),
-                                 timeout_s=FLAGS.timeout_s, shutdown_s=FLAGS.shutdown_s)
         return serve(cfg, params, tokenizer, mesh, name=FLAGS.served_name or Path(spec.out_dir.rstrip("/")).name,
                      max_prompt_len=spec.rollout.max_prompt_len, settings=settings)
     from spiral_jax.export import export_checkpoint

@@ -1,6 +1,7 @@
 """The command line: help for every command, flags checked per command, the resolved config."""
 import json
 import os
+import socket
 
 import pytest
 
@@ -85,7 +86,16 @@ def test_resume_without_a_checkpoint_fails_before_the_model_is_built(tmp_path, c
     ("export", ["--out={tmp}/hf", "--max_shard_gib=inf"], "--max_shard_gib=inf: give the largest safetensors file"),
     ("export", ["--out={tmp}/hf", "--adapter"], "--adapter writes a LoRA run's adapters, and this run trains none"),
     ("export", ["--out={tmp}/hf", "--adapter", "--dtype=bfloat16", "--config.model.lora.rank=4"],
-     "--dtype is for merged weights; --adapter writes the adapters as trained (float32, one file)")])
+     "--dtype is for merged weights; --adapter writes the adapters as trained (float32, one file)"),
+    ("serve", ["--port=65536"], "serve: port 65536 is not a TCP port; give one of 1-65535, or 0 for any free one"),
+    ("serve", ["--max_tokens=0"], "serve: max_tokens must be at least 1, got 0"),
+    ("serve", ["--api_key="], "serve: api_key is empty; give a key or none"),
+    ("serve", ["--timeout_s=0"], "serve: timeout_s must be a number of seconds above 0, got 0"),
+    ("serve", ["--shutdown_s=-1"], "serve: shutdown_s must be a number of seconds, 0 or more, got -1"),
+    ("serve", ["--max_body_mb=nan"], "--max_body_mb=nan: give the largest request body in MB, a number above 0"),
+    ("serve", ["--allow_origin=https://app.example/"], "allow_origin 'https://app.example/' is not an origin as"),
+    ("serve", ["--host=no.such.host.invalid"], "cannot listen on no.such.host.invalid:8000 ("),
+    ("serve", ["--port={busy}"], "cannot listen on 127.0.0.1:{busy} (Address already in use); pick another --port")])
 def test_flags_that_cannot_work_fail_before_the_weights_load(command, extra, message, tmp_path, capsys, monkeypatch):
     import spiral_jax.run.build
 
@@ -93,11 +103,14 @@ def test_flags_that_cannot_work_fail_before_the_weights_load(command, extra, mes
         raise AssertionError("the flags were accepted and the weights loaded")
 
     monkeypatch.setattr(spiral_jax.run.build, "load_policy", load_policy)
-    extra = [arg.format(tmp=tmp_path) for arg in extra]
+    busy = socket.create_server(("127.0.0.1", 0))  # a port some other server listens on
+    port = busy.getsockname()[1]
+    extra, message = [arg.format(tmp=tmp_path, busy=port) for arg in extra], message.format(busy=port)
     assert main(["spiral-jax", command, f"--config={TINY}", f"--config.out_dir={tmp_path / 'run'}", *extra]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"spiral-jax {command}: ") and message in err and "\n" not in err, err
     assert not (tmp_path / "hf").exists()
+    busy.close()
 
 
 def test_config_prints_the_resolved_config(capsys):

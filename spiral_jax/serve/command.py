@@ -3,13 +3,40 @@ ends serving gracefully (running answers may finish for `settings.shutdown_s`; a
 at once). Takes plain values, so the command line's flags and config stay in cli.py."""
 from __future__ import annotations
 
+import math
 import os
 import signal
+import socket
 import sys
 import threading
 
 from spiral_jax.sampling import Sampler, bucket_length, cache_slots
 from spiral_jax.serve.server import ChatServer, ServeSettings
+
+
+def serve_settings(args, spec) -> ServeSettings:
+    """ServeSettings from the serve command's flags (attributes of `args`) for the run `spec`, checked
+    before any weights load: values ServeSettings refuses, answers that would run past the model's
+    context, and a --host:--port that cannot be listened on (in use, or not an address here)."""
+    mb = args.max_body_mb
+    if not 0 < mb < math.inf:
+        raise ValueError(f"--max_body_mb={mb:g}: give the largest request body in MB, a number above 0 (default 4)")
+    s = ServeSettings(args.host, args.port, max_rows=spec.rollout.games_per_batch, max_tokens=args.max_tokens,
+                      seed=spec.seed, api_key=args.api_key, allow_origin=tuple(args.allow_origin),
+                      max_body_bytes=max(1, int(mb * 1e6)), timeout_s=args.timeout_s, shutdown_s=args.shutdown_s)
+    prompt, context = spec.rollout.max_prompt_len, spec.model.max_position_embeddings
+    if spec.model_path and prompt + s.max_tokens > context:
+        raise ValueError(f"--max_tokens={s.max_tokens}: with prompts up to rollout.max_prompt_len={prompt} tokens, "
+                         f"answers this long run past the model's context ({context} positions, {spec.model_source}); "
+                         f"give --max_tokens={context - prompt} or less")
+    try:  # the way http.server will bind it, let go at once
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((s.host, s.port))
+    except OSError as err:
+        raise ValueError(f"cannot listen on {s.host}:{s.port} ({err.strerror or err}); pick another --port or "
+                         f"--host") from None
+    return s
 
 
 def serve(cfg, params, tokenizer, mesh, *, name: str, max_prompt_len: int, settings: ServeSettings) -> int:

@@ -20,7 +20,9 @@ import http.server
 import ipaddress
 import json
 import logging
+import math
 import queue
+import re
 import select
 import socket
 import sys
@@ -32,6 +34,7 @@ from spiral_jax.serve.scheduler import Job, Scheduler
 
 log = logging.getLogger(__name__)
 _LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s]+")  # what a browser sends as Origin: scheme://host[:port]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +61,15 @@ class ServeSettings:
                 raise ValueError(f"serve: {name} must be at least 1, got {getattr(self, name)}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("serve: api_key is empty; give a key or none")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"serve: port {self.port} is not a TCP port; give one of 1-65535, or 0 for any free one")
+        if not 0 < self.timeout_s < math.inf:  # 0 would make every socket non-blocking, below 0 fail each request
+            raise ValueError(f"serve: timeout_s must be a number of seconds above 0, got {self.timeout_s:g}")
+        if not 0 <= self.shutdown_s <= math.inf:
+            raise ValueError(f"serve: shutdown_s must be a number of seconds, 0 or more, got {self.shutdown_s:g}")
+        if bad := [o for o in self.allow_origin if o not in ("*", "null") and not _ORIGIN.fullmatch(o)]:
+            raise ValueError(f"serve: allow_origin {bad[0]!r} is not an origin as browsers send it: scheme://host[:port], "
+                             f"no path or trailing /, e.g. https://app.example (or '*' for any)")
 
 
 class ChatServer:

@@ -562,3 +562,26 @@ def test_a_second_signal_exits_at_once(monkeypatch):
     assert shutdowns == [1] and exits == []
     stop(signal.SIGINT, None)
     assert exits == [128 + signal.SIGINT]
+
+
+def test_serve_settings_refuse_answers_past_the_models_context():
+    """With model.path, prompt + --max_tokens must fit the model's positions (checked before any weights
+    load); a random init has no trained context to keep to."""
+    from types import SimpleNamespace
+
+    from spiral_jax.serve.command import serve_settings
+
+    def spec(path):
+        return SimpleNamespace(rollout=SimpleNamespace(games_per_batch=8, max_prompt_len=1024), seed=0, model_path=path,
+                               model=SimpleNamespace(max_position_embeddings=4096), model_source=f"{path}/config.json")
+
+    def flags(max_tokens):
+        return SimpleNamespace(host="127.0.0.1", port=0, max_tokens=max_tokens, api_key=None, allow_origin=[],
+                               max_body_mb=4.0, timeout_s=60.0, shutdown_s=30.0)
+
+    assert serve_settings(flags(3072), spec("/m")).max_tokens == 3072
+    with pytest.raises(ValueError, match=r"--max_tokens=4096: with prompts up to rollout.max_prompt_len=1024 tokens, "
+                                         r"answers this long run past the model's context \(4096 positions, /m/config"
+                                         r".json\); give --max_tokens=3072 or less"):
+        serve_settings(flags(4096), spec("/m"))
+    assert serve_settings(flags(4096), spec("")).max_tokens == 4096
