@@ -310,7 +310,7 @@ def planned_hardware(name: str = "", devices: int | None = None, memory_gib: flo
     if name and memory_gib is not None:
         raise ValueError("--device_memory_gib is for --devices or this machine's devices; a --hardware preset has "
                          "its own memory per device: leave out one of them")
-    if memory_gib is not None and memory_gib <= 0:
+    if memory_gib is not None and not 0 < memory_gib < float("inf"):  # nan and inf too
         raise ValueError(f"--device_memory_gib must be > 0 (GiB per device), got {memory_gib:g}; leave it out "
                          f"when the memory is unknown")
     if name:

@@ -540,6 +540,9 @@ def test_cli_plan_refuses_flags_it_would_ignore_or_that_make_no_sense(capsys):
                            (["--devices", "0"], "--devices must be >= 1"),
                            (["--devices", "8", "--device_memory_gib", "-1"], "--device_memory_gib must be > 0"),
                            (["--device_memory_gib", "0"], "--device_memory_gib must be > 0"),
+                           (["--devices", "8", "--device_memory_gib", "nan"], "--device_memory_gib must be > 0 (GiB "
+                                                                               "per device), got nan"),
+                           (["--devices", "8", "--device_memory_gib", "inf"], "--device_memory_gib must be > 0"),
                            (["--hardware", "v5e-8", "--hosts", "2"], "--hosts is for --devices"),
                            (["--devices", "8", "--hosts", "3"], "a divisor of --devices")):
         assert cli.main(plan + flags) == 1, flags
