@@ -138,6 +138,25 @@ def test_usage_errors(capsys):
     assert rc == 2 and "coordinator" in err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["gpu", "--hosts=", "--config", "c.py"], "--hosts is empty; give one host or a comma-separated list"),
+    (["gpu", "--hosts", "a,b,a", "--config", "c.py"], "--hosts lists a twice; one process runs on each host"),
+    (["gpu", "--hosts", "a b,c", "--config", "c.py"], "--hosts: 'a b' is not a host ([user@]host); separate hosts"),
+    (["gpu", "--hosts", "a,b", "--port", "70000", "--config", "c.py"], "--port 70000 is not a TCP port; give one"),
+    (["tpu", "--name=", "--zone", "z", "--accelerator", "v4-8", "--config", "c.py"], "--name and --zone need a value"),
+    (["tpu", "--name", "t", "--zone", "z", "--stop", "--delete"], "pass one of --stop, --logs and --delete"),
+    (["gpu", "--config", "configs/mesh_gpu_8x.py", "--", "--games", "4"], "'--games' after `--` is not a train flag"),
+    (["tpu", "--name", "t", "--zone", "z", "--accelerator", "v4-8", "--config", "configs/mesh_tpu_v4_8.py", "--",
+      "--config.train.steps", "3", "stray"], "'stray' after `--` is not a train flag (--resume, --overwrite)"),
+    (["gpu", "--config", "configs/mesh_gpu_8x.py", "--", "--config", "other.py"], "--config goes before `--`")])
+def test_flags_that_cannot_work_are_refused_before_any_step(argv, message, capsys, monkeypatch):
+    """Refused here rather than by a host (after a TPU VM is made and the project installed), or used
+    otherwise than asked (--hosts= ran the training on this host)."""
+    monkeypatch.chdir(REPO)
+    rc, lines, err = dry(capsys, *argv)
+    assert rc == 2 and not lines and err.startswith(f"spiral-jax launch {argv[0]}: {message}"), err
+
+
 REAL_RUN = subprocess.run
 
 

@@ -26,8 +26,8 @@ import sys
 from spiral_jax.hardware import known_accelerators, parse_accelerator
 from spiral_jax.launch.gpu import DEFAULT_PORT, launch_gpu
 from spiral_jax.launch.runner import PREFIX, LaunchError, Runner, Step, UsageError, failure_message
-from spiral_jax.launch.scripts import (LAUNCH_DIR, LOG_FILE, PID_FILE, install_script, is_git_url, logs_script,
-                                       start_script, stop_script, train_argv)
+from spiral_jax.launch.scripts import (LAUNCH_DIR, LOG_FILE, PID_FILE, check_train_args, install_script, is_git_url,
+                                       logs_script, start_script, stop_script, train_argv)
 from spiral_jax.launch.tpu import DEFAULT_REMOTE_DIR, launch_tpu
 
 __all__ = ["LAUNCH_DIR", "LOG_FILE", "PID_FILE", "PREFIX", "LaunchError", "Runner", "Step", "UsageError",
@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     args.rerun = shlex.join(["spiral-jax", "launch", *argv])
     runner = Runner(dry_run=args.dry_run)
     try:
+        check_train_args(extra)  # here, not on the hosts after a VM is made and the project installed
         return (launch_tpu if args.target == "tpu" else launch_gpu)(args, extra, runner)
     except UsageError as e:
         print(f"{PREFIX} {args.target}: {e}", file=sys.stderr)

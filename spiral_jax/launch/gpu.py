@@ -19,9 +19,15 @@ def _local(host: str) -> bool:
 
 
 def launch_gpu(args, extra: list[str], runner: Runner) -> int:
-    hosts = [h.strip() for h in (args.hosts or "localhost").split(",") if h.strip()]
+    hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]  # --hosts= is not this host
     if not hosts:
         raise UsageError("--hosts is empty; give one host or a comma-separated list (h1,h2,...)")
+    if bad := [h for h in hosts if h.split() != [h] or h.startswith("@") or h.endswith("@")]:
+        raise UsageError(f"--hosts: {bad[0]!r} is not a host ([user@]host); separate hosts with commas")
+    if twice := next((h for i, h in enumerate(hosts) if h in hosts[:i]), None):
+        raise UsageError(f"--hosts lists {twice} twice; one process runs on each host: give each once")
+    if args.port is not None and not 1 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port} is not a TCP port; give one of 1-65535 (default {DEFAULT_PORT})")
     workdir = args.remote_dir or os.getcwd()
     # --stop on these hosts and this folder: the default folder is the current one, which a later
     # --stop from elsewhere would not find.

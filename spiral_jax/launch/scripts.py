@@ -52,6 +52,28 @@ def config_in_root(config: str, root: str, cwd: str) -> str:
     return os.path.relpath(real_path, real_root)
 
 
+def check_train_args(extra: list[str]) -> None:
+    """The train arguments after `--`, checked here rather than on the hosts once they are set up:
+    flags of `spiral-jax train` (--resume, --overwrite) and --config.a.b overrides."""
+    from spiral_jax.cli import COMMANDS
+
+    allowed = {f"--{no}{n}" for n in COMMANDS["train"][1] if n != "config" for no in ("", "no")}
+    value = False  # the word after --config.a.b (no =) is its value
+    for arg in extra:
+        if value:
+            value = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name.startswith("--config."):
+            value = "=" not in arg
+        elif name == "--config":
+            raise UsageError("--config goes before `--` (the launch checks and copies it); after `--` come train "
+                             "flags and --config.a.b=value overrides")
+        elif name not in allowed:
+            raise UsageError(f"{arg!r} after `--` is not a train flag (--resume, --overwrite) or a --config.a.b=value "
+                             f"override; see spiral-jax train --help")
+
+
 def train_argv(python: str, config: str, distributed: bool, extra: list[str]) -> list[str]:
     argv = [python, "-m", "spiral_jax.cli", "train", "--config", config]
     if distributed:

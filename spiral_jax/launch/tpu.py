@@ -123,6 +123,10 @@ def _ship(runner: Runner, args, src: str | None) -> tuple[str | None, str | None
 
 def launch_tpu(args, extra: list[str], runner: Runner) -> int:
     name = args.name
+    if not name.strip() or not args.zone.strip():
+        raise UsageError("--name and --zone need a value: the TPU VM's name and its zone")
+    if sum((args.delete, args.stop, args.logs)) > 1:
+        raise UsageError("pass one of --stop, --logs and --delete")
     if args.delete:
         runner.run(Step(_gcloud_tpu("delete", name, args), f"delete TPU VM {name}",
                         retry=f"rerun: {args.rerun}"))
