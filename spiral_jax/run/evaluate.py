@@ -13,6 +13,7 @@ import os
 import time
 from pathlib import Path
 
+from spiral_jax.api_player import ApiPlayer
 from spiral_jax.distributed import is_leader
 from spiral_jax.envs import make
 from spiral_jax.eval import benchmarks, game_report, hub
@@ -152,6 +153,11 @@ def check_eval_args(spec: RunSpec, args, given=()) -> None:
         except ValueError as e:
             raise ValueError(f"--{flag}: {e}") from None
     kinds = {o: _kind("opponents", o) for o in args.opponents}
+    for name in [o for o in args.opponents if kinds[o] == "api"]:  # the spec; the endpoint is asked in run_eval
+        try:
+            ApiPlayer.from_spec(name, **spec.api)
+        except ValueError as e:
+            raise ValueError(f"--opponents: {e}") from None
     if suite == "transfer" and (folders := [o for o in args.opponents if kinds[o] not in WEIGHTLESS]):
         raise ValueError(f"--suite transfer plays scripted, self and API opponents, not the model folder "
                          f"{folders[0]!r}: play it with --suite games --env_ids ...")

@@ -74,6 +74,7 @@ def test_two_model_folders_of_one_name_are_refused_before_any_game(ctx, tmp_path
     (dict(opponents=["random", "random"]), (), "--opponents lists 'random' twice"),
     (dict(opponents=[""]), (), "--opponents: player '': give random"),
     (dict(opponents=["nope"]), (), "--opponents nope: not random, scripted, self or openai:MODEL@URL, and no model"),
+    (dict(opponents=["openai:gpt"]), (), "--opponents: API opponent 'openai:gpt': write it openai:MODEL@BASE_URL"),
     (dict(env_ids=["Nope-v0"]), (), "--env_ids: unknown env id 'Nope-v0'"),
     (dict(suite="kuhn", env_ids=["Nim-v0"]), ("env_ids",), "--env_ids is for --suite games; --suite kuhn does not"),
     (dict(players=["x"]), ("players",), "--players is for --suite crossplay; --suite games does not read it"),
