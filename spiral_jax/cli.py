@@ -186,8 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from spiral_jax.config import ConfigFileError, config_from_file, error_text
 
-    path = _config_path(argv)
-    config = None
+    if len(paths := _config_paths(argv)) > 1:  # absl would run the last, checked here as the first
+        print(f"spiral-jax {command}: --config is given {len(paths)} times ({', '.join(paths)}); give one config file "
+              f"and change its values with --config.a.b=value", file=sys.stderr)
+        return 2
+    path, config = (paths or [None])[0], None
     if path:
         try:
             config = config_from_file(path)  # names the file, line and problem, which config_flags does not
@@ -280,14 +283,10 @@ def _backend_failure(message: str) -> str:
     return f"{message}; {hint}; or set JAX_PLATFORMS=cpu to run on the CPU"
 
 
-def _config_path(argv: list[str]) -> str | None:
-    """The value of --config in `argv` (either --config=X or --config X)."""
-    for i, arg in enumerate(argv):
-        if arg.startswith("--config="):
-            return arg.split("=", 1)[1]
-        if arg == "--config" and i + 1 < len(argv):
-            return argv[i + 1]
-    return None
+def _config_paths(argv: list[str]) -> list[str]:
+    """The values of --config in `argv` (either --config=X or --config X)."""
+    return [arg.split("=", 1)[1] if arg.startswith("--config=") else argv[i + 1] for i, arg in enumerate(argv)
+            if arg.startswith("--config=") or (arg == "--config" and i + 1 < len(argv))]
 
 
 def _unreadable_config(command: str, error: Exception | None) -> int:

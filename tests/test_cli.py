@@ -113,6 +113,13 @@ def test_flags_that_cannot_work_fail_before_the_weights_load(command, extra, mes
     busy.close()
 
 
+def test_config_given_twice_is_refused(capsys):
+    kuhn = os.path.join(REPO, "configs", "tiny_kuhn.py")
+    assert main(["spiral-jax", "config", f"--config={TINY}", "--config", kuhn]) == 2
+    assert capsys.readouterr().err.strip() == (f"spiral-jax config: --config is given 2 times ({TINY}, {kuhn}); give one "
+                                               f"config file and change its values with --config.a.b=value")
+
+
 def test_config_prints_the_resolved_config(capsys):
     assert main(["spiral-jax", "config", f"--config={TINY}", "--config.train.steps=7"]) == 0
     config = json.loads(capsys.readouterr().out)
