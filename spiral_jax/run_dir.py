@@ -140,6 +140,13 @@ class RunDir:
                  log=print):
         if resume and overwrite:
             raise RunDirError(RESUME_AND_OVERWRITE)
+        if not is_remote(out_dir):
+            real = _resolved(out_dir).resolve()
+            for what, folder in _shared_folders().items():
+                if real == folder or real in folder.parents:
+                    raise RunDirError(f"out_dir {out_dir} is {'' if real == folder else 'a parent of '}{what} "
+                                      f"({folder}); give the run a folder of its own, e.g. "
+                                      f"--config.out_dir=runs/NAME")
         self.out_dir, self.resume, self.overwrite, self.leader, self.log = out_dir, resume, overwrite, leader, log
         self.lock = None if is_remote(out_dir) or not leader else Path(out_dir) / LOCK_NAME
         self.token = uuid.uuid4().hex  # tells this claim's lock from any other, in this process too
@@ -298,6 +305,12 @@ def _resolved(path) -> Path:
     return Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
 
 
+def _shared_folders() -> dict[str, Path]:
+    """Folders no run or export may take as its own (it writes and, with --overwrite, clears files
+    there): the current folder and the home folder, and by that their parents."""
+    return {"the current folder": Path.cwd().resolve(), "the home folder": _resolved("~").resolve()}
+
+
 def check_export_dir(out: str, out_dir: str, overwrite: bool, reads: dict[str, str] | None = None) -> None:
     """Refuse an export folder that is not safe to write (and, with --overwrite, to clear): the
     current folder or a parent of it, the home folder or a parent of it, the run's out_dir or a parent
@@ -307,7 +320,7 @@ def check_export_dir(out: str, out_dir: str, overwrite: bool, reads: dict[str, s
     if not out:
         raise ValueError("--out is required (the folder to write the Hugging Face checkpoint to)")
     target = _resolved(out)
-    guarded = {"the current folder": Path.cwd().resolve(), "the home folder": _resolved("~").resolve()}
+    guarded = _shared_folders()
     if not is_remote(out_dir):
         guarded["the run's out_dir"] = _resolved(out_dir).resolve()
     for key, folder in (reads or {}).items():

@@ -67,6 +67,25 @@ def test_export_refuses_the_current_home_and_run_folders(tmp_path, monkeypatch, 
     assert f"{tmp_path / 'file'} is a file, not a folder" in capsys.readouterr().err
 
 
+def test_a_run_refuses_the_current_and_home_folders_as_its_out_dir(tmp_path, monkeypatch):
+    """A run writes its files (and --overwrite clears them) in out_dir: the current folder, the home
+    folder and their parents are refused before anything is written, as export refuses them."""
+    from spiral_jax.run_dir import RunDir, RunDirError
+
+    here, home = tmp_path / "work" / "here", tmp_path / "home"
+    here.mkdir(parents=True)
+    home.mkdir()
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("HOME", str(home))
+    for out, message in {".": "is the current folder", "..": "is a parent of the current folder",
+                         "~": "is the home folder", "/": "is a parent of the current folder"}.items():
+        with pytest.raises(RunDirError, match=message):
+            RunDir(out, resume=False)
+    assert not list(here.iterdir()) and not list(home.iterdir())
+    with RunDir("runs/x", resume=False, log=lambda *_: None):  # a folder of its own
+        assert (here / "runs" / "x" / "run_manifest.json").is_file()
+
+
 # -------------------------------------------------------------------------------------- --overwrite
 
 def test_overwrite_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
