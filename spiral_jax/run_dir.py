@@ -153,8 +153,10 @@ class RunDir:
 
     def __enter__(self) -> "RunDir":
         checkpoints = Path(self.out_dir) / "checkpoints"
+        # A step's folder, or its previous version kept while it was saved again (the Checkpointer
+        # restores that one when the new save never completed).
         if self.resume and self.lock is not None and not (checkpoints.is_dir() and any(
-                p.name.isdigit() for p in checkpoints.iterdir())):  # before the model is built; no folder made
+                p.name.removesuffix(".replaced").isdigit() for p in checkpoints.iterdir())):  # before the model
             raise RunDirError(f"no checkpoint to resume from in {checkpoints}; leave out --resume to start a new "
                               f"run, or give the run's folder as --config.out_dir")
         if self.lock is not None:

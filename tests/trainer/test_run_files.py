@@ -86,6 +86,19 @@ def test_a_run_refuses_the_current_and_home_folders_as_its_out_dir(tmp_path, mon
         assert (here / "runs" / "x" / "run_manifest.json").is_file()
 
 
+def test_resume_takes_a_step_kept_while_it_was_saved_again(tmp_path):
+    """A process killed while saving step 0 again leaves only `0.replaced`, which the Checkpointer
+    restores: --resume's early look for a checkpoint counts it."""
+    from spiral_jax.run_dir import RunDir, RunDirError
+
+    (tmp_path / "run" / "checkpoints" / "0.replaced").mkdir(parents=True)
+    with RunDir(str(tmp_path / "run"), resume=True, log=lambda *_: None):
+        pass
+    (tmp_path / "run" / "checkpoints" / "0.replaced").rename(tmp_path / "run" / "checkpoints" / "0.unreadable")
+    with pytest.raises(RunDirError, match="no checkpoint to resume from"):
+        RunDir(str(tmp_path / "run"), resume=True).__enter__()
+
+
 # -------------------------------------------------------------------------------------- --overwrite
 
 def test_overwrite_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
