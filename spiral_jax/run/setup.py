@@ -267,6 +267,9 @@ def _check_together(c: ConfigDict, model: ModelConfig, model_source: str, planni
         raise ValueError(f"rollout.max_prompt_len={r.max_prompt_len} + {new[0]}.max_new_tokens={new[1]} is past the "
                          f"model's context, max_position_embeddings={model.max_position_embeddings} ({model_source}); "
                          f"give at most {model.max_position_embeddings} positions in all")
+    if c.optim.schedule != "constant" and c.optim.decay_steps < 1:
+        raise ValueError(f"optim.schedule={c.optim.schedule!r} decays over optim.decay_steps; give at least 1 "
+                         f"(decay_steps={c.optim.decay_steps}), or optim.schedule='constant'")
     if d.enabled and d.num_processes and d.process_id >= d.num_processes:
         raise ValueError(f"distributed.process_id={d.process_id}: give one below distributed.num_processes="
                          f"{d.num_processes} (0 for the coordinator), or -1 to read JAX_PROCESS_ID")

@@ -251,6 +251,8 @@ def test_run_spec_names_a_bad_value_and_what_to_give(key, value, message):
      "bootstrap.targets='distribution' needs a random or hashed teacher"),  # was: at the first bootstrap step
     ({"distributed.enabled": True, "distributed.num_processes": 2, "distributed.process_id": 2}, ValueError,
      "distributed.process_id=2: give one below distributed.num_processes=2"),
+    ({"optim.schedule": "cosine", "optim.decay_steps": 0}, ValueError,
+     "optim.schedule='cosine' decays over optim.decay_steps; give at least 1"),  # was: no section named
 ])
 def test_run_spec_refuses_values_that_do_not_go_together(changes, error, message):
     c = base_config()
