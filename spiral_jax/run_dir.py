@@ -141,12 +141,9 @@ class RunDir:
         if resume and overwrite:
             raise RunDirError(RESUME_AND_OVERWRITE)
         if not is_remote(out_dir):
-            real = _resolved(out_dir).resolve()
-            for what, folder in _shared_folders().items():
-                if real == folder or real in folder.parents:
-                    raise RunDirError(f"out_dir {out_dir} is {'' if real == folder else 'a parent of '}{what} "
-                                      f"({folder}); give the run a folder of its own, e.g. "
-                                      f"--config.out_dir=runs/NAME")
+            if taken := _guarded_by(_resolved(out_dir).resolve(), _shared_folders()):
+                raise RunDirError(f"out_dir {out_dir} is {taken}; give the run a folder of its own, e.g. "
+                                  f"--config.out_dir=runs/NAME")
         self.out_dir, self.resume, self.overwrite, self.leader, self.log = out_dir, resume, overwrite, leader, log
         self.lock = None if is_remote(out_dir) or not leader else Path(out_dir) / LOCK_NAME
         self.token = uuid.uuid4().hex  # tells this claim's lock from any other, in this process too
@@ -313,6 +310,15 @@ def _shared_folders() -> dict[str, Path]:
     return {"the current folder": Path.cwd().resolve(), "the home folder": _resolved("~").resolve()}
 
 
+def _guarded_by(real: Path, guarded: dict[str, Path]) -> str | None:
+    """How the resolved folder `real` is one of `guarded` or a parent of one ("a parent of the home
+    folder (/home/me)"), or None when it is neither."""
+    for what, folder in guarded.items():
+        if real == folder or real in folder.parents:
+            return f"{'' if real == folder else 'a parent of '}{what} ({folder})"
+    return None
+
+
 def check_export_dir(out: str, out_dir: str, overwrite: bool, reads: dict[str, str] | None = None) -> None:
     """Refuse an export folder that is not safe to write (and, with --overwrite, to clear): the
     current folder or a parent of it, the home folder or a parent of it, the run's out_dir or a parent
@@ -329,11 +335,8 @@ def check_export_dir(out: str, out_dir: str, overwrite: bool, reads: dict[str, s
         if folder and not is_remote(folder):  # an earlier export as the model: --overwrite would delete it
             guarded[f"{key}, a folder the export reads"] = _resolved(folder).resolve()
     real = target.resolve()
-    for what, folder in guarded.items():
-        if real == folder or real in folder.parents:
-            relation = "" if real == folder else "a parent of "
-            raise ValueError(f"--out {out} is {relation}{what} ({folder}); export into a new folder of its "
-                             f"own, e.g. --out exported/NAME")
+    if taken := _guarded_by(real, guarded):
+        raise ValueError(f"--out {out} is {taken}; export into a new folder of its own, e.g. --out exported/NAME")
     run = guarded.get("the run's out_dir")
     if run is not None and run in real.parents and real.relative_to(run).parts[0] in (*RUN_FILES, LOCK_NAME):
         raise ValueError(f"--out {out} is inside the run's {real.relative_to(run).parts[0]}; export into a "

@@ -172,12 +172,15 @@ def _handler(server: ChatServer):
                 self.send_header("Access-Control-Allow-Origin", origin)
                 self.send_header("Vary", "Origin")
 
-        def _send(self, status: int, payload: dict) -> None:
+        def _send(self, status: int, payload: dict, headers: tuple = (), cors: bool = True) -> None:
             data = json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
-            self._cors()
+            for name, value in headers:
+                self.send_header(name, value)
+            if cors:
+                self._cors()
             if self.close_connection:
                 self.send_header("Connection", "close")
             self.end_headers()
@@ -194,18 +197,11 @@ def _handler(server: ChatServer):
                 code, message = 405, (f"method {self.command} is not allowed; this server has GET /v1/models, "
                                       "POST /v1/chat/completions and POST /v1/completions")
             message = message or self.responses.get(code, ("error",))[0]
-            data = json.dumps(ApiError(code, f"{message} ({explain})" if explain else message).body()).encode()
             self.close_connection = True
             self.request_version = self.protocol_version  # a request line it could not read still gets a status line
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            if code == 405:
-                self.send_header("Allow", "GET, HEAD, POST, OPTIONS")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(data)
+            # No CORS headers: the request's headers may not have been read (or be an earlier request's).
+            self._send(code, ApiError(code, f"{message} ({explain})" if explain else message).body(),
+                       (("Allow", "GET, HEAD, POST, OPTIONS"),) if code == 405 else (), cors=False)
 
         def _guard(self) -> None:
             """Host, origin and key checks every request passes first."""
