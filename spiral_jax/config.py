@@ -87,6 +87,7 @@ def base_config() -> ConfigDict:
     c.train = ConfigDict(dict(steps=400, eval_every=16, checkpoint_every=16, keep=3,
                               async_checkpointing=True, transcripts=2, max_skipped_in_a_row=5))
     # env_ids: the games evaluated (empty: the training games), each against every opponent, both seats.
+    # temperature 0 (here and in eval.math) decodes greedily.
     c.eval = ConfigDict(dict(env_ids=(), opponents=("random", "scripted"), games=64, final_games=200, temperature=0.6,
                              top_p=0.95, max_new_tokens=4096, invalid_rewards=(-1.0, 1.0),
                              kuhn_samples=-1))  # Kuhn exploitability: -1 off, 0 exact scoring, k samples
@@ -156,7 +157,10 @@ NOTES = {"seed": "JAX's random keys hold 32 bits", "model.lora.rank": "0: full f
          "rollout.top_k": "0: off", "train.max_skipped_in_a_row": "0: never stop", "eval.math.every": "0: never",
          "eval.math.limit": "0: every item", "eval.kuhn_samples": "-1: off, 0: exact scoring",
          "distributed.num_processes": "0: JAX_NUM_PROCESSES or JAX's detection",
-         "distributed.process_id": "-1: JAX_PROCESS_ID or JAX's detection"}
+         "distributed.process_id": "-1: JAX_PROCESS_ID or JAX's detection",
+         **dict.fromkeys(("eval.temperature", "eval.math.temperature"), "0: greedy, the most likely token")}
+# Evaluation may decode greedily: 0 is allowed beside RANGES' span, and means argmax.
+_ZERO_IS_GREEDY = ("eval.temperature", "eval.math.temperature")
 CHOICES = {"rollout.mode": ("self_play", "fixed_opponent", "pool"), "rollout.selection": ("exact", "all"),
            "rollout.schedule": ("rounds", "continuous"), "model.compute_dtype": ("float32", "bfloat16", "float16"),
            "bootstrap.targets": ("sampled", "distribution"), "optim.normaliser": ("constant", "token_mean"),
@@ -220,7 +224,7 @@ def check_values(c: ConfigDict) -> None:
             raise ValueError(f"{key}={node!r}: give {want}")
         if isinstance(node, int) and node >= 2**31 and key != "seed":
             raise ValueError(f"{key}={node}: give at most {2**31 - 1} (JAX's shapes and indices are int32)")
-        if key not in RANGES:
+        if key not in RANGES or key in _ZERO_IS_GREEDY and node == 0:
             continue
         lo, hi = (float(b) for b in RANGES[key][1:-1].split(","))
         open_lo, open_hi = RANGES[key][0] == "(", RANGES[key][-1] == ")"

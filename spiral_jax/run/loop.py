@@ -330,8 +330,7 @@ class Trainer:
             results, kuhn = self.evaluate(e.final_games, cad.transcripts)
             self.summary.record_math("final", self.evaluate_math())
             self.summary.record_games("final", s.step, results, kuhn, wall_time_s=self.wall_time())
-            self.log(self.summary.table(s.step, results, kuhn, e.sampling.temperature, e.sampling.top_p,
-                                        self.out / "tensorboard"))
+            self.log(self.summary.table(s.step, results, kuhn, e.sampling, self.out / "tensorboard"))
             self.log(f"done: outputs are in {self.out}: summary.json, checkpoints/ (step {s.step}), "
                      f"tensorboard/, eval/ (reports and transcripts of every evaluation), config.json")
             return results

@@ -343,9 +343,9 @@ def run_spec(c: ConfigDict, config_file: str = "", planning: bool = False) -> Ru
         evaluation=EvalSpec(
             eval_env_ids, tuple(e.opponents), e.games, e.final_games, tuple(e.invalid_rewards), e.kuhn_samples,
             next((g for g in c.games.env_ids if g == "KuhnPokerChips-v0"), KUHN_ENV_ID),
-            SamplingParams(e.max_new_tokens, e.temperature, 0, e.top_p),
+            SamplingParams(e.max_new_tokens, e.temperature, 0, e.top_p, greedy=e.temperature == 0),
             MathSpec(m.every, tuple(m.files), m.samples, m.limit or None, m.instruction_first,
-                     SamplingParams(m.max_new_tokens, m.temperature, 0, m.top_p))),
+                     SamplingParams(m.max_new_tokens, m.temperature, 0, m.top_p, greedy=m.temperature == 0))),
         train=train_config(c.optim),
         cadence=Cadence(t.steps, t.eval_every, t.checkpoint_every, t.keep, t.async_checkpointing, t.transcripts,
                         t.max_skipped_in_a_row),

@@ -59,11 +59,13 @@ class RunSummary:
                      "boxed": r.boxed_rate, "truncated": r.truncated_rate} for r in results}
         self._replace(summary)
 
-    def table(self, step: int, results: dict, kuhn, temperature: float, top_p: float, tensorboard: Path) -> str:
-        """The final evaluation, each row under its step-0 row (the RL gain), and where to look."""
+    def table(self, step: int, results: dict, kuhn, sampling, tensorboard: Path) -> str:
+        """The final evaluation, each row under its step-0 row (the RL gain), and where to look.
+        sampling: the evaluation's SamplingParams, named in the title."""
         summary = self.read()
         start = summary["eval"].get("step0", {})
-        lines = [f"\nfinal evaluation after {step} steps (temperature {temperature}, top-p {top_p}, both "
+        how = "greedy" if sampling.greedy else f"temperature {sampling.temperature}, top-p {sampling.top_p}"
+        lines = [f"\nfinal evaluation after {step} steps ({how}, both "
                  f"seats; invalid = lost by an invalid move)", TABLE_HEADER]
         for (env_id, opp), stats in results.items():
             before = start.get(f"{env_id}/{opp}") if step else None  # a run of 0 steps: one row

@@ -201,6 +201,8 @@ def test_run_spec_reads_the_config_once_and_checks_it():
     ("optim.b2", 1.0, r"optim.b2=1.0: give at least 0 and less than 1"),
     ("optim.logprob_chunk", 0, r"optim.logprob_chunk=0: give at least 1"),
     ("rollout.temperature", float("inf"), r"rollout.temperature=inf: give a finite number, at least 1e-05"),
+    ("rollout.temperature", 0.0, r"rollout.temperature=0.0: give at least 1e-05"),  # RL samples; no greedy
+    ("eval.temperature", 1e-6, r"eval.temperature=1e-06: give at least 1e-05 \(0: greedy"),
     ("eval.top_p", 1.5, r"eval.top_p=1.5: give more than 0 and at most 1"),
     ("rollout.pool_every", 0, r"rollout.pool_every=0: give at least 1"),  # was: ZeroDivisionError after a step
     ("rollout.pool_self_weight", 2.0, r"pool_self_weight=2.0: give at least 0 and at most 1"),
@@ -241,6 +243,15 @@ def test_run_spec_names_a_bad_value_and_what_to_give(key, value, message):
     node[name] = value
     with pytest.raises(ValueError, match=message):
         run_spec(c)
+
+
+def test_eval_temperature_zero_decodes_greedily():
+    c = base_config()
+    c.eval.temperature, c.eval.math.temperature = 0.0, 0
+    spec = run_spec(c)
+    assert spec.evaluation.sampling.greedy and spec.evaluation.sampling.mode == "greedy"
+    assert spec.evaluation.math.sampling.greedy
+    assert not run_spec(base_config()).evaluation.sampling.greedy
 
 
 @pytest.mark.parametrize("changes, error, message", [

@@ -56,6 +56,7 @@ def test_summary_json_has_step0_and_final(kuhn_run):
         - summary["eval"]["step0"]["KuhnPokerChips-v0/random"]["win"], abs=1e-4)
     table = lines[-2]  # then the closing line
     assert "vs random, step 0" in table and "vs random, step 2" in table and "at step 0 ->" in table
+    assert "after 2 steps (temperature 0.6, top-p 0.95, both seats" in table
     assert lines[-1].startswith("done: outputs are in")
 
 
@@ -147,11 +148,13 @@ def test_exact_kuhn_scoring_uses_the_end_of_turn_token(kuhn_run):
 
 
 def test_a_run_of_no_steps_prints_each_evaluation_once(tmp_path):
-    """train.steps=0 (a bootstrap-only run): the step-0 and final evaluations are the same point, one row each."""
-    c = tiny_config(tmp_path, **{"train.steps": 0, "eval.final_games": 2, "eval.opponents": ("random",)})
+    """train.steps=0 (a bootstrap-only run): the step-0 and final evaluations are the same point, one row
+    each; eval.temperature=0 evaluates greedily, and the table says so."""
+    c = tiny_config(tmp_path, **{"train.steps": 0, "eval.final_games": 2, "eval.opponents": ("random",),
+                                 "eval.temperature": 0.0})
     lines = []
     Trainer.from_config(c, log=lines.append).run()
     table = lines[-2]
-    assert table.count("TicTacToe-v0 vs random, step 0") == 1 and "after 0 steps" in table
+    assert table.count("TicTacToe-v0 vs random, step 0") == 1 and "after 0 steps (greedy, both seats" in table
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert set(summary["eval"]) == {"step0", "final"} and summary["steps"] == 0
