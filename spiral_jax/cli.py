@@ -353,8 +353,9 @@ def _run(command: str, c) -> int:
         return PREEMPTED_EXIT_CODE if trainer.stopped else 0
     out = os.path.expanduser(FLAGS.out)  # a shell leaves --out=~/x as written
     if command == "eval":  # before any weights are loaded: flags that cannot work fail now
-        from spiral_jax.run.evaluate import check_eval_args
+        from spiral_jax.run.evaluate import check_endpoints, check_eval_args
         check_eval_args(spec, FLAGS, [n for n in COMMANDS["eval"][1] if FLAGS[n].present])
+        check_endpoints(spec, FLAGS)
     if command == "export":  # before any weights are loaded: a folder that is unsafe to write fails now
         from spiral_jax.export import check_export_args
         check_export_args(spec, out, FLAGS.overwrite, FLAGS.adapter, FLAGS.max_shard_gib,
@@ -376,7 +377,7 @@ def _run(command: str, c) -> int:
     if command == "eval":
         from spiral_jax.run.evaluate import run_eval
 
-        print(run_eval(eval_context(spec, cfg, params, tokenizer, mesh, step), spec, FLAGS))
+        print(run_eval(eval_context(spec, cfg, params, tokenizer, mesh, step), spec, FLAGS, checked=True))
         return 0
     if command == "serve":
         return serve(cfg, params, tokenizer, mesh, name=FLAGS.served_name or Path(spec.out_dir.rstrip("/")).name,

@@ -82,6 +82,8 @@ def test_resume_without_a_checkpoint_fails_before_the_model_is_built(tmp_path, c
 @pytest.mark.parametrize("command, extra, message", [
     ("eval", ["--games=3"], "--games=3: evaluation plays each matchup from both seats equally"),
     ("eval", ["--suite=kuhn", "--env_ids=Nim-v0"], "--env_ids is for --suite games; --suite kuhn does not read it"),
+    ("eval", ["--opponents=openai:m@http://127.0.0.1:{busy}/v1", "--config.api.timeout_s=2"],
+     "ConnectionError: the API opponent at http://127.0.0.1:{busy}/v1 did not answer"),  # a listener that never replies
     ("export", ["--out={tmp}/hf", "--max_shard_gib=0"], "--max_shard_gib=0: give the largest safetensors file in GiB"),
     ("export", ["--out={tmp}/hf", "--max_shard_gib=inf"], "--max_shard_gib=inf: give the largest safetensors file"),
     ("export", ["--out={tmp}/hf", "--adapter"], "--adapter writes a LoRA run's adapters, and this run trains none"),

@@ -153,7 +153,7 @@ def check_eval_args(spec: RunSpec, args, given=()) -> None:
         except ValueError as e:
             raise ValueError(f"--{flag}: {e}") from None
     kinds = {o: _kind("opponents", o) for o in args.opponents}
-    for name in [o for o in args.opponents if kinds[o] == "api"]:  # the spec; the endpoint is asked in run_eval
+    for name in [o for o in args.opponents if kinds[o] == "api"]:  # the spec; `check_endpoints` asks the endpoint
         try:
             ApiPlayer.from_spec(name, **spec.api)
         except ValueError as e:
@@ -201,15 +201,28 @@ def _check_bench(spec: RunSpec, args) -> None:
                              f"{len(shots)}")
 
 
-def run_eval(ctx: EvalContext, spec: RunSpec, args) -> str:
+def check_endpoints(spec: RunSpec, args) -> None:
+    """Reach each API opponent the suite plays (GET /models), so that a dead endpoint or a refused key
+    fails before the weights load rather than as a run of invalid moves."""
+    if args.suite not in ("games", "transfer"):
+        return
+    for name in args.opponents or (spec.evaluation.opponents if args.suite == "games" else ()):
+        if kind(name) == "api":
+            ApiPlayer.from_spec(name, **spec.api).check()
+
+
+def run_eval(ctx: EvalContext, spec: RunSpec, args, checked: bool = False) -> str:
     """`spiral-jax eval --suite ...`: run the chosen suite, write its files, return its markdown.
 
     Options come as attributes of `args` (the CLI's flags, or any namespace in tests): suite, games
     (per pair; 0: eval.final_games), eval_out (default <out_dir>/eval/<suite>), opponents and env_ids
     (default the config's), players (crossplay: "name=path" or "path"), crossplay_env, kuhn_samples
     (0: exact scoring), bench ("NAME=file.jsonl", "file.jsonl", or "NAME" from the hub), samples,
-    shots_file, shots, limit. Checked first (`check_eval_args`), as the CLI does before loading weights."""
-    check_eval_args(spec, args)
+    shots_file, shots, limit. Checked first (`check_eval_args`, `check_endpoints`) unless `checked` says
+    the caller did, as the CLI does before it loads the weights."""
+    if not checked:
+        check_eval_args(spec, args)
+        check_endpoints(spec, args)
     # run_path: a gs:// out_dir stays one (pathlib makes gs://b/x a local gs:/b/x); a shell leaves ~ as written.
     out = run_path(os.path.expanduser(args.eval_out) if args.eval_out else f"{spec.out_dir.rstrip('/')}/eval/{args.suite}")
     n, e = args.games or spec.evaluation.final_games, spec.evaluation
@@ -218,10 +231,7 @@ def run_eval(ctx: EvalContext, spec: RunSpec, args) -> str:
         extra, opponents = {}, []
         taken = {"model", *(o for o in names if kind(o) in WEIGHTLESS)}
         for name in names:
-            if kind(name) in ("scripted", "self"):
-                opponents.append(name)
-            elif kind(name) == "api":  # reached now: a dead endpoint fails before any game
-                ctx.rollout.api_player(name).check()
+            if kind(name) in ("scripted", "self", "api"):
                 opponents.append(name)
             else:  # a model folder (checked to be there)
                 label, path = _named(name, taken)
