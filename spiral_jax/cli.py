@@ -302,6 +302,9 @@ def _plan(spec) -> int:
     from spiral_jax import hardware, plan
 
     devices = FLAGS.devices if FLAGS["devices"].present else None
+    if FLAGS.compile and devices is not None:
+        raise ValueError("--compile needs --hardware (a TPU slice or an NVIDIA preset) or no hardware flag "
+                         "(this machine's devices), not --devices")
     memory = FLAGS.device_memory_gib if FLAGS["device_memory_gib"].present else None
     hw = hardware.planned_hardware(FLAGS.hardware, devices, memory, FLAGS.hosts if FLAGS["hosts"].present else None)
     text, fits = plan.report(spec, hw)
@@ -310,9 +313,6 @@ def _plan(spec) -> int:
         return 1 if fits is False else 0
     from spiral_jax import aot
 
-    if devices is not None:
-        raise ValueError("--compile needs --hardware (a TPU slice or an NVIDIA preset) or no hardware flag "
-                         "(this machine's devices)")
     tgt = aot.target(FLAGS.hardware)
     print(f"\nahead-of-time compilation for {tgt.name} ({len(tgt.devices)} devices"
           + (f", {tgt.memory / 2**30:.2f} GiB usable each" if tgt.memory else "") + ")", flush=True)

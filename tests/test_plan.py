@@ -243,6 +243,11 @@ def test_cli_plan_prints_the_table(capsys):
     assert "8 devices x 16.0 GiB" in capsys.readouterr().out
     assert cli.main(["spiral-jax", "plan", "--config", str(CONFIGS / "tiny_tictactoe.py")]) == 0
     assert "no memory limit known" in capsys.readouterr().out
+    # --compile compiles for a named slice or this machine; --devices is refused before any plan is printed.
+    assert cli.main(["spiral-jax", "plan", "--config", str(CONFIGS / "tiny_tictactoe.py"), "--devices", "8",
+                     "--compile"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and "--compile needs --hardware (a TPU slice or an NVIDIA preset)" in err and "not --devices" in err
 
 
 def test_cli_plan_unknown_hardware_lists_the_known_ones(capsys):
