@@ -324,6 +324,9 @@ def _plan(spec) -> int:
 
 def _run(command: str, c) -> int:
     if command == "config":
+        from spiral_jax.config import check_values
+
+        check_values(c)  # a value out of range fails here, as `train` would fail on it
         print(c.to_json(indent=2))
         return 0
     from spiral_jax.config import with_protocol

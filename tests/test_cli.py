@@ -126,6 +126,9 @@ def test_config_prints_the_resolved_config(capsys):
     assert main(["spiral-jax", "config", f"--config={TINY}", "--config.train.steps=7"]) == 0
     config = json.loads(capsys.readouterr().out)
     assert config["train"]["steps"] == 7 and config["games"]["env_ids"] == ["TicTacToe-v0"]
+    assert main(["spiral-jax", "config", f"--config={TINY}", "--config.train.steps=-7"]) == 1  # checked, as train would
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == "spiral-jax config: ValueError: train.steps=-7: give at least 0"
 
 
 @pytest.mark.parametrize("override, message", [

@@ -148,12 +148,20 @@ def test_usage_errors(capsys):
     (["gpu", "--config", "configs/mesh_gpu_8x.py", "--", "--games", "4"], "'--games' after `--` is not a train flag"),
     (["tpu", "--name", "t", "--zone", "z", "--accelerator", "v4-8", "--config", "configs/mesh_tpu_v4_8.py", "--",
       "--config.train.steps", "3", "stray"], "'stray' after `--` is not a train flag (--resume, --overwrite)"),
-    (["gpu", "--config", "configs/mesh_gpu_8x.py", "--", "--config", "other.py"], "--config goes before `--`")])
+    (["gpu", "--config", "configs/mesh_gpu_8x.py", "--", "--config", "other.py"], "--config goes before `--`"),
+    # Overrides are applied to the local config file, as every host would apply them after its setup.
+    (["tpu", "--name", "t", "--zone", "z", "--accelerator", "v4-8", "--config", "configs/mesh_tpu_v4_8.py", "--",
+      "--resume", "--config.train.stepz", "3"], "the train arguments after `--` do not apply to "
+     f"{REPO}/configs/mesh_tpu_v4_8.py: --config.train.stepz: config.train has no field 'stepz' (did you mean"),
+    (["gpu", "--hosts", "a,b", "--config", "configs/mesh_gpu_8x.py", "--", "--config.rollout.top_p=0"],
+     "the train arguments after `--` do not apply to {REPO}/configs/mesh_gpu_8x.py: ValueError: rollout.top_p=0.0: "
+     "give more than 0 and at most 1")])
 def test_flags_that_cannot_work_are_refused_before_any_step(argv, message, capsys, monkeypatch):
     """Refused here rather than by a host (after a TPU VM is made and the project installed), or used
     otherwise than asked (--hosts= ran the training on this host)."""
     monkeypatch.chdir(REPO)
     rc, lines, err = dry(capsys, *argv)
+    message = message.replace("{REPO}", REPO)
     assert rc == 2 and not lines and err.startswith(f"spiral-jax launch {argv[0]}: {message}"), err
 
 

@@ -8,7 +8,7 @@ import shlex
 import sys
 
 from spiral_jax.launch.runner import PREFIX, Runner, Step, UsageError
-from spiral_jax.launch.scripts import LAUNCH_DIR, require_config, start_script, stop_script, train_argv
+from spiral_jax.launch.scripts import LAUNCH_DIR, check_overrides, require_config, start_script, stop_script, train_argv
 
 
 DEFAULT_PORT = 1234
@@ -47,6 +47,8 @@ def launch_gpu(args, extra: list[str], runner: Runner) -> int:
         raise UsageError(f"--remote_dir {args.remote_dir}: no such folder here (with one local host, "
                          "training runs in it)")
     require_config(args, workdir if local_single or not args.remote_dir else None)
+    if not local_single and not args.remote_dir:  # a local train reports a bad override itself, at once
+        check_overrides(os.path.join(workdir, args.config), extra)
     if len(hosts) == 1:
         if _local(hosts[0]):
             python = args.python or sys.executable

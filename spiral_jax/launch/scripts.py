@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shlex
+import subprocess
+import sys
 
 from spiral_jax.launch.runner import UsageError
 
@@ -72,6 +74,26 @@ def check_train_args(extra: list[str]) -> None:
         elif name not in allowed:
             raise UsageError(f"{arg!r} after `--` is not a train flag (--resume, --overwrite) or a --config.a.b=value "
                              f"override; see spiral-jax train --help")
+
+
+def check_overrides(config: str, extra: list[str]) -> None:
+    """The --config.a.b overrides after `--` applied to the config file `config` (a local path) by
+    `spiral-jax config` in a child process, so that an unknown key or a value out of range fails here
+    rather than on every host once it is set up."""
+    if not any(arg.startswith("--config.") for arg in extra):
+        return
+    overrides, value = [], False  # value: the word after --config.a.b (no =) is its value
+    for arg in extra:
+        if value or arg.startswith("--config."):
+            overrides.append(arg)
+            value = not value and "=" not in arg
+    done = subprocess.run([sys.executable, "-m", "spiral_jax.cli", "config", "--config", config, *overrides],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ,
+                          "JAX_PLATFORMS": "cpu"})
+    if done.returncode:
+        lines = done.stderr.strip().splitlines() or [f"exited with status {done.returncode}"]
+        raise UsageError(f"the train arguments after `--` do not apply to {config}: "
+                         f"{lines[-1].removeprefix('spiral-jax config: ')}")
 
 
 def train_argv(python: str, config: str, distributed: bool, extra: list[str]) -> list[str]:

@@ -11,8 +11,8 @@ import tempfile
 
 from spiral_jax.hardware import TpuSlice, known_accelerators, parse_accelerator
 from spiral_jax.launch.runner import PREFIX, LaunchError, Runner, Step, UsageError, failure_message
-from spiral_jax.launch.scripts import (config_in_root, install_script, is_git_url, logs_script, require_config,
-                                       start_script, stop_script, train_argv)
+from spiral_jax.launch.scripts import (check_overrides, config_in_root, install_script, is_git_url, logs_script,
+                                       require_config, start_script, stop_script, train_argv)
 
 DEFAULT_REMOTE_DIR = "spiral_jax"
 
@@ -151,6 +151,8 @@ def launch_tpu(args, extra: list[str], runner: Runner) -> int:
     if src is None and (os.path.isabs(config) or config.startswith("~") or ".." in config.split("/")):
         raise UsageError(f"--config {config}: with --repo URL the workers read the config from their clone "
                          f"of the repository, so give its path inside it (e.g. configs/X.py)")
+    if src:
+        check_overrides(os.path.join(src, config), extra)
 
     _ensure_vm(runner, args, tpu)
     git_url, archive = _ship(runner, args, src)
