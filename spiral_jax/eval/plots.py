@@ -1,6 +1,6 @@
 """Learning curves as PNG, read back from a run's TensorBoard event files (needs matplotlib).
 
-    python -m spiral_jax.eval.plots runs/tiny_tictactoe [--out curves.png] [--panel 'eval/*/win_rate' ...]
+    python -m spiral_jax.eval.plots runs/tiny_tictactoe [--out curves.png] [--panel 'eval/*/*/win_rate' ...]
 
 Each pattern (shell-style, e.g. "eval/*/scripted/win_rate") is one panel with a line per matching
 tag, so a report shows what the run logged without TensorBoard. The default panels are what a
@@ -19,7 +19,9 @@ from typing import Sequence
 
 from spiral_jax.metrics import read_scalars
 
-DEFAULT_PANELS = ("eval/*/win_rate", "eval/*/invalid_rate", "rollout/*/role*/reward", "rae/baseline/*",
+# A game's evaluation tags are eval/GAME/OPPONENT/...: two parts, so the Kuhn policy estimate's
+# eval/kuhn/invalid_rate (a share of answers, not of games) is not drawn as a game's.
+DEFAULT_PANELS = ("eval/*/*/win_rate", "eval/*/*/invalid_rate", "rollout/*/role*/reward", "rae/baseline/*",
                   "eval/kuhn/exploitability", "eval/math/*/pass@1_first_sample", "train/loss",
                   "rollout/all/response_tokens")
 
@@ -57,14 +59,18 @@ def series_label(tag: str, pattern: str) -> str:
     return core or tag
 
 
+def panel_tags(tags, panels: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """Each pattern with the tags it draws, leaving out patterns that match none. Per-seat evaluation
+    tags (.../seat0/...) only where a pattern asks for seats: the panels show each opponent's overall rate."""
+    found = [(p, sorted(t for t in tags if fnmatch.fnmatchcase(t, p) and ("/seat" not in t or "seat" in p)))
+             for p in panels]
+    return [(p, matched) for p, matched in found if matched]
+
+
 def learning_curves(logdir, path, panels: Sequence[str] = DEFAULT_PANELS) -> Path:
     """One panel per pattern; patterns that match nothing are left out (an error if all are)."""
     scalars = read_scalars(logdir)
-    # Per-seat evaluation tags (.../seat0/...) only where a pattern asks for seats: the panels show
-    # each opponent's overall rate.
-    found = [(p, sorted(t for t in scalars if fnmatch.fnmatchcase(t, p) and ("/seat" not in t or "seat" in p)))
-             for p in panels]
-    found = [(p, tags) for p, tags in found if tags]
+    found = panel_tags(scalars, panels)
     if not found:
         raise ValueError(f"no scalar in {logdir} matches any of {list(panels)}")
     plt = _pyplot()

@@ -42,3 +42,15 @@ def test_equal_series_are_drawn_once_with_every_label():
     assert series_label("eval/TicTacToe-v0/random/win_rate", "eval/*/win_rate") == "TicTacToe-v0/random"
     assert series_label("rollout/Nim-v0/role1/reward", "rollout/*/role*/reward") == "Nim-v0/role1"
     assert series_label("train/loss", "train/loss") == "train/loss"
+
+
+def test_default_panels_draw_games_rates_apart_from_the_kuhn_estimates():
+    from spiral_jax.eval.plots import DEFAULT_PANELS, panel_tags
+
+    tags = ["eval/TicTacToe-v0/random/win_rate", "eval/TicTacToe-v0/random/invalid_rate",
+            "eval/TicTacToe-v0/random/seat0/invalid_rate", "eval/Nim-v0/openai:m@http://h/v1/invalid_rate",
+            "eval/kuhn/invalid_rate", "eval/kuhn/exploitability", "train/loss"]
+    panels = dict(panel_tags(tags, DEFAULT_PANELS))
+    assert panels["eval/*/*/invalid_rate"] == ["eval/Nim-v0/openai:m@http://h/v1/invalid_rate",
+                                               "eval/TicTacToe-v0/random/invalid_rate"]
+    assert panels["eval/kuhn/exploitability"] == ["eval/kuhn/exploitability"] and "eval/*/*/win_rate" in panels
