@@ -9,8 +9,8 @@ request, a body without text) is an empty response, hence that player's invalid 
 `failures`, logged, never an exception. `check()` reaches the endpoint before a run starts, so a dead
 URL, a refused key or an endpoint that is not an API is a clear error up front.
 
-Each request is bounded: `timeout_s` is the whole request's deadline (connect, headers and body; a
-server that trickles bytes is cut off at it), a reply larger than `max_reply_bytes` is refused while
+Each request is bounded: `timeout_s` is the whole request's deadline (name lookup, connect, headers
+and body; a server that trickles bytes is cut off at it), a reply larger than `max_reply_bytes` is refused while
 it is read, and a redirect is never followed, so the key in the Authorization header never reaches an
 address other than BASE_URL.
 """
@@ -95,6 +95,8 @@ class ApiPlayer:
         except urllib.error.HTTPError:
             raise
         except (OSError, http.client.HTTPException) as err:
+            if isinstance(getattr(err, "reason", None), TimeoutError):  # urllib's wrapping of a lookup or connect
+                raise TimeoutError(f"{late}: {err.reason}") from None
             if deadline.expired:
                 raise late from None
             if isinstance(err, http.client.HTTPException):  # a malformed status line, a cut-off body
@@ -233,7 +235,7 @@ class _Deadline:
         """socket.create_connection, each of the host's addresses tried in the time left (that function
         gives each one the whole timeout: N addresses that do not answer would take N times timeout_s)."""
         error = None
-        for family, kind_, proto, _, addr in socket.getaddrinfo(*address, 0, socket.SOCK_STREAM):
+        for family, kind_, proto, _, addr in self._lookup(*address):
             left = self._end - time.monotonic()
             if left <= 0:
                 break
@@ -250,6 +252,25 @@ class _Deadline:
             self.watch(sock)  # from now on, e.g. through a TLS handshake
             return sock
         raise error or TimeoutError("timed out")
+
+    def _lookup(self, host, port) -> list:
+        """socket.getaddrinfo within the time left. It cannot be interrupted, so it runs in a daemon
+        thread, which a resolver that does not answer leaves behind until the system's own limit."""
+        found, done = [], threading.Event()
+
+        def resolve():
+            try:
+                found.append(socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM))
+            except OSError as err:
+                found.append(err)
+            done.set()
+
+        threading.Thread(target=resolve, daemon=True).start()
+        if not done.wait(max(0.0, self._end - time.monotonic())):
+            raise TimeoutError(f"the name lookup of {host} did not finish in time")
+        if isinstance(found[0], OSError):
+            raise found[0]
+        return found[0]
 
     def _expire(self) -> None:
         with self._lock:

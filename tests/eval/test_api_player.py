@@ -248,6 +248,24 @@ def test_timeout_s_bounds_the_connect_to_a_host_with_many_addresses(hostile, mon
         sock.close()
 
 
+def test_timeout_s_bounds_a_name_lookup_that_does_not_answer(hostile, monkeypatch):
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, *args, **kwargs):
+        if host == "stuck.test":  # a resolver that never answers
+            time.sleep(5)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    player = _player("http://stuck.test/v1", "good", timeout_s=0.5)
+    start = time.perf_counter()
+    assert player.reply("a") == "" and player.failures == 1
+    assert time.perf_counter() - start < 1.5
+    with pytest.raises(ConnectionError, match="did not answer in time .*name lookup of stuck.test"):
+        player.check()
+    assert _player("http://nosuchhost.invalid/v1", "good", timeout_s=5).reply("a") == ""  # a failed lookup: at once
+
+
 @pytest.mark.parametrize("kind", ["odd_length", "long_length"])
 def test_a_content_length_http_client_ignores_does_not_spoil_the_reply(hostile, kind):
     """'²' (a digit to str.isdigit, not to int()) and 5,000 digits (past int()'s limit): http.client
