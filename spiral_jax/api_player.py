@@ -35,6 +35,9 @@ from spiral_jax.policies import API_PREFIX, kind
 log = logging.getLogger(__name__)
 
 _RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}  # worth another try; other 4xx are final
+# More characters than `max_tokens` tokens of any real vocabulary spell: a server that ignored
+# max_tokens. Such a reply is refused, as a game's move parser may take time quadratic in its length.
+_MAX_CHARS_PER_TOKEN = 32
 
 
 @dataclasses.dataclass
@@ -152,6 +155,10 @@ class ApiPlayer:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
                 content = _text(self._request("/chat/completions", body)["choices"][0]["message"]["content"])
+                if isinstance(content, str) and len(content) > self.max_tokens * _MAX_CHARS_PER_TOKEN:
+                    problem = (f"a reply of {len(content)} characters, more than max_tokens={self.max_tokens} "
+                               f"tokens can spell: the server ignored max_tokens")
+                    break
                 if isinstance(content, str):
                     content.encode("utf-8")  # a lone surrogate (JSON can hold one) is no text: ValueError
                     with self._lock:

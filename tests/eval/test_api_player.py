@@ -80,7 +80,9 @@ class _Hostile(http.server.BaseHTTPRequestHandler):
                 status, payload = {"badutf8": (200, b'{"data": "\xff\xfe"}'), "notjson": (200, b"<html>hi</html>"),
                                    "badutf8_long": (200, b'{"data": "' + b"\xff" * 2**20 + b'"}'),
                                    "forbidden": (403, b"{}"),
-                                   "deep": (200, b"[" * 200_000)}.get(kind, (200, GOOD))
+                                   "deep": (200, b"[" * 200_000),
+                                   "long_text": (200, GOOD.replace(b"\\\\boxed{4}", b" " * 200_000 + b"\\\\boxed{4}"))
+                                   }.get(kind, (200, GOOD))
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
@@ -264,6 +266,14 @@ def test_timeout_s_bounds_a_name_lookup_that_does_not_answer(hostile, monkeypatc
     with pytest.raises(ConnectionError, match="did not answer in time .*name lookup of stuck.test"):
         player.check()
     assert _player("http://nosuchhost.invalid/v1", "good", timeout_s=5).reply("a") == ""  # a failed lookup: at once
+
+
+def test_a_reply_longer_than_max_tokens_can_spell_is_an_invalid_move(hostile, caplog):
+    """200,000 characters against max_tokens=4096: a server that ignored max_tokens, and a move some
+    games' parsers would take seconds to read."""
+    assert _player(hostile[0], "long_text").reply("a") == ""
+    assert "a reply of 200009 characters, more than max_tokens=4096 tokens can spell" in caplog.text
+    assert _player(hostile[0], "long_text", max_tokens=8192).reply("a").endswith("\\boxed{4}")
 
 
 @pytest.mark.parametrize("kind", ["odd_length", "long_length"])
