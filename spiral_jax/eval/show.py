@@ -5,10 +5,10 @@
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from typing import Sequence
 
-from spiral_jax.eval.transcripts import read_transcripts, to_markdown
+from spiral_jax.eval.transcripts import TranscriptError, read_transcripts, to_markdown
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -18,17 +18,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.games < 1:
         p.error(f"--games {args.games}: give how many games to show, at least 1")
+    hint = "pass a transcripts file from <out_dir>/eval/<step>/"
     try:
-        lines = read_transcripts(args.path)
+        lines = read_transcripts(args.path, warn=lambda m: print(f"show: {args.path}: {m}", file=sys.stderr))
+        text = to_markdown(lines, args.games)
     except OSError as e:
-        p.exit(2, f"show: cannot read {args.path}: {e.strerror or e}; pass a transcripts file from "
-                  f"<out_dir>/eval/<step>/\n")
-    except json.JSONDecodeError as e:  # a run stopped while writing its last game
-        p.exit(2, f"show: {args.path} holds a line that is not JSON ({e.msg}); a run stopped while writing "
-                  f"it leaves its last line cut off\n")
+        p.exit(2, f"show: cannot read {args.path}: {e.strerror or e}; {hint}\n")
+    except TranscriptError as e:  # a damaged file, or not one an evaluation wrote
+        p.exit(2, f"show: {args.path}: {e}; {hint}, or write it again with spiral-jax eval --step STEP\n")
     if not lines:
         p.exit(0, f"show: no games in {args.path}\n")
-    print(to_markdown(lines, args.games))
+    print(text)
 
 
 if __name__ == "__main__":

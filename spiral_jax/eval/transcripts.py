@@ -51,10 +51,30 @@ def write_transcripts(path, games: Iterable[PlayedGame], llm_policies: Sequence[
     return path
 
 
-def read_transcripts(path) -> list[dict]:
-    with run_path(path).open() as f:
-        return [json.loads(line) for line in f if line.strip()]
+class TranscriptError(ValueError):
+    """A transcripts file, or a game in it, that cannot be read as an evaluation writes them."""
 
+
+def read_transcripts(path, warn=None) -> list[dict]:
+    """Every game in a transcripts file. A last line cut off (a run stopped while writing it) is left
+    out, said to `warn` when given; any other line that is not a JSON object is a TranscriptError."""
+    games = []
+    with run_path(path).open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                game = json.loads(raw.decode("utf-8"))
+            except ValueError as e:  # not JSON, or not UTF-8
+                if not raw.endswith(b"\n"):
+                    if warn is not None:
+                        warn(f"line {n} is cut off (a run stopped while writing it) and is left out")
+                    break
+                raise TranscriptError(f"line {n} is not JSON text ({getattr(e, 'msg', None) or e})") from None
+            if not isinstance(game, dict):
+                raise TranscriptError(f"line {n} is not a JSON object (a game)")
+            games.append(game)
+    return games
 
 
 def _shown(turns: Sequence[dict]) -> list[str]:
@@ -77,13 +97,22 @@ def to_markdown(lines: Sequence[dict], games: int = 3) -> str:
     """The first `games` transcripts as readable markdown: seats and result, then every move with what
     the player saw (`_shown`), its response and the action read from it."""
     out = []
-    for line in lines[:games]:
-        seats = line["seats"]
-        outcome_text = ", ".join(f"seat {s} ({seats[int(s)]}) {o}" for s, o in line["outcomes"].items())
-        out.append(f"### {line['env_id']}, seed {line['seed']}: {' vs '.join(seats)}\n\n"
-                   f"Outcome: {outcome_text}; rewards {line['rewards']} ({line['reason']})\n")
-        for t, seen in zip(line["turns"], _shown(line["turns"])):
-            out.append(f"player {t['player']} ({t['policy']}) sees\n\n```\n{seen}\n```\n\nand answers "
-                       f"`{t['response'].strip()[:200]}` -> {t['action'] or '(no move)'}"
-                       f"{'' if t['valid'] else ' (invalid)'}\n")
+    for i, line in enumerate(lines[:games], 1):
+        try:
+            out += _game_markdown(line)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:  # not as write_transcripts writes
+            raise TranscriptError(f"game {i} is not a transcript as an evaluation writes it "
+                                  f"({type(e).__name__}: {e})") from None
     return "\n".join(out)
+
+
+def _game_markdown(line: dict) -> list[str]:
+    seats = line["seats"]
+    outcome_text = ", ".join(f"seat {s} ({seats[int(s)]}) {o}" for s, o in line["outcomes"].items())
+    out = [f"### {line['env_id']}, seed {line['seed']}: {' vs '.join(seats)}\n\n"
+           f"Outcome: {outcome_text}; rewards {line['rewards']} ({line['reason']})\n"]
+    for t, seen in zip(line["turns"], _shown(line["turns"])):
+        out.append(f"player {t['player']} ({t['policy']}) sees\n\n```\n{seen}\n```\n\nand answers "
+                   f"`{t['response'].strip()[:200]}` -> {t['action'] or '(no move)'}"
+                   f"{'' if t['valid'] else ' (invalid)'}\n")
+    return out

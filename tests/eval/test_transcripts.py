@@ -65,19 +65,40 @@ def test_markdown_names_each_seat_of_a_game_between_two_llms(tmp_path):
 
 
 def test_show_says_what_is_wrong_with_its_file(tmp_path, capsys):
-    """A missing file, a last line cut off by a stopped run, an empty file and --games below 1 are
+    """A missing file, an empty one, a damaged line, a line that is not a game and --games below 1 are
     one line each, not a traceback or a blank page."""
     from spiral_jax.eval.show import main
 
     (tmp_path / "empty.jsonl").write_text("")
-    (tmp_path / "cut.jsonl").write_text('{"env_id": "Nim-v0", "se')
+    (tmp_path / "bytes.jsonl").write_bytes(b'\xff\xfe{}\n')
+    (tmp_path / "list.jsonl").write_text('[1, 2]\n')
+    (tmp_path / "shape.jsonl").write_text('{"env_id": "Nim-v0", "seats": null}\n')
     for args, code, said in [([str(tmp_path / "nope.jsonl")], 2, "cannot read"),
-                             ([str(tmp_path / "cut.jsonl")], 2, "holds a line that is not JSON"),
+                             ([str(tmp_path / "bytes.jsonl")], 2, "line 1 is not JSON text"),
+                             ([str(tmp_path / "list.jsonl")], 2, "line 1 is not a JSON object"),
+                             ([str(tmp_path / "shape.jsonl")], 2, "game 1 is not a transcript"),
                              ([str(tmp_path / "empty.jsonl")], 0, "no games in"),
                              ([str(tmp_path / "empty.jsonl"), "--games", "-1"], 2, "--games -1: give how many")]:
         with pytest.raises(SystemExit) as exit_:
             main(args)
         assert exit_.value.code == code and said in capsys.readouterr().err
+
+
+def test_show_prints_the_games_before_a_last_line_cut_off(tmp_path, capsys):
+    """A run stopped while writing a game leaves its last line cut off (maybe inside a character):
+    the games before it are shown, with a warning, and the file is left as it is."""
+    from spiral_jax.eval.show import main
+
+    game = _game(0, ("model", "random"), [Turn(0, "o", "[1]", "[1]", True)], {0: 1.0, 1: -1.0},
+                 [ModelTurn(0, "model", [1], [2], np.zeros(1), "stop")])
+    path = write_transcripts(tmp_path / "g ü.jsonl", [game])
+    cut = path.read_bytes() + '{"env_id": "Nim-v0", "turns": [{"observation": "ü'.encode()[:-1]
+    path.write_bytes(cut)
+    assert len(read_transcripts(path)) == 1
+    main([str(path)])
+    out = capsys.readouterr()
+    assert "Outcome: seat 0 (model) win" in out.out and "line 2 is cut off" in out.err
+    assert path.read_bytes() == cut
 
 
 def test_an_invalid_retry_cut_off_by_the_turn_limit_is_a_draw_for_both_seats():
