@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 import jax
+from google.protobuf.message import DecodeError
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.compat.proto.tensor_pb2 import TensorProto
 from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from tensorboard.summary.writer.record_writer import RecordWriter
 
@@ -96,49 +98,75 @@ class MetricsWriter:
             self._wandb = None
 
 
-def read_scalars(logdir: str | Path) -> dict[str, list[tuple[int, float]]]:
-    """All scalars in a run's event files: tag -> [(step, value)], for tests and plots."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+def read_scalars(logdir: str | Path, log=print) -> dict[str, list[tuple[int, float]]]:
+    """All scalars in a run's event files, file by file in the order they were written: tag ->
+    [(step, value)], for tests and plots. A damaged record ends what is read of its file, and a file
+    that cannot be read is skipped, each said to `log`; a last record cut off (a run writing it now,
+    or stopped mid-write) is left out."""
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    folder = run_path(logdir)
+    for path in _event_files(folder) if folder.is_dir() else []:
+        try:
+            for record in _records(path.read_bytes()):
+                event = event_pb2.Event.FromString(record)
+                for v in event.summary.value:
+                    if v.WhichOneof("value") == "simple_value":
+                        scalars.setdefault(v.tag, []).append((event.step, v.simple_value))
+        except (OSError, ValueError, DecodeError) as e:
+            log(f"{path} cannot be read whole ({e}); its values from there on are left out")
+    return scalars
 
-    acc = EventAccumulator(str(logdir))
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+def _event_files(folder) -> list:
+    """The event files in `folder`, oldest first (their names start with the time they were opened)."""
+    return sorted(p for p in folder.iterdir() if p.name.startswith("events.out.tfevents."))
 
 
 def _records(data: bytes) -> Iterator[bytes]:
     """The records of a TFRecord file (length, its CRC, data, its CRC); a last record cut off by a
-    crash mid-write is left out."""
+    crash mid-write is left out. A length that fails its CRC is a ValueError: past it, where each
+    record starts is unknown."""
     at = 0
     while at + 12 <= len(data):
         (length,) = struct.unpack_from("<Q", data, at)
+        if struct.unpack_from("<I", data, at + 8)[0] != masked_crc32c(data[at:at + 8]):
+            raise ValueError(f"the record at byte {at} is damaged")
         if at + 12 + length + 4 > len(data):
             return
         yield data[at + 12:at + 12 + length]
         at += 12 + length + 4
 
 
-def prune_events(logdir, stale: Callable[[str, int], bool]) -> int:
+def prune_events(logdir, stale: Callable[[str, int], bool], log=print) -> int:
     """Remove from the event files in `logdir` every summary value for which `stale(tag, step)`: what
     a stopped process logged past the checkpoint a resumed run goes on from, which the resumed run
     logs again (TensorBoard would draw both). Files with nothing stale are left as they were; the
-    others are rewritten whole. Returns how many values were removed."""
+    others are rewritten whole. A file that cannot be read whole (damaged, or not an event file) is
+    left as it is, said to `log`: rewriting it would lose what follows the damage. Returns how many
+    values were removed."""
     folder, removed = run_path(logdir), 0
     if not folder.is_dir():
         return 0
-    for path in sorted(p for p in folder.iterdir() if p.name.startswith("events.out.tfevents.")):
-        data, kept, dropped = path.read_bytes(), io.BytesIO(), 0
+    for path in _event_files(folder):
+        kept, dropped = io.BytesIO(), 0
         writer = RecordWriter(kept)
-        for record in _records(data):
-            event = event_pb2.Event.FromString(record)
-            values = [v for v in event.summary.value if not stale(v.tag, event.step)]
-            if len(values) < len(event.summary.value):
-                dropped += len(event.summary.value) - len(values)
-                if not values:
-                    continue
-                del event.summary.value[:]
-                event.summary.value.extend(values)
-                record = event.SerializeToString()
-            writer.write(record)
+        try:
+            data = path.read_bytes()
+            for record in _records(data):
+                event = event_pb2.Event.FromString(record)
+                values = [v for v in event.summary.value if not stale(v.tag, event.step)]
+                if len(values) < len(event.summary.value):
+                    dropped += len(event.summary.value) - len(values)
+                    if not values:
+                        continue
+                    del event.summary.value[:]
+                    event.summary.value.extend(values)
+                    record = event.SerializeToString()
+                writer.write(record)
+        except (OSError, ValueError, DecodeError) as e:
+            log(f"{path} is left as it is: it cannot be read ({e}); TensorBoard may show values of the "
+                f"stopped run next to the resumed run's")
+            continue
         if dropped or len(kept.getvalue()) != len(data):  # stale values, or a record cut off at the end
             replace_bytes(path, kept.getvalue())
         removed += dropped

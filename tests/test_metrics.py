@@ -82,6 +82,41 @@ def test_prune_events_removes_what_a_stopped_run_logged_past_its_checkpoint(tmp_
     assert prune_events(tmp_path / "none", state.logged_after) == 0
 
 
+def test_prune_events_leaves_a_file_it_cannot_read_whole_as_it_is(tmp_path):
+    """A damaged record inside an event file (a bad length, bytes that are no event), a file of
+    garbage and a folder with an event file's name: each is said once and left as it was (rewriting
+    would drop what follows the damage), and the readable files are still pruned. Reading them back
+    gives each file's values up to its damage."""
+    from spiral_jax.metrics import prune_events
+    from spiral_jax.run.state import RunState
+
+    names = []
+    for _ in range(3):
+        writer = MetricsWriter(tmp_path)
+        for step in range(1, 6):
+            writer.scalars(step, {"train/loss": float(step)})
+        writer.close()
+        names.append(max(p.name for p in tmp_path.iterdir() if p.name not in names))
+        time.sleep(1.1)  # event files are named by the second they were opened in
+    bad_length, bad_event, fine = (tmp_path / name for name in names)
+    data = bytearray(bad_length.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # inside the third record's data or length
+    bad_length.write_bytes(bytes(data))
+    event = bad_event.read_bytes()
+    bad_event.write_bytes(event[:-21] + b"\xff" * 17 + event[-4:])  # the last event's bytes
+    (tmp_path / "events.out.tfevents.1.garbage").write_bytes(b"not an event file" * 9)
+    (tmp_path / "events.out.tfevents.2.folder").mkdir()
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and p.name != fine.name}
+    logged = []
+    assert prune_events(tmp_path, RunState(train=None, step=3).logged_after, logged.append) == 2
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name in before} == before
+    assert len(logged) == 4 and all("is left as it is: it cannot be read" in m for m in logged)
+    logged.clear()  # read back: each file up to its damage, the rest said
+    loss = read_scalars(tmp_path, logged.append)["train/loss"]
+    assert loss[-7:] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (1, 1.0), (2, 2.0), (3, 3.0)]
+    assert len(logged) == 4 and all("cannot be read whole" in m for m in logged)
+
+
 def test_a_bootstrap_state_marks_its_own_later_steps_stale():
     from spiral_jax.run.state import RunState
 

@@ -108,7 +108,7 @@ class Trainer:
         if resume:
             self._restore(base_id)
             if is_leader():
-                pruned = prune_events(self.out / "tensorboard", self.state.logged_after)
+                pruned = prune_events(self.out / "tensorboard", self.state.logged_after, self.log)
                 if pruned:
                     self.log(f"removed {pruned} TensorBoard value(s) logged past the checkpoint by the stopped run")
         self.wall_before = self.state.wall_time_s  # of the processes before a resume
