@@ -97,7 +97,7 @@ class Trainer:
         base_id = base_fingerprint(spec) if self.cfg.lora_rank else None
         self.state = RunState(init_train_state(params, self.cfg, spec.train, self.mesh), lora_base=base_id,
                               phase="bootstrap" if spec.bootstrap and bootstrap and not resume else "rl")
-        self.summary = RunSummary(self.out / "summary.json", write=is_leader(), skeleton={
+        self.summary = RunSummary(self.out / "summary.json", write=is_leader(), log=self.log, skeleton={
             "config": spec.config_file, "seed": spec.seed, "steps": 0, "wall_time_s": 0.0,
             "bootstrap": {"teacher": spec.bootstrap.teacher if spec.bootstrap else None,
                           "steps": spec.bootstrap.steps if spec.bootstrap else 0},

@@ -13,18 +13,34 @@ from pathlib import Path
 from spiral_jax.eval.games import TABLE_HEADER
 from spiral_jax.paths import replace_text
 
+_ROW = ("games", "win", "draw", "loss", "invalid")  # what `table` and the RL gain read of an evaluation
+
 
 class RunSummary:
     """summary.json of one run. `skeleton` is its content before the first evaluation; `write` is
     False on every host but the leader, which alone writes files."""
 
-    def __init__(self, path: Path, skeleton: dict, write: bool = True):
-        self.path, self.skeleton, self.write = path, skeleton, write
+    def __init__(self, path: Path, skeleton: dict, write: bool = True, log=print):
+        self.path, self.skeleton, self.write, self.log = path, skeleton, write, log
 
     def read(self) -> dict:
-        """The summary as written so far (the skeleton before the step-0 evaluation)."""
+        """The summary as written so far (the skeleton before the step-0 evaluation). A summary.json
+        that cannot be read back (damaged, or not as this class writes it) is set aside as
+        summary.json.unreadable, said to `log`, and the record starts again: a run never stops over it."""
         if self.path.exists():
-            return json.loads(self.path.read_text())
+            try:
+                summary = json.loads(self.path.read_text())
+                _check(summary)
+                return summary
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                if self.write:
+                    aside, n = self.path.with_name(f"{self.path.name}.unreadable"), 1
+                    while aside.exists():  # set aside before: keep that one too
+                        n += 1
+                        aside = self.path.with_name(f"{self.path.name}.unreadable-{n}")
+                    self.path.rename(aside)
+                    self.log(f"{self.path} cannot be read ({type(e).__name__}: {e}); set aside as {aside.name}, "
+                             f"and the run's results are recorded anew")
         return json.loads(json.dumps(self.skeleton))  # a fresh copy each time
 
     def _replace(self, summary: dict) -> None:
@@ -82,3 +98,17 @@ class RunSummary:
                          f"{kuhn.exploitability.exploitability:.3f} at step {step}")
         lines.append(f"\nsummary: {self.path}; curves: tensorboard --logdir {tensorboard}")
         return "\n".join(lines)
+
+
+
+def _check(summary: dict) -> None:
+    """Raise where `summary` lacks what RunSummary reads back: each evaluation row's rates and
+    interval, each Kuhn point's exploitability, a `math` mapping."""
+    for point, rows in summary["eval"].items():
+        for key, row in rows.items():
+            if len(row["win_ci"]) != 2 or not all(isinstance(row[k], (int, float)) for k in _ROW):
+                raise ValueError(f"eval.{point}.{key} is not an evaluation's rates")
+    if not all(isinstance(p["exploitability"], (int, float)) for p in summary.get("kuhn", {}).values()):
+        raise ValueError("a kuhn entry has no exploitability")
+    if not isinstance(summary.get("math", {}), dict):
+        raise ValueError("math is not an object")

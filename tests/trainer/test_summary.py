@@ -158,3 +158,27 @@ def test_a_run_of_no_steps_prints_each_evaluation_once(tmp_path):
     assert table.count("TicTacToe-v0 vs random, step 0") == 1 and "after 0 steps (greedy, both seats" in table
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert set(summary["eval"]) == {"step0", "final"} and summary["steps"] == 0
+
+
+def test_a_summary_json_that_cannot_be_read_back_is_set_aside_not_a_crash(tmp_path):
+    """A damaged summary.json (cut off, not UTF-8, a list, rows without rates) found by a resumed run
+    at its final evaluation: the run does not stop over it; the file is set aside under a new name
+    each time, said in one line, and the record starts again from the skeleton."""
+    from spiral_jax.eval.games import GameStats
+    from spiral_jax.run.summary import RunSummary
+
+    stats = GameStats(2, {"win": 1, "draw": 0, "loss": 1, "invalid": 0},
+                      {0: {"win": 1, "draw": 0, "loss": 0, "invalid": 0}, 1: {"win": 0, "draw": 0, "loss": 1, "invalid": 0}},
+                      3.0, 5.0, 0.0)
+    path, logged = tmp_path / "summary.json", []
+    damaged = [b'{"eval": {"step0": {"Nim-v0/random": {"win"', b'{"eval": {}, "seed": "\xff"}', b"[]",
+               b'{"eval": {"step0": {"Nim-v0/random": {"games": 2}}}}', b'{"eval": {}, "kuhn": {"step0": 1}}']
+    for n, data in enumerate(damaged, 1):
+        path.write_bytes(data)
+        summary = RunSummary(path, {"seed": 0, "eval": {}}, log=logged.append)
+        summary.record_games("final", 4, {("Nim-v0", "random"): stats}, None)
+        assert json.loads(path.read_text())["eval"]["final"]["Nim-v0/random"]["win"] == 0.5
+        aside = path.with_name("summary.json.unreadable" + (f"-{n}" if n > 1 else ""))
+        assert aside.read_bytes() == data and len(logged) == n and "set aside as" in logged[-1]
+    assert "step 4" in summary.table(4, {("Nim-v0", "random"): stats}, None, type("S", (), {"greedy": True}),
+                                     tmp_path / "tensorboard")
