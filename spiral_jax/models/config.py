@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +29,13 @@ class CheckpointError(ValueError):
 
 def read_json_object(file: Path) -> dict[str, Any]:
     """A checkpoint's JSON file (config.json, generation_config.json) as a dict; a CheckpointError
-    naming the file when it is not a JSON object."""
+    naming the file when it cannot be read or is not a JSON object."""
     try:
         value = json.loads(Path(file).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{file} is not valid JSON ({e}); re-download or re-export it") from None
+    except OSError as e:  # a folder of that name, no read permission
+        raise CheckpointError(f"{file} cannot be read ({e.strerror}); it must be a readable JSON file") from None
     if not isinstance(value, dict):
         raise CheckpointError(f"{file} must hold a JSON object, got {type(value).__name__}")
     return value
@@ -41,13 +44,17 @@ def read_json_object(file: Path) -> dict[str, Any]:
 # transformers' max_position_embeddings where a config.json leaves it out, by family: it bounds the
 # sampler's cache, which a shape check of the weights cannot catch.
 _MAX_POSITIONS = {"qwen2": 32768, "qwen3": 32768, "llama": 2048}
-_NULLABLE = ("num_key_value_heads", "head_dim")  # null means "as many as the heads", "hidden / heads"
+# null means "as many as the heads", "hidden / heads", "no window"
+_NULLABLE = ("num_key_value_heads", "head_dim", "sliding_window")
 _REQUIRED = object()
 
 
-def _number(hf: dict[str, Any], key: str, default: Any = _REQUIRED, kind=int, where: str = "config.json"):
-    """hf[key] as a number of `kind`; `default` where the key is absent (or null, for `_NULLABLE`). A
-    missing required key, or a value that is no number, is a CheckpointError naming the key."""
+def _number(hf: dict[str, Any], key: str, default: Any = _REQUIRED, kind=int, where: str = "config.json",
+            zero: bool = False):
+    """hf[key] as a finite number of `kind`, above zero (or at least zero, with `zero`); `default` where
+    the key is absent (or null, for `_NULLABLE`). A missing required key, or a value that is no such
+    number (a fractional size, NaN, a negative RoPE base), is a CheckpointError naming the key: a size
+    read as int(64.5), or rope_theta=NaN, would give another model or NaN logits, not an error."""
     value = hf.get(key)
     if value is None and default is not _REQUIRED and (key not in hf or key in _NULLABLE):
         return default
@@ -56,9 +63,36 @@ def _number(hf: dict[str, Any], key: str, default: Any = _REQUIRED, kind=int, wh
     try:
         if isinstance(value, bool):
             raise TypeError(key)
-        return kind(value)
+        number = float(value)
+        if not math.isfinite(number) or (kind is int and not number.is_integer()):
+            raise ValueError(key)
+        number = int(value) if kind is int and isinstance(value, int) else kind(number)
     except (TypeError, ValueError):
-        raise CheckpointError(f"{where} has {key}={value!r}; it must be a number") from None
+        noun = "an integer" if kind is int else "a number"
+        raise CheckpointError(f"{where} has {key}={value!r}; it must be {noun}") from None
+    if number < 0 or (number == 0 and not zero):
+        raise CheckpointError(f"{where} has {key}={value!r}; it must be {'at least' if zero else 'above'} 0")
+    return number
+
+
+def _flag(hf: dict[str, Any], key: str) -> bool:
+    """hf[key] as a bool (false where absent or null): a string such as "false" is refused, not read as
+    true (tie_word_embeddings="false" would drop the checkpoint's lm_head.weight for the embedding)."""
+    value = hf.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise CheckpointError(f"config.json has {key}={value!r}; it must be true or false")
+    return bool(value)
+
+
+def token_ids(hf: dict[str, Any], key: str, where: str = "config.json", many: bool = True):
+    """hf[key] as a token id, with `many` a tuple of them (from a list), or None: anything else (a
+    string, a float, a negative id) would surface as a TypeError or an id no sampled token can match."""
+    value = hf.get(key)
+    ids = value if many and isinstance(value, list) else [value]
+    if value is not None and not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise CheckpointError(f"{where} has {key}={value!r}; it must be a token id (an integer >= 0)"
+                              f"{', a list of them' if many else ''} or null")
+    return tuple(value) if isinstance(value, list) else value
 
 
 def _check_full_attention(hf: dict[str, Any], num_layers: int, max_positions: int) -> None:
@@ -66,14 +100,17 @@ def _check_full_attention(hf: dict[str, Any], num_layers: int, max_positions: in
     or Qwen2/Qwen3's `use_sliding_window` from layer `max_window_layers` on): every layer here attends
     to all earlier positions, so past the window its logits would differ from the model's. A window
     that holds every position is full attention and passes."""
-    window = hf.get("sliding_window")
+    window = _number(hf, "sliding_window", None, zero=True)
     if hf.get("layer_types") is not None:
+        if not isinstance(hf["layer_types"], list):
+            raise CheckpointError(f"config.json has layer_types={hf['layer_types']!r}; it must be a list with "
+                                  f"one attention type per layer, such as \"full_attention\"")
         sliding = [i for i, kind in enumerate(hf["layer_types"]) if kind != "full_attention"]
-    elif hf.get("use_sliding_window") and window is not None:
-        sliding = list(range(int(hf.get("max_window_layers", 0)), num_layers))
+    elif _flag(hf, "use_sliding_window") and window is not None:
+        sliding = list(range(_number(hf, "max_window_layers", 0, zero=True), num_layers))
     else:
         sliding = []
-    if sliding and (window is None or int(window) < max_positions):
+    if sliding and (window is None or window < max_positions):
         raise CheckpointError(
             f"config.json has {len(sliding)} layer(s) (from layer {sliding[0]}) attending over a sliding window "
             f"of {window} tokens (layer_types / use_sliding_window); spiral_jax attends to every position, "
@@ -155,7 +192,7 @@ class ModelConfig:
                 set(self.lora_targets) - set(LORA_TARGETS)):
             raise ValueError(f"LoRA: rank={self.lora_rank}, targets={self.lora_targets}; the rank must be >= 0 "
                              f"(0 = off) and the targets a non-empty subset of {', '.join(LORA_TARGETS)}")
-        if self.num_heads % self.num_kv_heads:
+        if self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads:
             raise CheckpointError(
                 f"num_attention_heads={self.num_heads} is not a multiple of "
                 f"num_key_value_heads={self.num_kv_heads}")
@@ -208,11 +245,17 @@ class ModelConfig:
                 f"config.json has a quantization_config ({method}): spiral_jax trains and samples full-precision "
                 f"weights and cannot read quantized ones; use the model's bf16 checkpoint (e.g. Qwen3-4B, "
                 f"not Qwen3-4B-FP8 or an AWQ/GPTQ one)")
+        architectures = hf.get("architectures")
+        if isinstance(architectures, list) and architectures and not any(
+                str(a).endswith("ForCausalLM") for a in architectures):
+            raise CheckpointError(
+                f"config.json has architectures={architectures}, not a causal language model (*ForCausalLM): its "
+                f"weights have no LM head (a reward or classifier model?); use the model's base or instruct checkpoint")
         text = hf.get("text_config")  # some multimodal-style configs nest the decoder
         if isinstance(text, dict) and "hidden_size" not in hf:
             hf = {**hf, **text}
         hf = {"max_position_embeddings": _MAX_POSITIONS[model_type], **hf}
-        if hf.get("mlp_bias"):
+        if _flag(hf, "mlp_bias"):
             raise CheckpointError("config.json has mlp_bias=true; spiral_jax's MLP has no biases (no Qwen or "
                                   "Llama 3 checkpoint has them)")
         number = functools.partial(_number, hf)
@@ -231,9 +274,11 @@ class ModelConfig:
         act = hf.get("hidden_act", hf.get("hidden_activation", "silu"))
         if act not in ("silu", "swish"):
             raise CheckpointError(f"config.json has hidden_act={act!r}; spiral_jax's MLP is SwiGLU (silu)")
-        rope = dict(hf.get("rope_parameters") or {})  # transformers 5.x
-        legacy = hf.get("rope_scaling") or {}  # transformers 4.x
-        rope = {**legacy, **rope}
+        for key in ("rope_parameters", "rope_scaling"):  # transformers 5.x, 4.x
+            if not isinstance(hf.get(key) or {}, dict):
+                raise CheckpointError(f"config.json has {key}={hf[key]!r}; it must be an object of RoPE settings "
+                                      f"(rope_type, rope_theta, ...) or null")
+        rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         scaling = None
         if rope_type == "llama3":
@@ -246,20 +291,19 @@ class ModelConfig:
         elif rope_type not in ("default", None):
             raise CheckpointError(
                 f"unsupported rope type {rope_type!r}; spiral_jax supports default RoPE and 'llama3'")
-        attention_bias = bool(hf.get("attention_bias", False))
-        eos = hf.get("eos_token_id")
+        attention_bias = _flag(hf, "attention_bias")
         fields.update(
-            rms_norm_eps=number("rms_norm_eps", 1e-6, kind=float),
+            rms_norm_eps=number("rms_norm_eps", 1e-6, kind=float, zero=True),
             # transformers 5 reads rope_parameters' theta before a top-level one
             rope_theta=_number({**hf, **rope}, "rope_theta", 10000.0, kind=float),
             rope_scaling=scaling,
             max_position_embeddings=number("max_position_embeddings"),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            tie_word_embeddings=_flag(hf, "tie_word_embeddings"),
             qkv_bias=True if model_type == "qwen2" else attention_bias,
             o_bias=False if model_type == "qwen2" else attention_bias,
             qk_norm=model_type == "qwen3",
-            bos_token_id=hf.get("bos_token_id"),
-            eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+            bos_token_id=token_ids(hf, "bos_token_id", many=False),
+            eos_token_id=token_ids(hf, "eos_token_id"),
         )
         return cls(**fields, **runtime)
 

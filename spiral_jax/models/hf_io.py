@@ -50,7 +50,7 @@ class _SafetensorsReader:
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
                 self.files = {str(name): path / f for name, f in weight_map.items()}
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
                 raise CheckpointError(f"{index} is malformed ({e!r}); it needs a 'weight_map' of tensor "
                                       f"names to file names") from None
         else:
@@ -68,16 +68,26 @@ class _SafetensorsReader:
             self._handles[file] = _open_safetensors(file)
         return self._handles[file]
 
+    def _slice(self, name: str):
+        """The tensor's lazy slice; a CheckpointError where its file does not hold it (an index from
+        another download than its shards)."""
+        try:
+            return self._open(name).get_slice(name)
+        except SafetensorError:
+            raise CheckpointError(f"model.safetensors.index.json maps {name} to {self.files[name].name}, which "
+                                  f"does not hold it: the index and the shards come from different downloads; "
+                                  f"download the checkpoint again") from None
+
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._open(name).get_slice(name).get_shape())
+        return tuple(self._slice(name).get_shape())
 
     def dtype(self, name: str) -> str:
-        return self._open(name).get_slice(name).get_dtype()
+        return self._slice(name).get_dtype()
 
     def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
         """A slice of a tensor, which must be finite: NaN or infinite weights (a diverged run's export,
         a corrupt file) would otherwise surface only as NaN logits at the first sampling step."""
-        x = self._open(name).get_slice(name)[index]
+        x = self._slice(name)[index]
         if not np.isfinite(x).all():
             raise CheckpointError(f"tensor {name} in {self.files[name]} holds NaN or infinite values: the "
                                   f"checkpoint is corrupt or was saved from a diverged run; load an earlier "
@@ -92,11 +102,25 @@ def _per_layer(cfg: ModelConfig, spec: ParamSpec) -> list[ParamSpec]:
     return [spec]
 
 
+def _check_tied_copy(reader: _SafetensorsReader) -> None:
+    """A tied checkpoint's lm_head.weight must be a copy of the embedding (a few rows are compared):
+    one of its own is read by transformers and dropped by vLLM, so the model would have two meanings."""
+    embed, head = "model.embed_tokens.weight", "lm_head.weight"
+    rows = reader.shape(head)[0] if reader.shape(head) == reader.shape(embed) else 0
+    if not rows or any((reader.read(head, (slice(r, r + 1),)) != reader.read(embed, (slice(r, r + 1),))).any()
+                       for r in sorted({0, rows // 2, rows - 1})):
+        raise CheckpointError(
+            f"config.json has tie_word_embeddings=true, but the checkpoint's {head} is not a copy of {embed}; "
+            f"set tie_word_embeddings=false in config.json if the model has its own LM head, else delete {head}")
+
+
 def _check_tensors(cfg: ModelConfig, reader: _SafetensorsReader, specs) -> None:
     expected = {s.hf_name: hf_shape(s) for spec in jax.tree.leaves(specs, is_leaf=is_spec)
                 for s in _per_layer(cfg, spec)}
     present = {n for n in reader.files if not _IGNORED.match(n)}
-    if cfg.tie_word_embeddings:
+    if cfg.tie_word_embeddings and "lm_head.weight" in present:
+        if "model.embed_tokens.weight" in present:  # else reported missing below
+            _check_tied_copy(reader)
         present.discard("lm_head.weight")  # some tied checkpoints store the shared matrix twice
     missing, extra = sorted(set(expected) - present), sorted(present - set(expected))
     if missing:

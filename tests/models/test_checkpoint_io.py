@@ -72,6 +72,24 @@ def test_a_folder_with_a_single_file_and_an_index_reads_the_single_file(hf_model
         (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
         with pytest.raises(CheckpointError, match="is malformed .* needs a 'weight_map'"):
             load_pretrained(tmp_path)
+    (tmp_path / "model.safetensors.index.json").write_bytes(b"\xff\xfe{}")  # not UTF-8
+    with pytest.raises(CheckpointError, match="is malformed .* needs a 'weight_map'"):
+        load_pretrained(tmp_path)
+
+
+def test_an_index_that_maps_a_tensor_to_the_wrong_shard_is_named(hf_model, tmp_path):
+    """An index from another download than its shards: the shard it names lacks the tensor."""
+    _, path, _ = hf_model
+    shutil.copy(path / "config.json", tmp_path / "config.json")
+    tensors = load_file(path / "model.safetensors")
+    names = sorted(tensors)
+    for part, chunk in enumerate([names[::2], names[1::2]]):
+        save_file({n: tensors[n] for n in chunk}, tmp_path / f"model-0000{part + 1}-of-00002.safetensors")
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {n: "model-00001-of-00002.safetensors" for n in names}}))
+    with pytest.raises(CheckpointError, match=r"index.json maps model\.\S+ to model-00001-of-00002.safetensors, "
+                                              r"which does not hold it.*download the checkpoint again"):
+        load_pretrained(tmp_path)
 
 
 def test_config_reads_transformers_4x_spelling():
@@ -111,6 +129,28 @@ def test_malformed_config(hf_model, tmp_path):
     (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen3", "vocab_size": 3}))
     with pytest.raises(CheckpointError, match="missing the required field 'hidden_size'"):
         load_pretrained(ckpt)
+
+
+def test_a_config_json_that_cannot_be_read_is_named(tmp_path):
+    (tmp_path / "config.json").mkdir()
+    with pytest.raises(CheckpointError, match=r"config.json cannot be read \(Is a directory\)"):
+        load_pretrained(tmp_path)
+
+
+def test_a_tied_config_over_an_lm_head_of_its_own_is_refused(tmp_path):
+    """tie_word_embeddings=true over a checkpoint whose lm_head.weight is not the embedding's copy:
+    transformers reads the head, vLLM drops it, and spiral_jax dropped it without a word."""
+    from tests.tiny_models import make_hf_model
+
+    make_hf_model("qwen2", tmp_path)  # untied
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    with pytest.raises(CheckpointError, match="tie_word_embeddings=true, but the checkpoint's lm_head.weight is "
+                                              "not a copy of model.embed_tokens.weight; set tie_word_embeddings=false"):
+        load_pretrained(tmp_path)
+    _rewrite_tensors(tmp_path, lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"].copy()}))
+    cfg, params = load_pretrained(tmp_path)  # a tied checkpoint that stores the shared matrix twice
+    assert cfg.tie_word_embeddings and "lm_head" not in params
 
 
 def test_unsupported_model_type(hf_model, tmp_path):
@@ -153,11 +193,53 @@ def test_config_values_are_read_as_transformers_reads_them_or_named_when_malform
     assert ModelConfig.from_hf_dict(both).rope_theta == 1e6
     llama3 = {"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
     for bad, message in [({"rope_theta": None}, "rope_theta=None; it must be a number"),
-                         ({"hidden_size": "eight"}, "hidden_size='eight'; it must be a number"),
+                         ({"hidden_size": "eight"}, "hidden_size='eight'; it must be an integer"),
                          ({"rope_scaling": llama3}, "rope_scaling is missing the required field 'low_freq_factor'"),
                          ({"mlp_bias": True}, "mlp_bias=true; spiral_jax's MLP has no biases")]:
         with pytest.raises(CheckpointError, match=re.escape(message)):
             ModelConfig.from_hf_dict({**hf, **bad})
+
+
+@pytest.mark.parametrize("bad, message", [
+    # Sizes that are no whole positive number: int(64.5) read another model, 0 heads divided by zero.
+    ({"hidden_size": 8.5}, "hidden_size=8.5; it must be an integer"),
+    ({"vocab_size": float("inf")}, "vocab_size=inf; it must be an integer"),
+    ({"num_attention_heads": 0}, "num_attention_heads=0; it must be above 0"),
+    ({"num_key_value_heads": 0}, "num_key_value_heads=0; it must be above 0"),
+    ({"num_hidden_layers": -2}, "num_hidden_layers=-2; it must be above 0"),
+    ({"head_dim": 0}, "head_dim=0; it must be above 0"),
+    # Floats that give NaN logits.
+    ({"rope_theta": float("nan")}, "rope_theta=nan; it must be a number"),
+    ({"rope_theta": 0}, "rope_theta=0; it must be above 0"),
+    ({"rms_norm_eps": -1e-6}, "rms_norm_eps=-1e-06; it must be at least 0"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 0, "low_freq_factor": 1, "high_freq_factor": 4,
+                       "original_max_position_embeddings": 64}}, "rope_scaling has factor=0; it must be above 0"),
+    # A string read as true tied an untied model to its embedding.
+    ({"tie_word_embeddings": "false"}, "tie_word_embeddings='false'; it must be true or false"),
+    ({"attention_bias": "false"}, "attention_bias='false'; it must be true or false"),
+    ({"eos_token_id": "</s>"}, "eos_token_id='</s>'; it must be a token id (an integer >= 0), a list of them or null"),
+    ({"eos_token_id": [2, None]}, "eos_token_id=[2, None]; it must be a token id"),
+    ({"bos_token_id": [1, 2]}, "bos_token_id=[1, 2]; it must be a token id (an integer >= 0) or null"),
+    ({"rope_scaling": [8.0]}, "rope_scaling=[8.0]; it must be an object of RoPE settings"),
+    ({"rope_parameters": "default"}, "rope_parameters='default'; it must be an object of RoPE settings"),
+    ({"layer_types": "full_attention"}, "layer_types='full_attention'; it must be a list"),
+    ({"use_sliding_window": True, "sliding_window": "4k"}, "sliding_window='4k'; it must be an integer"),
+    ({"use_sliding_window": True, "sliding_window": 8, "max_window_layers": None},
+     "max_window_layers=None; it must be an integer"),
+    ({"architectures": ["LlamaForSequenceClassification"]},
+     "architectures=['LlamaForSequenceClassification'], not a causal language model"),
+])
+def test_a_config_value_of_the_wrong_kind_is_named_not_a_traceback_or_a_silent_guess(bad, message):
+    """Every malformed value of config.json is a CheckpointError naming the key, not a TypeError,
+    ZeroDivisionError or OverflowError from deep inside, nor a value read as something else."""
+    hf = {"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+          "num_hidden_layers": 1, "num_attention_heads": 2, "architectures": ["LlamaForCausalLM"]}
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        ModelConfig.from_hf_dict({**hf, **bad})
+    # The well-formed spellings of the same keys still read.
+    ok = ModelConfig.from_hf_dict({**hf, "hidden_size": 8.0, "rms_norm_eps": 0, "sliding_window": None,
+                                   "tie_word_embeddings": None, "eos_token_id": [2, 3], "bos_token_id": 1})
+    assert ok.hidden_size == 8 and ok.eos_token_id == (2, 3) and not ok.tie_word_embeddings
 
 
 def test_a_quantized_checkpoint_is_refused_before_its_tensors_are_read():
