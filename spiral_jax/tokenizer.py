@@ -4,11 +4,13 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from spiral_jax.models.config import CheckpointError, ModelConfig, read_json_object
+from spiral_jax.models.config import CheckpointError, ModelConfig, read_json_object, token_ids
 from spiral_jax.templates import Template
 
 # A folder holds a tokenizer when it has one of these (fast, slow BPE, or sentencepiece).
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+# An observation the chat template must write into the prompt (`check_chat_template`).
+_PROBE = "Board: SPIRAL-PROBE-7f3a"
 # Tokens that end an assistant turn in the families spiral_jax supports.
 _END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>")
 
@@ -77,7 +79,7 @@ def template_end_of_turn(hf_tokenizer, template: Template) -> set[int]:
     if template.name == "chat" and getattr(hf_tokenizer, "chat_template", None):
         text = hf_tokenizer.apply_chat_template([{"role": "user", "content": "q"},
                                                  {"role": "assistant", "content": "a"}], tokenize=False)
-        after = text[text.rindex("a") + 1:]
+        after = text[text.rindex("a") + 1:] if "a" in text else ""  # a template may leave the reply out
         return {vocab[t] for t in _END_OF_TURN if t in vocab and t in after}
     return set()
 
@@ -97,7 +99,10 @@ def stop_ids_for(hf_tokenizer, path: Path | None = None, template: Template | No
     if hf_tokenizer.eos_token_id is not None:
         ids.add(int(hf_tokenizer.eos_token_id))
     generation = read_generation_config(path) if path is not None else {}
-    eos = generation["eos_token_id"] if "eos_token_id" in generation else model_eos
+    if "eos_token_id" in generation:
+        eos = token_ids(generation, "eos_token_id", where=str(Path(path) / "generation_config.json"))
+    else:
+        eos = model_eos
     ids.update([eos] if isinstance(eos, int) else (eos or []))
     ids |= template_end_of_turn(hf_tokenizer, template or Template())
     if not ids:
@@ -113,17 +118,19 @@ def load_tokenizer(path, cfg: ModelConfig, template: Template | None = None, mod
     from transformers import AutoTokenizer
 
     path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"tokenizer folder {path} does not exist")
-    if path.is_dir() and not any((path / name).exists() for name in _TOKENIZER_FILES):
+    if not path.is_dir():
+        raise CheckpointError(f"tokenizer folder {path} {'is a file' if path.exists() else 'does not exist'}; "
+                              f"point tokenizer.path at the folder holding tokenizer.json / tokenizer_config.json")
+    if not any((path / name).exists() for name in _TOKENIZER_FILES):
         # transformers would build an empty tokenizer from config.json alone
         raise CheckpointError(
             f"{path} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}); download the model's tokenizer "
             f"with it (hf download fetches both) or point tokenizer.path at the folder that has it")
     try:
         hf = AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError, TypeError) as e:
-        raise CheckpointError(f"could not load a tokenizer from {path}: {e}") from None
+    except Exception as e:  # noqa: BLE001 (malformed files fail anywhere in transformers or tokenizers)
+        raise CheckpointError(f"could not load a tokenizer from {path} ({type(e).__name__}: {e}); its tokenizer "
+                              f"files are damaged or incomplete: download the model's tokenizer again") from None
     check_vocabulary(hf, cfg, path)
     template = template or Template()
     check_template_tokens(hf, template, path)
@@ -159,6 +166,8 @@ def check_template_tokens(hf_tokenizer, template: Template, path) -> None:
     if template.name == "chat" and not getattr(hf_tokenizer, "chat_template", None):
         raise CheckpointError(f"template 'chat' needs a tokenizer with a chat_template, and the one at "
                               f"{path} has none; use tokenizer.template='qwen_raw' or 'plain'")
+    if template.name == "chat":
+        check_chat_template(hf_tokenizer, template, path)
     if template.name != "qwen_raw":
         return
     vocab = hf_tokenizer.get_vocab()
@@ -168,3 +177,21 @@ def check_template_tokens(hf_tokenizer, template: Template, path) -> None:
             f"template 'qwen_raw' writes {' and '.join(missing)}, which the tokenizer at {path} does not "
             f"have as tokens (not a Qwen tokenizer?); use tokenizer.template='chat' (the tokenizer's own "
             f"chat template) or 'plain', or point tokenizer.path at the model's own tokenizer")
+
+
+def check_chat_template(hf_tokenizer, template: Template, path) -> None:
+    """The tokenizer's chat template must render a game turn with the observation in it: one that
+    fails (a Jinja error, raise_exception) would fail at the first prompt, one that leaves the user's
+    message out (a template for list-of-parts content) would send the model no observation at all."""
+    try:
+        text = template.render(_PROBE, hf_tokenizer)
+        template_end_of_turn(hf_tokenizer, template)
+    except Exception as e:  # noqa: BLE001 (Jinja and transformers raise many kinds)
+        raise CheckpointError(f"the chat template of the tokenizer at {path} fails on a user message and a reply "
+                              f"({type(e).__name__}: {e}); fix chat_template in its tokenizer_config.json or "
+                              f"chat_template.jinja, or use tokenizer.template='qwen_raw' or 'plain'") from None
+    if _PROBE not in text:
+        raise CheckpointError(f"the chat template of the tokenizer at {path} does not write the user's message "
+                              f"into the prompt, so the model would never see the game; fix chat_template in its "
+                              f"tokenizer_config.json or chat_template.jinja, or use tokenizer.template='qwen_raw' "
+                              f"or 'plain'")

@@ -200,3 +200,56 @@ def test_stop_ids_add_the_templates_end_of_turn_only(qwen_base_style, template, 
     tok = load_tokenizer(path, _cfg(len(vocab)), Template(template))
     assert tok.stop_ids == {vocab[t] for t in stops}
     assert tok.end_of_turn_id == vocab[turn_end]
+
+
+@pytest.mark.parametrize("chat_template, message", [
+    ("{{ raise_exception('Conversation roles must alternate') }}", r"fails on a user message and a reply "
+                                                                    r"\(TemplateError: Conversation roles must"),
+    ("{% for m in messages %}{{ m['content'] }", r"fails on .*\(TemplateSyntaxError"),
+    ("{{ messages[2]['content'] }}", r"fails on .*\(UndefinedError"),
+    ("{% if false %}{% endif %}", "does not write the user's message"),  # nor the reply, whose end was searched
+    # Written for list-of-parts content: a plain string renders as nothing.
+    ("{% for m in messages %}{{ m['content'][0]['text'] }}<|eot_id|>{% endfor %}", "does not write the user's message"),
+])
+def test_a_chat_template_that_fails_or_drops_the_observation_is_refused_at_load(llama_style, tmp_path, chat_template,
+                                                                                message):
+    """A template raising deep in Jinja at the first prompt, or one that renders prompts without the
+    observation, is a CheckpointError naming the fix when the tokenizer loads."""
+    import shutil
+
+    path, vocab = llama_style
+    shutil.copytree(path, tmp_path / "tok")
+    (tmp_path / "tok" / "chat_template.jinja").write_text(chat_template)
+    with pytest.raises(CheckpointError, match=rf"chat template of the tokenizer at .*tok ({message}).*"
+                                              rf"use tokenizer.template='qwen_raw' or 'plain'"):
+        load_tokenizer(tmp_path / "tok", _cfg(len(vocab)), Template("chat"))
+    assert load_tokenizer(tmp_path / "tok", _cfg(len(vocab)), Template("plain"))  # the template is not read
+
+
+@pytest.mark.parametrize("damage", [
+    lambda tok: (tok / "tokenizer.json").write_text("{}"),             # KeyError inside transformers
+    lambda tok: (tok / "tokenizer_config.json").write_text("[1, 2]"),  # AttributeError inside transformers
+])
+def test_damaged_tokenizer_files_are_named_with_the_fix(llama_style, tmp_path, damage):
+    import shutil
+
+    path, vocab = llama_style
+    shutil.copytree(path, tmp_path / "tok")
+    damage(tmp_path / "tok")
+    with pytest.raises(CheckpointError, match=r"could not load a tokenizer from .*tok \(\w+Error: .*\); its "
+                                              r"tokenizer files are damaged or incomplete: download"):
+        load_tokenizer(tmp_path / "tok", _cfg(len(vocab)))
+    with pytest.raises(CheckpointError, match=r"tokenizer.json is a file; point tokenizer.path at the folder"):
+        load_tokenizer(path / "tokenizer.json", _cfg(len(vocab)))
+
+
+@pytest.mark.parametrize("eos", ["<|eot_id|>", 1.5, [1, None], True, -1])
+def test_a_generation_config_eos_of_the_wrong_kind_is_named(llama_style, tmp_path, eos):
+    """Its ids became stop ids as they were: a string's characters, None, or a TypeError."""
+    import shutil
+
+    path, vocab = llama_style
+    shutil.copytree(path, tmp_path / "tok")
+    (tmp_path / "tok" / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    with pytest.raises(CheckpointError, match=r"generation_config.json has eos_token_id=.*; it must be a token id"):
+        load_tokenizer(tmp_path / "tok", _cfg(len(vocab)), Template("plain"))
