@@ -92,6 +92,9 @@ def read_manifest(folder, name: str = MANIFEST_NAME) -> list[str] | None:
     except (ValueError, KeyError, TypeError) as e:
         raise RunDirError(f"{path} cannot be read ({e}); delete the folder's contents yourself or choose "
                           f"another folder") from None
+    if not isinstance(entries, list):  # a string would be read as its letters, each a name to delete
+        raise RunDirError(f"{path} lists no entries (its 'entries' is not a list); "
+                          f"nothing was deleted: delete the folder's contents yourself or choose another folder")
     bad = [e for e in entries if not isinstance(e, str) or e in ("", ".", "..") or "/" in e or "\\" in e]
     if bad:
         raise RunDirError(f"{path} lists {bad!r}, which are not names of entries in {folder}; nothing was "
@@ -220,7 +223,7 @@ class RunDir:
             if self._create(record):
                 return
             try:
-                text = self.lock.read_text()
+                text = self.lock.read_text(errors="replace")  # not UTF-8: a lock that cannot be read
             except FileNotFoundError:  # released or taken over in between: try again
                 continue
             self._take_over_if_stale(text, attempt)
@@ -255,6 +258,8 @@ class RunDir:
         try:
             holder = json.loads(text)
             pid, host, started = int(holder["pid"]), str(holder["host"]), str(holder["started"])
+            if not 0 < pid < 2 ** 31:  # no process's id (os.kill would signal a group, or overflow)
+                raise ValueError(pid)
         except (ValueError, KeyError, TypeError):
             if not text and attempt < 20:  # an exclusive create whose record is not written yet
                 time.sleep(0.01)
@@ -277,7 +282,7 @@ class RunDir:
             return
         try:
             try:
-                unchanged = self.lock.read_text() == text
+                unchanged = self.lock.read_text(errors="replace") == text
             except FileNotFoundError:
                 unchanged = False
             if unchanged:  # only the holder of `claim` deletes this lock, so it is still the stale one

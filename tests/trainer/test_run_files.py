@@ -134,6 +134,26 @@ def test_overwrite_deletes_only_what_the_manifest_lists(tmp_path):
     with pytest.raises(RunDirError, match=r"lists \['../elsewhere'\], which are not names of entries"):
         RunDir(str(run), resume=False, overwrite=True).__enter__()
 
+    for entries in ('"eval"', '{"e": 1}'):  # read as letters or keys, these named files to delete
+        (run / "e").write_text("mine")
+        (run / "run_manifest.json").write_text('{"entries": %s}' % entries)
+        with pytest.raises(RunDirError, match="lists no entries .* nothing was deleted"):
+            RunDir(str(run), resume=False, overwrite=True).__enter__()
+        assert (run / "e").read_text() == "mine"
+
+
+def test_a_lock_that_is_no_run_s_is_one_line(tmp_path):
+    """A run.lock that is not UTF-8, or names no process (pid 0 or -1 would be a process group for
+    os.kill, a huge one overflows it), is refused as unreadable, not a traceback nor a live run."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for text in (b"\xff\xfe", *(b'{"pid": %d, "host": "%s", "started": "x"}' % (pid, socket.gethostname().encode())
+                                 for pid in (0, -1, 10 ** 20))):
+        (run / "run.lock").write_bytes(text)
+        with pytest.raises(RunDirError, match="run.lock exists but cannot be read"):
+            RunDir(str(run), resume=False).__enter__()
+        assert (run / "run.lock").read_bytes() == text
+
 
 # -------------------------------------------------------------------------------------------- lock
 
