@@ -90,7 +90,8 @@ def learning_curves(logdir, path, panels: Sequence[str] = DEFAULT_PANELS) -> Pat
             ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     axes[-1, 0].set_xlabel("step")
     fig.tight_layout()
-    path = Path(path)
+    path = Path(path)  # a folder gets curves.png; a name without a suffix gets .png, as matplotlib writes it
+    path = path / "curves.png" if path.is_dir() else path if path.suffix else path.with_suffix(".png")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
@@ -111,6 +112,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         path = learning_curves(logdir, args.out or run / "curves.png", args.panel or DEFAULT_PANELS)
     except ValueError as e:  # nothing logged yet, or no panel matches
         p.exit(2, f"plots: {e}; pass a run's out_dir once it has logged a step, or other --panel patterns\n")
+    except OSError as e:  # --out under a file, or where this user cannot write
+        p.exit(2, f"plots: cannot write {e.filename or args.out}: {e.strerror or e}; pass --out a PNG path you "
+                  f"can write\n")
     print(f"wrote {path}")
 
 

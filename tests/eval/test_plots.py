@@ -54,3 +54,22 @@ def test_default_panels_draw_games_rates_apart_from_the_kuhn_estimates():
     assert panels["eval/*/*/invalid_rate"] == ["eval/Nim-v0/openai:m@http://h/v1/invalid_rate",
                                                "eval/TicTacToe-v0/random/invalid_rate"]
     assert panels["eval/kuhn/exploitability"] == ["eval/kuhn/exploitability"] and "eval/*/*/win_rate" in panels
+
+
+def test_plots_out_is_the_file_it_says_it_wrote(tmp_path, capsys):
+    """--out a folder writes curves.png in it, a name without a suffix gets .png (matplotlib adds it),
+    and a path under a file is one line, not a traceback."""
+    pytest.importorskip("matplotlib", reason="matplotlib is the optional `eval` extra; plots untested")
+    from spiral_jax.eval.plots import main
+
+    writer = MetricsWriter(tmp_path / "run" / "tensorboard")
+    writer.scalars(1, {"train/loss": 1.0})
+    writer.close()
+    (tmp_path / "figs").mkdir()
+    (tmp_path / "a file").write_text("")
+    for out, wrote in [(tmp_path / "figs", tmp_path / "figs" / "curves.png"), (tmp_path / "c ü", tmp_path / "c ü.png")]:
+        main([str(tmp_path / "run"), "--out", str(out)])
+        assert capsys.readouterr().out == f"wrote {wrote}\n" and wrote.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(SystemExit) as exit_:
+        main([str(tmp_path / "run"), "--out", str(tmp_path / "a file" / "c.png")])
+    assert exit_.value.code == 2 and "plots: cannot write" in capsys.readouterr().err
