@@ -310,9 +310,12 @@ class ModelConfig:
     @classmethod
     def from_pretrained(cls, path: str | Path, **runtime) -> "ModelConfig":
         path = Path(path)
-        file = path / "config.json" if path.is_dir() or not path.suffix else path
-        if not file.parent.exists():
-            raise CheckpointError(f"checkpoint folder {file.parent} does not exist")
+        if path.is_file():  # a file of the checkpoint (config.json, model.safetensors) given for its folder
+            raise CheckpointError(f"{path} is a file; give the checkpoint folder that holds config.json and the "
+                                  f"weights ({path.parent})")
+        if not path.exists():
+            raise CheckpointError(f"checkpoint folder {path} does not exist")
+        file = path / "config.json"
         if not file.exists():
             raise CheckpointError(
                 f"no config.json at {file}; pass a Hugging Face checkpoint folder (config.json + "

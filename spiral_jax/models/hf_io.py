@@ -149,9 +149,7 @@ def load_pretrained(path, mesh=None, dtype=jnp.float32, rules: str = "train", **
     `runtime` sets ModelConfig's runtime fields (compute_dtype, scan_layers, remat).
     """
     path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"checkpoint folder {path} does not exist")
-    cfg = ModelConfig.from_pretrained(path, **runtime)
+    cfg = ModelConfig.from_pretrained(path, **runtime)  # a CheckpointError unless `path` is a checkpoint folder
     reader = _SafetensorsReader(path)
     specs = param_specs(cfg)
     _check_tensors(cfg, reader, specs)

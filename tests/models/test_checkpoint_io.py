@@ -121,6 +121,17 @@ def test_missing_folder_and_config(tmp_path):
         load_pretrained(tmp_path)
 
 
+def test_a_file_of_the_checkpoint_given_for_its_folder_is_named(hf_model):
+    """model.path=.../model.safetensors was "not valid JSON; re-download it", .../config.json passed the
+    run's setup and then "does not exist"."""
+    path = hf_model[1]
+    for file in (path / "model.safetensors", path / "config.json"):
+        for load in (load_pretrained, ModelConfig.from_pretrained):
+            with pytest.raises(CheckpointError, match=rf"{file} is a file; give the checkpoint folder that holds "
+                                                      rf"config.json and the weights \({path}\)"):
+                load(file)
+
+
 def test_malformed_config(hf_model, tmp_path):
     ckpt = _copy(hf_model[1], tmp_path)
     (ckpt / "config.json").write_text("{not json")
