@@ -59,9 +59,11 @@ class GameStats:
         return wilson_interval(counts[what], sum(counts.values()))
 
     def scalars(self, prefix: str) -> dict[str, float]:
-        out = {f"{prefix}/{w}_rate": self.rate(w) for w in OUTCOMES}
-        for seat in self.seat_counts:
-            out.update({f"{prefix}/seat{seat}/{w}_rate": self.rate(w, seat) for w in OUTCOMES})
+        """Rates only where the policy played (a seat it never took has no rate, not 0)."""
+        out = {f"{prefix}/{w}_rate": self.rate(w) for w in OUTCOMES if sum(self.counts.values())}
+        for seat, counts in self.seat_counts.items():
+            if sum(counts.values()):
+                out.update({f"{prefix}/seat{seat}/{w}_rate": self.rate(w, seat) for w in OUTCOMES})
         out.update({f"{prefix}/games": self.games, f"{prefix}/game_length": self.mean_turns,
                     f"{prefix}/response_tokens": self.mean_response_tokens,
                     f"{prefix}/truncated_responses": self.truncated_responses})
