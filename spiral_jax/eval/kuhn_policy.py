@@ -15,6 +15,7 @@ goes to the exact `kuhn_exploitability`.  Two ways to ask:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -119,8 +120,12 @@ def estimate_exact(probs: ProbFn, env_id: str = ENV_ID, min_coverage: float = 0.
     prompts = info_set_prompts(env_id)
     aggression, invalid = {}, {}
     for p, dist in zip(prompts, probs(prompts)):
-        mass = sum(float(dist.get(a, 0.0)) for a in p.legal_actions)
-        aggression[p.info_set] = float(dist.get(p.aggressive, 0.0)) / mass if mass > 0 else 0.5
+        given = {a: float(dist.get(a, 0.0)) for a in p.legal_actions}
+        if not all(math.isfinite(v) and v >= 0 for v in given.values()):  # NaN would pass as full coverage
+            raise ValueError(f"exact Kuhn scoring: {p.info_set}: the probabilities of the answers are {given}, "
+                             "not probabilities: the model's log-probabilities are not finite (broken weights?)")
+        mass = sum(given.values())
+        aggression[p.info_set] = given[p.aggressive] / mass if mass > 0 else 0.5
         invalid[p.info_set] = max(0.0, 1.0 - mass)
     coverage = 1.0 - float(np.mean(list(invalid.values())))
     if coverage < min_coverage:

@@ -52,6 +52,16 @@ def test_exact_probabilities_give_exact_exploitability(policy):
     assert "Exploitability" in est.markdown() and "kuhn/exploitability" in est.scalars()
 
 
+def test_exact_scoring_refuses_nan_probabilities():
+    """NaN log-probabilities (broken weights) are an error: they passed as full coverage, every set
+    played as 1/2 and its exploitability reported as exact."""
+    def probs(prompts):
+        return [{a: float("nan") for a in p.legal_actions} for p in prompts]
+
+    with pytest.raises(ValueError, match="not finite"):
+        estimate_exact(probs, min_coverage=0.5)
+
+
 def test_sampling_a_pure_policy_is_exact_and_counts_invalid():
     pure = {k: float(v >= 0.5) for k, v in LEAKY.items()}
 
