@@ -43,6 +43,8 @@ def cross_play(names: Sequence[str], play: PlayFn, games_per_pair: int) -> Cross
     """Every unordered pair plays `games_per_pair` games, half with each player in seat 0."""
     if games_per_pair < 2 or games_per_pair % 2:
         raise ValueError(f"games_per_pair must be even and >= 2 (both seats), got {games_per_pair}")
+    if len(set(names)) < 2 or len(set(names)) < len(names):
+        raise ValueError(f"cross-play needs two or more players, each named once; got {list(names)}")
     n = len(names)
     score, games, seat_score = np.zeros((n, n)), np.zeros((n, n)), np.zeros((2, n, n))
     pairs = [(first, second) for i, j in itertools.combinations(range(n), 2) for first, second in ((i, j), (j, i))]
@@ -66,10 +68,16 @@ def bradley_terry(score: np.ndarray, games: np.ndarray, prior: float = 0.5, iter
 
     Hunter's MM update p_i <- W_i / sum_j n_ij / (p_i + p_j).  `prior` adds that many virtual wins
     and losses of every player against every other it met, so an unbeaten player has a finite
-    strength.
+    strength.  Raises where the data do not determine the strengths: with one player no one ever
+    scored against (unbeaten at prior 0), or two groups of players that never met, the fit would
+    drift without end or compare the groups on an arbitrary scale.
     """
     played = games > 0
     s = score + prior * played
+    if not _strongly_connected(s > 0):
+        raise ValueError("Bradley-Terry strengths are not determined by these games: some players never scored "
+                         "against the rest (unbeaten or winless with prior=0, or groups that never met); play "
+                         "every pair and use prior > 0")
     n = games + 2 * prior * played
     wins = s.sum(1)
     p = np.ones(len(score))
@@ -81,6 +89,14 @@ def bradley_terry(score: np.ndarray, games: np.ndarray, prior: float = 0.5, iter
             return new
         p = new
     return p
+
+
+def _strongly_connected(scored: np.ndarray) -> bool:
+    """Whether every player reaches every other along scored[i, j] (i took points from j)."""
+    reach = scored | np.eye(len(scored), dtype=bool)
+    for _ in range(len(scored).bit_length()):  # paths of up to 2**k steps after k squarings
+        reach = reach | (reach.astype(np.int64) @ reach.astype(np.int64) > 0)
+    return bool(reach.all())
 
 
 def elo(strengths: np.ndarray, base: float = 1000.0) -> np.ndarray:

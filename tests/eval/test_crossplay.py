@@ -51,6 +51,26 @@ def test_unbeaten_player_gets_a_finite_rating():
     assert np.all(np.isfinite(p)) and p[0] > p[1]
 
 
+def test_undetermined_strengths_are_refused():
+    """Without a prior an unbeaten player's strength has no maximum (the fit stopped wherever 10000
+    steps left it, 2194 Elo here); two groups that never met have no common scale."""
+    names = ["a", "b", "c"]
+    result = cross_play(names, lambda f, s, n: ["win" if f == "a" else "loss" if s == "a" else "draw"] * n, 2)
+    assert np.all(np.isfinite(rate(result).elo))  # the default prior: finite
+    with pytest.raises(ValueError, match="not determined"):
+        rate(result, prior=0.0)
+    games = np.kron(np.eye(2), 1 - np.eye(2)) * 4  # a-b and c-d, never a pair across
+    score = np.array([[0, 4, 0, 0], [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 3, 0.]])
+    with pytest.raises(ValueError, match="not determined"):
+        bradley_terry(score, games)
+
+
+@pytest.mark.parametrize("names", [[], ["a"], ["a", "a"]])
+def test_cross_play_needs_two_distinct_players(names):
+    with pytest.raises(ValueError, match="two or more players"):
+        cross_play(names, rps, 2)
+
+
 def test_heatmap_png(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is the optional `eval` extra; heatmap untested")
     result = cross_play(["rock", "paper", "scissors"], rps, 2)
