@@ -219,6 +219,10 @@ class Env:
         self._finish({0: 0, 1: 0}, why)
 
     def _finish(self, rewards: dict[int, float], reason: str) -> None:
+        """End the game. A reward that is no finite number (a wrapped game's NaN) is refused: it
+        would count as a draw and make RAE's baseline NaN for every later game."""
+        if not all(np.isfinite(rewards[p]) for p in (0, 1)):
+            raise ValueError(f"{type(self).__name__} ended with rewards {dict(rewards)}: each must be a finite number")
         self.done = True
         self.rewards = {0: rewards[0], 1: rewards[1]}
         self.reason = reason
