@@ -74,15 +74,20 @@ class KuhnPolicyEstimate:
                f"{prefix}/nash_conv": self.exploitability.nash_conv,
                f"{prefix}/self_play_value": self.exploitability.value,
                f"{prefix}/invalid_rate": float(np.mean(list(self.invalid_rate.values())))}
-        out.update({f"{prefix}/p_aggressive/{k}": v for k, v in self.aggression.items()})
+        out.update({f"{prefix}/p_aggressive/{k}": v for k, v in self.aggression.items() if self.measured(k)})
         return out
+
+    def measured(self, info: str) -> bool:
+        """Whether the model gave a valid answer at `info`; else its 1/2 is a stand-in, not an estimate."""
+        return self.invalid_rate[info] < 1.0
 
     def markdown(self) -> str:
         lines = ["| info set | P(bet/call) | 95% CI | valid samples | invalid |", "|---|---|---|---|---|"]
         for info in INFO_SETS:
             lo, hi = self.interval[info]
-            lines.append(f"| {info} | {self.aggression[info]:.3f} | [{lo:.3f}, {hi:.3f}] | "
-                         f"{self.samples[info]} | {self.invalid_rate[info]:.2f} |")
+            p = f"{self.aggression[info]:.3f}" if self.measured(info) else "n/a (played as 0.5)"
+            lines.append(f"| {info} | {p} | [{lo:.3f}, {hi:.3f}] | {self.samples[info]} | "
+                         f"{self.invalid_rate[info]:.2f} |")
         e = self.exploitability
         lines.append(f"\nExploitability {e.exploitability:.4f} chips/hand (NashConv {e.nash_conv:.4f}; "
                      f"self-play value for the first player {e.value:+.4f}).")

@@ -82,6 +82,18 @@ def test_sampling_a_pure_policy_is_exact_and_counts_invalid():
     assert lo < 1.0 == hi  # 4 of 4: the Wilson interval stays open below
 
 
+def test_a_set_without_a_valid_answer_is_marked_not_measured():
+    """No valid response at a set: its 1/2 is played, but not shown or logged as the model's estimate."""
+    def sample(observations, k):
+        return [[answer_text("[bet]" if "[bet]" in p.legal_actions else "[fold]")] * k
+                if p.info_set != "Kb" else ["no box"] * k for p in info_set_prompts()]
+
+    est = estimate_by_sampling(sample, 3)
+    assert est.aggression["Kb"] == 0.5 and est.samples["Kb"] == 0 and est.invalid_rate["Kb"] == 1.0
+    assert "| Kb | n/a (played as 0.5) |" in est.markdown() and "| Jb | 0.000 |" in est.markdown()
+    assert "kuhn/p_aggressive/Kb" not in est.scalars() and est.scalars()["kuhn/p_aggressive/Jb"] == 0.0
+
+
 def test_sampling_a_mixed_policy_intervals_cover():
     """Over 5 seeds x 12 sets, the 95% Wilson intervals cover the true probability ~95% of the time."""
     covered, errors = 0, []
