@@ -1,7 +1,7 @@
 """Cross-play between a set of players (checkpoints, model folders or scripts): every pair, both seats.
 
 Reports the score matrix (win = 1, draw = 1/2, loss or invalid = 0, from the row player's side),
-Bradley-Terry strengths fitted by minorisation-maximisation, the same on the Elo scale, and the
+Bradley-Terry strengths (maximum likelihood, Newton's method), the same on the Elo scale, and the
 residual: observed minus BT-predicted score.  One strength per player can only express a transitive
 order, so a large residual (and any cycle a > b > c > a of majority wins) means the players'
 relation is non-transitive, as with rock-paper-scissors.
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 from typing import Callable, Sequence
 
 import numpy as np
@@ -62,15 +61,17 @@ def cross_play(names: Sequence[str], play: PlayFn, games_per_pair: int) -> Cross
     return CrossPlay(list(names), score, games, seat_score)
 
 
-def bradley_terry(score: np.ndarray, games: np.ndarray, prior: float = 0.5, iters: int = 10000,
-                  tol: float = 1e-12) -> np.ndarray:
+def bradley_terry(score: np.ndarray, games: np.ndarray, prior: float = 0.5, iters: int = 200,
+                  tol: float = 1e-10) -> np.ndarray:
     """Strengths p (geometric mean 1) maximising sum_ij score_ij log(p_i / (p_i + p_j)).
 
-    Hunter's MM update p_i <- W_i / sum_j n_ij / (p_i + p_j).  `prior` adds that many virtual wins
-    and losses of every player against every other it met, so an unbeaten player has a finite
-    strength.  Raises where the data do not determine the strengths: with one player no one ever
-    scored against (unbeaten at prior 0), or two groups of players that never met, the fit would
-    drift without end or compare the groups on an arbitrary scale.
+    Newton's method on log p with a backtracking line search (the log-likelihood is concave): it
+    converges in a few dozen steps where Hunter's MM update needed millions once the players are
+    far apart (10,000 games a pair of an a > b > c > d order: 100 Elo short after 10,000 MM steps).
+    `prior` adds that many virtual wins and losses of every player against every other it met, so an
+    unbeaten player has a finite strength.  Raises where the data do not determine the strengths:
+    with one player no one ever scored against (unbeaten at prior 0), or two groups of players that
+    never met, the fit would drift without end or compare the groups on an arbitrary scale.
     """
     played = games > 0
     s = score + prior * played
@@ -79,16 +80,21 @@ def bradley_terry(score: np.ndarray, games: np.ndarray, prior: float = 0.5, iter
                          "against the rest (unbeaten or winless with prior=0, or groups that never met); play "
                          "every pair and use prior > 0")
     n = games + 2 * prior * played
-    wins = s.sum(1)
-    p = np.ones(len(score))
+    loglik = lambda t: -np.sum(s * np.logaddexp(0.0, t[None, :] - t[:, None]))  # noqa: E731
+    theta = np.zeros(len(score))
     for _ in range(iters):
-        denom = (n / (p[:, None] + p[None, :])).sum(1)
-        new = np.where(denom > 0, wins / np.maximum(denom, 1e-300), 1.0)
-        new = new / math.exp(np.mean(np.log(new)))
-        if np.max(np.abs(new - p)) < tol:
-            return new
-        p = new
-    return p
+        q = 1.0 / (1.0 + np.exp(theta[None, :] - theta[:, None]))  # P(i beats j)
+        grad = s.sum(1) - (n * q).sum(1)
+        w = n * q * q.T
+        step = np.linalg.lstsq(np.diag(w.sum(1)) - w, grad, rcond=None)[0]  # the Hessian is minus this Laplacian
+        t, before = 1.0, loglik(theta)
+        while loglik(theta + t * step) < before and t > 1e-12:
+            t /= 2
+        theta = theta + t * step
+        theta -= theta.mean()
+        if np.max(np.abs(t * step)) < tol:
+            break
+    return np.exp(theta)
 
 
 def _strongly_connected(scored: np.ndarray) -> bool:

@@ -51,6 +51,18 @@ def test_unbeaten_player_gets_a_finite_rating():
     assert np.all(np.isfinite(p)) and p[0] > p[1]
 
 
+def test_far_apart_players_are_fitted_to_the_maximum():
+    """A strict order a > b > c > d over 10,000 games a pair: the fit is the maximum of the likelihood
+    (each player's expected score equals its score); 10,000 MM steps left a 100 Elo short."""
+    names = ["a", "b", "c", "d"]
+    result = cross_play(names, lambda f, s, n: ["win" if f < s else "loss"] * n, 10000)
+    p = bradley_terry(result.score, result.games)
+    played = result.games > 0
+    expected = ((result.games + played) * predicted(p)).sum(1)
+    np.testing.assert_allclose(expected, (result.score + 0.5 * played).sum(1), rtol=1e-9)
+    assert np.all(np.diff(p) < 0) and np.mean(np.log(p)) == pytest.approx(0, abs=1e-12)
+
+
 def test_undetermined_strengths_are_refused():
     """Without a prior an unbeaten player's strength has no maximum (the fit stopped wherever 10000
     steps left it, 2194 Elo here); two groups that never met have no common scale."""
