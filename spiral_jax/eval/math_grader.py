@@ -45,17 +45,21 @@ def last_boxed(text: str) -> str | None:
 
 
 def _unwrap(s: str, command: str) -> str:
-    """Replace every `\\command{x}` by x (brace-matched)."""
+    """Replace every `\\command{x}` by x, its braces matched with escaped braces not counted; one
+    that never closes is kept. One pass: a response can nest or repeat the command thousands of times."""
     head = "\\" + command + "{"
-    while (i := s.find(head)) >= 0:
-        depth, j = 1, i + len(head)
-        while j < len(s) and depth:
-            depth += {"{": 1, "}": -1}.get(s[j], 0)
-            j += 1
-        if depth:
-            break
-        s = s[:i] + s[i + len(head):j - 1] + s[j:]
-    return s
+    opened, cut = [], []  # the span of each open group's head (None for a bare brace); the spans to drop
+    for m in re.finditer(re.escape(head) + r"|\\.|[{}]", s, re.DOTALL):
+        token = m.group()
+        if token in (head, "{"):
+            opened.append(m.span() if token == head else None)
+        elif token == "}" and opened and (start := opened.pop()) is not None:
+            cut += [start, m.span()]
+    kept, pos = [], 0
+    for start, end in sorted(cut):
+        kept.append(s[pos:start])
+        pos = end
+    return "".join(kept) + s[pos:]
 
 
 def normalize(answer: str) -> str:
@@ -65,7 +69,7 @@ def normalize(answer: str) -> str:
         s = _unwrap(s, command)
     s = s.replace("\\left", "").replace("\\right", "")
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?", "", s).replace("\\circ", "").replace("°", "")
+    s = re.sub(r"\^\s*(?:\{\s*)?\\circ\s*\}?", "", s).replace("\\circ", "").replace("°", "")
     s = s.replace("\\$", "").replace("$", "")
     s = re.sub(r"\\[,;:! ]", "", s)
     s = re.sub(r"\s+", "", s)
@@ -77,7 +81,7 @@ def normalize(answer: str) -> str:
 
 # A decimal (1,000 digit groups allowed), optionally times a power of ten of at most three digits:
 # 1.5e3, 1.5\times10^{3}.
-_DECIMAL = re.compile(r"(\d{1,3}(?:,\d{3})+(?:\.\d*)?|\d*\.?\d+\.?)"
+_DECIMAL = re.compile(r"(\d{1,3}(?:,\d{3})+(?:\.\d*)?|\d+(?:\.\d*)?|\.\d+)"
                       r"(?:[eE]([+-]?0*\d{1,3})|\\(?:times|cdot)10\^(?:\{([+-]?0*\d{1,3})\}|(\d)))?")
 
 
@@ -87,18 +91,18 @@ def _numbers(s: str) -> set[Fraction]:
     s = s.removesuffix("\\%").removesuffix("%")
     sign = -1 if s.startswith("-") else 1
     s = s.lstrip("-+")
-    scale = 0  # a power of ten: 1.5e3, 1.5\times10^{3}
+    scale = "0"  # a power of ten: 1.5e3, 1.5\times10^{3}
     if m := re.fullmatch(r"\\frac\{(-?[\d.]+)\}\{(-?[\d.]+)\}", s):
         num, den = m.groups()
     elif m := re.fullmatch(r"(-?[\d.]+)/(-?[\d.]+)", s):
         num, den = m.groups()
     elif m := _DECIMAL.fullmatch(s):
         num, den = m.group(1).replace(",", ""), "1"
-        scale = int(next((e for e in m.groups()[1:] if e is not None), 0))
+        scale = next((e for e in m.groups()[1:] if e is not None), "0")
     else:
         return set()
-    try:
-        value = sign * Fraction(num) / Fraction(den) * Fraction(10) ** scale
+    try:  # a number past Python's 4,300 digits (1e-000...01 too) is a ValueError: no number
+        value = sign * Fraction(num) / Fraction(den) * Fraction(10) ** int(scale)
     except (ValueError, ZeroDivisionError):
         return set()
     return {value, value / 100} if percent else {value}
@@ -107,13 +111,13 @@ def _numbers(s: str) -> set[Fraction]:
 # LaTeX spacing between digit groups (3\,000, 1\;000, 1\ 000, 1~000), which math-verify does not skip.
 _DIGIT_GROUP_SPACE = re.compile(r"(?<=\d)(?:\s*(?:\\[,;:! ]|~))+\s*(?=\d{3}(?!\d))")
 # A decimal number in e-notation (1.3e-07, 2E5), not a variable e: math-verify reads e as Euler's number.
-_E_NOTATION = re.compile(r"(?<![\w.])(\d+\.?\d*|\.\d+)[eE]\+?(-?)0*(\d+)(?!\w|\.\d)")
+_E_NOTATION = re.compile(r"(?<![\w.])(\d+(?:\.\d*)?|\.\d+)[eE]\+?(-?)(\d+)(?!\w|\.\d)")
 
 
 def _for_math_verify(answer: str) -> str:
     """An answer as math-verify should read it: no spacing inside a number, e-notation as a power of ten."""
     answer = _DIGIT_GROUP_SPACE.sub("", answer)
-    return _E_NOTATION.sub(lambda m: f"{m[1]}\\times10^{{{m[2]}{m[3]}}}", answer)
+    return _E_NOTATION.sub(lambda m: f"{m[1]}\\times10^{{{m[2]}{m[3].lstrip('0') or 0}}}", answer)
 
 
 def _math_verify(pred: str, gold: str, timeout: float) -> bool | None:

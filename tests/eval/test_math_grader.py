@@ -168,3 +168,39 @@ def test_a_math_verify_timeout_leaves_the_verdict_to_the_normaliser(monkeypatch)
     monkeypatch.setattr(math_verify, "verify", timing_out)
     assert judge("50\\%", "0.5") == (True, "normaliser")
     assert judge("3", "4") == (False, "normaliser")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("call", [
+    lambda mg: mg._normalised_equal("7" * 20000 + "x", "1"),             # a long number then a letter
+    lambda mg: mg._for_math_verify("7" * 20000),                          # e-notation search
+    lambda mg: mg.normalize("\\text{" * 20000 + "a" + "}" * 20000),       # nested \text
+    lambda mg: mg.normalize("\\text{a}" * 50000),                          # repeated \text
+    lambda mg: mg.boxed_letter("\\boxed{" + "\\text{" * 20000 + "B" + "}" * 20000 + "}"),
+    lambda mg: mg.normalize("^" + " " * 100000 + "x"),                    # degree sign search
+], ids=["digits", "e-notation", "nested-text", "many-text", "choice-text", "caret-spaces"])
+def test_hostile_answers_are_normalised_in_linear_time(call):
+    """Long answers (a model's degenerate output) are read in one pass each: these took seconds to
+    minutes (quadratic regular expressions and unwrapping) where they take milliseconds."""
+    import time
+
+    from spiral_jax.eval import math_grader
+
+    start = time.perf_counter()
+    call(math_grader)
+    assert time.perf_counter() - start < 1.0
+
+
+def test_unwrap_nested_and_unclosed():
+    assert normalize("\\text{\\text{b}}c") == "bc"
+    assert normalize("\\text{a} \\text{b") == "a\\text{b"   # one that never closes is kept
+    assert normalize("\\text{a{b}c}") == "a{b}c"
+    assert normalize("\\text{\\{}x") == "\\{x"               # an escaped brace is not counted
+
+
+def test_an_exponent_past_the_int_digit_limit_is_no_number(monkeypatch):
+    """1e-000...01 with 5,000 zeros was a ValueError out of the grader (Python's 4,300-digit limit)."""
+    from spiral_jax.eval import math_grader
+
+    monkeypatch.setattr(math_grader, "_math_verify", lambda pred, gold, timeout: None)
+    assert math_grader.judge("1e-" + "0" * 5000 + "1", "0.1") == (False, "normaliser")
