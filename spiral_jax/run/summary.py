@@ -100,7 +100,6 @@ class RunSummary:
         return "\n".join(lines)
 
 
-
 def _check(summary: dict) -> None:
     """Raise where `summary` lacks what RunSummary reads back: each evaluation row's rates and
     interval, each Kuhn point's exploitability, a `math` mapping."""
