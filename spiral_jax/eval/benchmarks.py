@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
@@ -52,8 +53,9 @@ def _math_answer(answer, where: str) -> str:
     """A math item's gold answer as text: a non-empty string or a number, or a list of them joined with
     ", " as `hub` writes OlympiadBench's multi-part answers."""
     parts = answer if isinstance(answer, list) else [answer]
-    if not parts or not all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in parts):
-        raise ValueError(f"{where}: 'answer' must be a non-empty string or a number (or a list of them), "
+    if not parts or not all(isinstance(a, (str, int)) and not isinstance(a, bool)
+                            or isinstance(a, float) and math.isfinite(a) for a in parts):
+        raise ValueError(f"{where}: 'answer' must be a non-empty string or a finite number (or a list of them), "
                          f"not {answer!r}")
     text = (", ".join(a for a in (_unwrap_dollars(answer_text(p)) for p in parts) if a)
             if isinstance(answer, list) else answer_text(answer))
@@ -82,6 +84,8 @@ def load_items(path, limit: int | None = None) -> list[Item]:
     line, a bad answer, a repeated id or a file without items raises ValueError naming the file (and
     the line)."""
     items, lines = [], {}
+    if Path(path).is_dir():
+        raise ValueError(f"{path}: a folder, not a JSONL file; give the file of items in it")
     try:
         text = Path(path).read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
@@ -92,8 +96,9 @@ def load_items(path, limit: int | None = None) -> list[Item]:
         where = f"{path}:{n}"
         try:
             row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: not valid JSON ({e}); write one JSON object a line") from None
+        except ValueError as e:  # a JSONDecodeError, or an integer past Python's 4,300 digits
+            raise ValueError(f"{where}: not valid JSON ({e}); write one JSON object a line (a number "
+                             "that long as a string)") from None
         if not isinstance(row, dict):
             raise ValueError(f"{where}: expected a JSON object with 'problem' and 'answer', "
                              f"got a {type(row).__name__}")
@@ -111,7 +116,10 @@ def load_items(path, limit: int | None = None) -> list[Item]:
             raise ValueError(f"{where}: id {item_id!r} is already used on line {lines[item_id]}; "
                              "give every item its own id")
         lines[item_id] = n
-        items.append(Item(item_id, problem, answer, choices, str(row.get("solution", ""))))
+        solution = row.get("solution") or ""
+        if not isinstance(solution, str):
+            raise ValueError(f"{where}: 'solution' must be a string (the worked solution), not {solution!r}")
+        items.append(Item(item_id, problem, answer, choices, solution))
         if limit is not None and len(items) == limit:
             break
     if not items:
@@ -140,13 +148,19 @@ def prompt_text(item: Item, shots: Sequence[Item] = (), instruction_first: bool 
 
 def local_files(specs: Sequence[str]) -> dict[str, str]:
     """{name: path} from "NAME=items.jsonl" or "items.jsonl" (named after the file), each checked to
-    exist, so a typo fails before any model runs."""
+    exist and every name to be given once (one benchmark's results would replace another's), so a typo
+    fails before any model runs."""
     files = {}
     for spec in specs:
         name, _, path = spec.partition("=")
         name, path = (name, path) if path else (Path(spec).stem, spec)
+        if Path(path).is_dir():
+            raise FileNotFoundError(f"benchmark {spec!r}: {path} is a folder; give the JSONL file of items in it")
         if not Path(path).is_file():
             raise FileNotFoundError(f"benchmark {spec!r}: no such file {path} (give NAME=items.jsonl)")
+        if not name or name in files:
+            raise ValueError(f"benchmark {spec!r}: " + (f"the name {name!r} is given twice" if name else "no name")
+                             + "; give every benchmark its own NAME=items.jsonl")
         files[name] = path
     return files
 
@@ -202,6 +216,8 @@ def run_benchmark(name: str, items: Sequence[Item], generate: GenerateFn, k: int
     start = time.perf_counter()
     outputs = generate(prompts, k)
     seconds = time.perf_counter() - start
+    if len(outputs) != len(items):  # zip would grade the first items only, under the count of all
+        raise ValueError(f"{name}: generate gave responses for {len(outputs)} prompts, expected {len(items)}")
     out_dir = run_path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     first, every, boxed, tokens, cut = [], [], [], [], []

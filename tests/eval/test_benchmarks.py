@@ -62,6 +62,10 @@ def test_load_accepts_a_bom_numbers_and_answer_lists(tmp_path):
     ('{"problem": "a", "answer": "1"}\n{"id": 0, "problem": "b", "answer": "2"}\n', 2, "id '0' is already used on line 1"),
     ('\n\n', None, "no items"),
     (b'{"problem": "\xff", "answer": "1"}\n', None, "not UTF-8"),
+    ('{"problem": "a", "answer": ' + "9" * 5000 + '}\n', 1, "not valid JSON"),  # past int's 4,300 digits
+    ('{"problem": "a", "answer": NaN}\n', 1, "finite number"),
+    ('{"problem": "a", "answer": [1, 1e400]}\n', 1, "finite number"),
+    ('{"problem": "a", "answer": "1", "solution": 7}\n', 1, "'solution' must be a string"),
 ])
 def test_load_refuses_bad_files_naming_the_line(tmp_path, text, line, message):
     path = tmp_path / "bad.jsonl"
@@ -70,6 +74,31 @@ def test_load_refuses_bad_files_naming_the_line(tmp_path, text, line, message):
         load_items(path)
     assert str(e.value).startswith(f"{path}:{line}: " if line else f"{path}: ")
     assert message in str(e.value)
+
+def test_a_folder_null_solution_and_repeated_names(tmp_path):
+    from spiral_jax.eval.benchmarks import local_files
+
+    with pytest.raises(ValueError, match="a folder, not a JSONL file"):
+        load_items(tmp_path)  # was an IsADirectoryError
+    with pytest.raises(FileNotFoundError, match="is a folder"):
+        local_files([str(tmp_path)])
+    path = tmp_path / "items.jsonl"
+    path.write_text('{"problem": "a", "answer": "1", "solution": null}\n')
+    assert load_items(path)[0].solution == ""  # was "None", a worked example's text
+    with pytest.raises(ValueError, match="the name 'A' is given twice"):
+        local_files([f"A={path}", f"A={path}"])  # the first one's results were dropped
+    with pytest.raises(ValueError, match="no name"):
+        local_files([f"={path}"])
+
+
+def test_generate_must_answer_every_prompt(items_file, tmp_path):
+    """A generate that answers fewer prompts than items was graded on the first items under the count
+    of all of them (and none gave a NaN pass@1)."""
+    items = load_items(items_file)
+    for n in (0, 1, 4):
+        with pytest.raises(ValueError, match=f"responses for {n} prompts, expected 3"):
+            run_benchmark("b", items, lambda prompts, k: [["\\boxed{5}"] * k] * n, 1, tmp_path)
+
 
 def test_pass_at_1_is_first_sample_and_mean_is_over_samples(items_file, tmp_path):
     answers = {"half": ["\\boxed{0.5}", "\\boxed{2}"], "sum": ["I think 5", "\\boxed{5}"],
