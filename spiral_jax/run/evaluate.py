@@ -188,8 +188,12 @@ def _check_bench(spec: RunSpec, args) -> None:
         if not _local_bench(name) and name not in sources:
             raise ValueError(f"--bench {name}: no such file, and not a benchmark to download (one of "
                              f"{', '.join(sources)}); give NAME=items.jsonl")
-        for path in benchmarks.local_files([name]).values() if _local_bench(name) else ():
-            benchmarks.load_items(path, args.limit or spec.evaluation.math.limit)  # JSONL of problems and answers
+    local = benchmarks.local_files([n for n in names if _local_bench(n)])  # each name once
+    if clash := next((n for n in names if not _local_bench(n) and n in local), None):
+        raise ValueError(f"--bench: the name {clash!r} is given twice (a file and the hub's benchmark); give the "
+                         f"file another NAME=items.jsonl")
+    for path in local.values():
+        benchmarks.load_items(path, args.limit or spec.evaluation.math.limit)  # JSONL of problems and answers
     if bool(args.shots) != bool(args.shots_file):
         raise ValueError("--shots N and --shots_file FILE go together: N worked examples from FILE (give both, or "
                          "neither for zero-shot prompts)")
@@ -251,10 +255,11 @@ def run_eval(ctx: EvalContext, spec: RunSpec, args, checked: bool = False) -> st
         players.update({name: ctx.load_weights(path) for name, path in (_named(p, taken) for p in args.players)})
         run_crossplay(ctx, out, players, args.crossplay_env, n, scripted)
         return (out / "crossplay.md").read_text()
-    files, m = {}, e.math
-    for name in args.bench or m.files:
-        files.update(benchmarks.local_files([name]) if _local_bench(name) else
-                     {name: hub.download(name, file_in(out / "data", name, ".jsonl"))})
+    m = e.math
+    names = args.bench or m.files
+    local = iter(benchmarks.local_files([n for n in names if _local_bench(n)]).items())  # in the order given
+    files = dict(next(local) if _local_bench(n) else (n, hub.download(n, file_in(out / "data", n, ".jsonl")))
+                 for n in names)
     results = run_benchmarks(ctx, out, files, args.samples or m.samples, args.shots_file or None, args.shots,
                              args.limit or m.limit, instruction_first=m.instruction_first)
     return benchmarks.markdown(results)

@@ -84,6 +84,8 @@ def test_two_model_folders_of_one_name_are_refused_before_any_game(ctx, tmp_path
     (dict(suite="crossplay", crossplay_env="Nope-v0", opponents=["random"]), (), "--crossplay_env: unknown env id"),
     (dict(suite="bench", bench=["NOPE"]), (), "--bench NOPE: no such file, and not a benchmark to download"),
     (dict(suite="bench", bench=["{tmp}/bad.jsonl"]), (), "bad.jsonl:1: not valid JSON"),
+    (dict(suite="bench", bench=["a={tmp}/toy.jsonl", "a={tmp}/bad.jsonl"]), (), "the name 'a' is given twice"),
+    (dict(suite="bench", bench=["MATH500={tmp}/toy.jsonl", "MATH500"]), (), "the name 'MATH500' is given twice .a file"),
     (dict(suite="bench", bench=["{tmp}/toy.jsonl"], shots=2), (), "--shots N and --shots_file FILE go together"),
     (dict(suite="bench", bench=["{tmp}/toy.jsonl"], shots=2, shots_file="{tmp}/toy.jsonl"), (),
      "--shots 2: .*toy.jsonl holds 1 examples; give at most 1"),
