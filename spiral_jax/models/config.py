@@ -102,9 +102,9 @@ def _check_full_attention(hf: dict[str, Any], num_layers: int, max_positions: in
     that holds every position is full attention and passes."""
     window = _number(hf, "sliding_window", None, zero=True)
     if hf.get("layer_types") is not None:
-        if not isinstance(hf["layer_types"], list):
+        if not isinstance(hf["layer_types"], list) or len(hf["layer_types"]) != num_layers:
             raise CheckpointError(f"config.json has layer_types={hf['layer_types']!r}; it must be a list with "
-                                  f"one attention type per layer, such as \"full_attention\"")
+                                  f"one attention type per layer ({num_layers}), such as \"full_attention\"")
         sliding = [i for i, kind in enumerate(hf["layer_types"]) if kind != "full_attention"]
     elif _flag(hf, "use_sliding_window") and window is not None:
         sliding = list(range(_number(hf, "max_window_layers", 0, zero=True), num_layers))

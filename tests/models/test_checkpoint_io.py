@@ -234,6 +234,8 @@ def test_config_values_are_read_as_transformers_reads_them_or_named_when_malform
     ({"rope_scaling": [8.0]}, "rope_scaling=[8.0]; it must be an object of RoPE settings"),
     ({"rope_parameters": "default"}, "rope_parameters='default'; it must be an object of RoPE settings"),
     ({"layer_types": "full_attention"}, "layer_types='full_attention'; it must be a list"),
+    ({"layer_types": ["full_attention"] * 2}, "layer_types=['full_attention', 'full_attention']; it must be a list "
+     "with one attention type per layer (1)"),
     ({"use_sliding_window": True, "sliding_window": "4k"}, "sliding_window='4k'; it must be an integer"),
     ({"use_sliding_window": True, "sliding_window": 8, "max_window_layers": None},
      "max_window_layers=None; it must be an integer"),
