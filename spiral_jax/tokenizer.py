@@ -183,15 +183,14 @@ def check_chat_template(hf_tokenizer, template: Template, path) -> None:
     """The tokenizer's chat template must render a game turn with the observation in it: one that
     fails (a Jinja error, raise_exception) would fail at the first prompt, one that leaves the user's
     message out (a template for list-of-parts content) would send the model no observation at all."""
+    fix = ("fix chat_template in its tokenizer_config.json or chat_template.jinja, or use tokenizer.template="
+           "'qwen_raw' or 'plain'")
     try:
         text = template.render(_PROBE, hf_tokenizer)
         template_end_of_turn(hf_tokenizer, template)
     except Exception as e:  # noqa: BLE001 (Jinja and transformers raise many kinds)
         raise CheckpointError(f"the chat template of the tokenizer at {path} fails on a user message and a reply "
-                              f"({type(e).__name__}: {e}); fix chat_template in its tokenizer_config.json or "
-                              f"chat_template.jinja, or use tokenizer.template='qwen_raw' or 'plain'") from None
+                              f"({type(e).__name__}: {e}); {fix}") from None
     if _PROBE not in text:
         raise CheckpointError(f"the chat template of the tokenizer at {path} does not write the user's message "
-                              f"into the prompt, so the model would never see the game; fix chat_template in its "
-                              f"tokenizer_config.json or chat_template.jinja, or use tokenizer.template='qwen_raw' "
-                              f"or 'plain'")
+                              f"into the prompt, so the model would never see the game; {fix}")

@@ -66,8 +66,8 @@ def bradley_terry(score: np.ndarray, games: np.ndarray, prior: float = 0.5, iter
     """Strengths p (geometric mean 1) maximising sum_ij score_ij log(p_i / (p_i + p_j)).
 
     Newton's method on log p with a backtracking line search (the log-likelihood is concave): it
-    converges in a few dozen steps where Hunter's MM update needed millions once the players are
-    far apart (10,000 games a pair of an a > b > c > d order: 100 Elo short after 10,000 MM steps).
+    converges in a few dozen steps however far apart the players are, where a fixed-point (MM)
+    update slows to a crawl.
     `prior` adds that many virtual wins and losses of every player against every other it met, so an
     unbeaten player has a finite strength.  Raises where the data do not determine the strengths:
     with one player no one ever scored against (unbeaten at prior 0), or two groups of players that

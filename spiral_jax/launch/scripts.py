@@ -54,24 +54,30 @@ def config_in_root(config: str, root: str, cwd: str) -> str:
     return os.path.relpath(real_path, real_root)
 
 
+def _in_overrides(extra: list[str]) -> list[bool]:
+    """For each argument after `--`, whether it belongs to a --config.a.b override: the override, or
+    the word after one written without = (its value)."""
+    inside, value = [], False
+    for arg in extra:
+        inside.append(value or arg.startswith("--config."))
+        value = not value and arg.startswith("--config.") and "=" not in arg
+    return inside
+
+
 def check_train_args(extra: list[str]) -> None:
     """The train arguments after `--`, checked here rather than on the hosts once they are set up:
     flags of `spiral-jax train` (--resume, --overwrite) and --config.a.b overrides."""
     from spiral_jax.cli import COMMANDS
 
     allowed = {f"--{no}{n}" for n in COMMANDS["train"][1] if n != "config" for no in ("", "no")}
-    value = False  # the word after --config.a.b (no =) is its value
-    for arg in extra:
-        if value:
-            value = False
+    for arg, override in zip(extra, _in_overrides(extra)):
+        if override:
             continue
         name = arg.split("=", 1)[0]
-        if name.startswith("--config."):
-            value = "=" not in arg
-        elif name == "--config":
+        if name == "--config":
             raise UsageError("--config goes before `--` (the launch checks and copies it); after `--` come train "
                              "flags and --config.a.b=value overrides")
-        elif name not in allowed:
+        if name not in allowed:
             raise UsageError(f"{arg!r} after `--` is not a train flag (--resume, --overwrite) or a --config.a.b=value "
                              f"override; see spiral-jax train --help")
 
@@ -80,13 +86,9 @@ def check_overrides(config: str, extra: list[str]) -> None:
     """The --config.a.b overrides after `--` applied to the config file `config` (a local path) by
     `spiral-jax config` in a child process, so that an unknown key or a value out of range fails here
     rather than on every host once it is set up."""
-    if not any(arg.startswith("--config.") for arg in extra):
+    overrides = [arg for arg, override in zip(extra, _in_overrides(extra)) if override]
+    if not overrides:
         return
-    overrides, value = [], False  # value: the word after --config.a.b (no =) is its value
-    for arg in extra:
-        if value or arg.startswith("--config."):
-            overrides.append(arg)
-            value = not value and "=" not in arg
     done = subprocess.run([sys.executable, "-m", "spiral_jax.cli", "config", "--config", config, *overrides],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ,
                           "JAX_PLATFORMS": "cpu"})
