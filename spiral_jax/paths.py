@@ -12,6 +12,7 @@ name cannot hold a path, and the file is checked to lie inside the folder it is 
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -33,6 +34,8 @@ def replace_text(path: epath.Path, text: str) -> None:
 def replace_bytes(path: epath.Path, data: bytes) -> None:
     """`replace_text` for bytes."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():  # the move would fail after the write, with a message that names no path
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
     tmp = path.parent / f"{path.name}.tmp"
     tmp.write_bytes(data)
     tmp.replace(path)

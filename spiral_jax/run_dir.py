@@ -129,6 +129,8 @@ def unwritable(folder: str, error: OSError) -> RunDirError:
     reason = error.strerror or str(error)
     if isinstance(error, (NotADirectoryError, FileExistsError)) or error.errno in (errno.ENOTDIR, errno.EEXIST):
         reason = "a file is in the way (a part of the path is a file, not a folder)"
+    elif isinstance(error, IsADirectoryError) and error.filename:  # a folder named as a file the run writes
+        reason = f"{error.filename} is a folder where spiral-jax keeps a file; move it away"
     return RunDirError(f"cannot write to {folder}: {reason}. Choose a folder you can write, e.g. "
                        f"--config.out_dir=runs/NEW_NAME")
 

@@ -244,3 +244,14 @@ def test_an_unwritable_out_dir_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"spiral-jax train: RunDirError: cannot write to {tmp_path / 'afile' / 'run'}: a file is "
                           f"in the way") and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("name", ["run.lock", "run_manifest.json"])
+def test_a_folder_where_the_run_keeps_a_file_is_named(tmp_path, name):
+    """A folder called run.lock or run_manifest.json is named as being in the way, and stays."""
+    run = tmp_path / "run"
+    (run / name).mkdir(parents=True)
+    with pytest.raises(RunDirError, match=f"cannot write to {run}: {run / name} is a folder where spiral-jax keeps a "
+                                          f"file; move it away"):
+        RunDir(str(run), resume=False, overwrite=True, log=lambda *_: None).__enter__()
+    assert (run / name).is_dir() and not (run / "run.lock").is_file()
