@@ -114,7 +114,7 @@ def delete_listed(folder, entries) -> list[str]:
     deleted = []
     for name in entries:
         path = run_path(folder) / name
-        if path.is_dir():
+        if path.is_dir() and not os.path.islink(path):  # a link is deleted, never what it points to
             path.rmtree()
         elif path.exists():
             path.unlink()

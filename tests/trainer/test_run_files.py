@@ -255,3 +255,17 @@ def test_a_folder_where_the_run_keeps_a_file_is_named(tmp_path, name):
                                           f"file; move it away"):
         RunDir(str(run), resume=False, overwrite=True, log=lambda *_: None).__enter__()
     assert (run / name).is_dir() and not (run / "run.lock").is_file()
+
+
+def test_overwrite_deletes_a_listed_link_and_never_what_it_points_to(tmp_path):
+    """eval/ made a link to a folder of the user's: --overwrite removes the link, the folder stays whole."""
+    run, mine = tmp_path / "run", tmp_path / "mine"
+    (mine / "step0").mkdir(parents=True)
+    (mine / "step0" / "games.jsonl").write_text("{}")
+    run.mkdir()
+    (run / "eval").symlink_to(mine, target_is_directory=True)
+    (run / "summary.json").write_text("{}")
+    write_manifest(run, ("eval", "summary.json"))
+    with RunDir(str(run), resume=False, overwrite=True, log=lambda *_: None):
+        assert not (run / "eval").exists() and not (run / "eval").is_symlink()
+    assert (mine / "step0" / "games.jsonl").read_text() == "{}"
