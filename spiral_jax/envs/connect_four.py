@@ -52,8 +52,9 @@ class ConnectFour(Env):
     default_observation_style = "first_last"
 
     def __init__(self, *, num_rows: int = 6, num_cols: int = 7, **kwargs):
-        if num_rows < 4 and num_cols < 4:
-            raise ValueError("the grid needs at least 4 rows or 4 columns")
+        if num_rows < 1 or num_cols < 1 or (num_rows < 4 and num_cols < 4):
+            raise ValueError(f"the grid needs at least 1 row and column and 4 of either, got {num_rows} rows and "
+                             f"{num_cols} columns")
         super().__init__(**kwargs)
         self.num_rows, self.num_cols = num_rows, num_cols
 

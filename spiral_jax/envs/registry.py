@@ -50,6 +50,8 @@ def make(env_id: str, **overrides: Any) -> Env:
     `make("TicTacToe-v0", error_allowance=0, observation_style="full_history")`.  An id of the form
     "textarena:<id>" wraps that TextArena env (needs `pip install spiral-jax[textarena]`).
     """
+    if not isinstance(env_id, str):
+        raise TypeError(f"env_id must be a string such as 'KuhnPoker-v1', got {env_id!r}")
     if env_id.startswith(TEXTARENA_PREFIX):
         from spiral_jax.envs.textarena import TextArenaEnv
 
@@ -59,19 +61,43 @@ def make(env_id: str, **overrides: Any) -> Env:
                          f"(or '{TEXTARENA_PREFIX}<TextArena id>')")
     cls, settings = _REGISTRY[env_id]
     accepted = _keyword_params(cls)
-    unknown = sorted(set(overrides) - accepted)
+    unknown = sorted(set(overrides) - set(accepted))
     if unknown:
         raise ValueError(f"{env_id} has no setting(s) {', '.join(unknown)}; "
                          f"it accepts: {', '.join(sorted(accepted))}")
+    _check_kinds(env_id, cls, settings, overrides)
     env = cls(**{**settings, **overrides})
     env.env_id = env_id
     return env
 
 
-def _keyword_params(cls: type) -> set[str]:
-    names = set()
-    for klass in cls.__mro__:
+def _keyword_params(cls: type) -> dict[str, Any]:
+    """The keyword-only settings of `cls` and its bases, each with its default."""
+    params: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
         if "__init__" in vars(klass) and klass is not object:
-            names |= {p.name for p in inspect.signature(klass.__init__).parameters.values()
-                      if p.kind is p.KEYWORD_ONLY}
-    return names
+            params.update({p.name: p.default for p in inspect.signature(klass.__init__).parameters.values()
+                           if p.kind is p.KEYWORD_ONLY})
+    return params
+
+
+def _check_kinds(env_id: str, cls: type, settings: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Raise a TypeError for an override of another kind than the setting's default: the games compare
+    and count with them, so rounds=2.5 or "5", fixed_pot="no" (true) or a bool for a count would play
+    a game nobody asked for or fail deep inside it."""
+    defaults = {**_keyword_params(cls), **settings}
+    for name, value in overrides.items():
+        default = defaults[name]
+        if value is None and _keyword_params(Env).get(name, 0) is None:  # max_turns=None: no limit
+            continue
+        if isinstance(default, bool):
+            ok, kind = isinstance(value, bool), "True or False"
+        elif isinstance(default, int):
+            ok, kind = isinstance(value, int) and not isinstance(value, bool), "an int"
+        elif isinstance(default, (str, tuple)):
+            ok, kind = isinstance(value, (type(default), list) if isinstance(default, tuple) else str), (
+                "a tuple" if isinstance(default, tuple) else "a string")
+        else:  # None: the game checks it
+            continue
+        if not ok:
+            raise TypeError(f"{env_id}: {name} must be {kind} like its default {default!r}, got {value!r}")

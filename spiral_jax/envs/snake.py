@@ -35,8 +35,9 @@ class Snake(Env):
 
     def __init__(self, *, width: int = 5, height: int = 5, num_apples: int = 2, max_turns: int = 40,
                  **kwargs):
-        if width * height < num_apples + 2:
-            raise ValueError("the grid is too small for two snakes and the apples")
+        if width < 1 or height < 1 or num_apples < 0 or width * height < num_apples + 2:
+            raise ValueError(f"a {width}x{height} grid with {num_apples} apples: the sizes must be >= 1, the "
+                             f"apples >= 0, and the grid must hold two snakes and the apples")
         super().__init__(max_turns=max_turns, **kwargs)
         self.width, self.height, self.num_apples = width, height, num_apples
 

@@ -30,6 +30,37 @@ def test_registry_ids_and_errors():
     assert make("KuhnPoker-v2", rounds=1).rounds == 1
 
 
+@pytest.mark.parametrize("env_id, overrides, match", [
+    ("KuhnPoker-v1", dict(rounds=2.5), "rounds must be an int like its default 5, got 2.5"),
+    ("KuhnPoker-v1", dict(rounds="5"), "rounds must be an int"),
+    ("KuhnPoker-v1", dict(fixed_pot="no"), "fixed_pot must be True or False like its default True, got 'no'"),
+    ("KuhnPoker-v1", dict(first_opener=True), "first_opener must be an int"),
+    ("TicTacToe-v0", dict(error_allowance=True), "error_allowance must be an int"),
+    ("Nim-v0", dict(piles=5), r"piles must be a tuple like its default \(3, 4, 5\), got 5"),
+    ("SimpleNegotiation-v1", dict(offer_cap=2.5), "offer_cap must be an int"),
+    ("SimpleTak-v0", dict(win_check=None), "win_check must be a string"),
+    ("Snake-v0", dict(width=2.5), "width must be an int"),
+])
+def test_an_override_of_another_kind_is_named(env_id, overrides, match):
+    """These played a game nobody asked for (2.5 rounds, fixed_pot="no" as true, a bool as a count) or
+    failed deep inside the game's first move."""
+    with pytest.raises(TypeError, match=f"{env_id}: {match}"):
+        make(env_id, **overrides)
+
+
+def test_settings_out_of_range_and_ids_of_the_wrong_kind_are_named():
+    """A grid of no rows failed with an IndexError at the first legal_actions(), negative sizes deep in
+    Snake's placement; a non-string id with an AttributeError."""
+    with pytest.raises(TypeError, match="env_id must be a string"):
+        make(None)
+    with pytest.raises(ValueError, match="at least 1 row and column"):
+        make("ConnectFour-v0", num_rows=0, num_cols=10)
+    with pytest.raises(ValueError, match="the sizes must be >= 1, the apples >= 0"):
+        make("Snake-v0", width=-5, height=-5)
+    assert make("PigDice-v1", max_turns=None).max_turns is None  # None is no limit, as every game's base takes
+    assert make("Nim-v0", piles=[3, 4]).initial_piles == (3, 4)
+
+
 @pytest.mark.parametrize("env_id", sorted(REQUIRED_IDS))
 def test_protocol_basics(env_id):
     env = make(env_id)
