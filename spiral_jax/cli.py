@@ -380,7 +380,8 @@ def _run(command: str, c) -> int:
     if command == "eval":
         from spiral_jax.run.evaluate import run_eval
 
-        print(run_eval(eval_context(spec, cfg, params, tokenizer, mesh, step), spec, FLAGS, checked=True))
+        ctx = eval_context(spec, cfg, params, tokenizer, mesh, step, math=FLAGS.suite == "bench")
+        print(run_eval(ctx, spec, FLAGS, checked=True))
         return 0
     if command == "serve":
         return serve(cfg, params, tokenizer, mesh, name=FLAGS.served_name or Path(spec.out_dir.rstrip("/")).name,

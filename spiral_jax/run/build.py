@@ -118,11 +118,11 @@ def build_tokenizer(spec: RunSpec, cfg: ModelConfig | None = None) -> Tokenizer:
 
 
 def eval_context(spec: RunSpec, cfg: ModelConfig, params, tokenizer, mesh, step: int = 0,
-                 sampler: Sampler | None = None) -> EvalContext:
+                 sampler: Sampler | None = None, math: bool = False) -> EvalContext:
     """What the evaluation suite needs to evaluate the policy of `step` (`params`, sampler layout on
     `mesh`) as this run does: its settings, sizes and seeds. Without `sampler`, one sized like the
-    trainer's is built."""
+    trainer's is built, with room for eval.math's answers where `math` says so (the bench suite)."""
     e, r = spec.evaluation, spec.rollout
-    return EvalContext(cfg, params, tokenizer, sampler or spec.sampler(cfg, mesh), e.sampling, e.invalid_rewards,
+    return EvalContext(cfg, params, tokenizer, sampler or spec.sampler(cfg, mesh, math), e.sampling, e.invalid_rewards,
                        spec.games.max_turns, spec.seed, mesh, r.eval_in_flight, r.schedule, e.math.sampling,
                        spec.api, step=step)

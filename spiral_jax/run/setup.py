@@ -154,14 +154,19 @@ class RunSpec:
     def cache_len(self) -> int:
         """KV cache slots the run's sampler needs: the longest prompt plus the most new tokens of
         training games, evaluation games and (when configured) math benchmarks."""
+        return self.cache_slots()
+
+    def cache_slots(self, math: bool = False) -> int:
+        """`cache_len`; with `math`, math benchmarks counted also where the config names none (`spiral-jax
+        eval --suite bench` with --bench files)."""
         m = self.evaluation.math
         new = max(self.rollout.sampling.max_new_tokens, self.evaluation.sampling.max_new_tokens,
-                  m.sampling.max_new_tokens if m.every or m.files else 0)
+                  m.sampling.max_new_tokens if math or m.every or m.files else 0)
         return cache_slots(bucket_length(self.rollout.max_prompt_len), new)
 
-    def sampler(self, cfg: ModelConfig, mesh) -> Sampler:
-        """A sampler sized for this run's prompts and every kind of answer it samples."""
-        return Sampler(cfg, mesh, max_prompt_len=self.rollout.max_prompt_len, max_cache_len=self.cache_len,
+    def sampler(self, cfg: ModelConfig, mesh, math: bool = False) -> Sampler:
+        """A sampler sized for this run's prompts and every kind of answer it samples (`math`: see cache_slots)."""
+        return Sampler(cfg, mesh, max_prompt_len=self.rollout.max_prompt_len, max_cache_len=self.cache_slots(math),
                        compile_ahead=None if self.compile_ahead < 0 else self.compile_ahead)
 
 

@@ -159,3 +159,19 @@ def test_reference_protocol():
     assert set(EVAL_PROTOCOLS) == {"reference"}
     with pytest.raises(ValueError, match="unknown evaluation protocol 'paper'; use one of reference"):
         with_protocol(base_config(), "paper")
+
+
+def test_bench_suite_sampler_has_room_for_eval_math_answers(tiny_model):
+    """`spiral-jax eval --suite bench --bench F` on a config that names no math files: its sampler still
+    holds eval.math.max_new_tokens (it was sized for the games' 8 and refused every benchmark)."""
+    from spiral_jax.run.build import eval_context
+    from spiral_jax.sampling.buckets import bucket_length
+
+    cfg, params, tok = tiny_model
+    c = base_config()
+    c.rollout.update(max_new_tokens=8, max_prompt_len=128)
+    c.eval.max_new_tokens = 8
+    c.eval.math.max_new_tokens = 512
+    spec = run_spec(c)
+    assert eval_context(spec, cfg, params, tok, None).sampler.max_cache_len < 128 + 512  # the trainer's size
+    assert eval_context(spec, cfg, params, tok, None, math=True).sampler.max_cache_len >= bucket_length(128) + 512
