@@ -55,8 +55,8 @@ flags.DEFINE_list("opponents", [], "eval: random, scripted, self or HF model fol
 flags.DEFINE_list("env_ids", [], "eval games: the games (default games.env_ids).")
 flags.DEFINE_list("players", [], "eval crossplay: HF model folders (name=path) to play the model and each other.")
 flags.DEFINE_string("crossplay_env", "TicTacToe-v0", "eval crossplay: the game.")
-flags.DEFINE_integer("kuhn_samples", 0, "eval kuhn: responses per information set (0: exact scoring of "
-                     "the answers, for templates without reasoning).")
+flags.DEFINE_integer("kuhn_samples", 0, "eval kuhn: responses per information set (default eval.kuhn_samples "
+                     "where above 0, else 0: exact scoring of the answers, for templates without reasoning).")
 flags.DEFINE_list("bench", [], "eval bench: NAME=items.jsonl, items.jsonl (named after the file), or NAME "
                   "(MATH500, AIME24, ...) to download it from the hub (needs the network and the eval extra).")
 flags.DEFINE_integer("samples", 0, "eval bench: samples per item (pass@1 = first sample; mean over all); "

@@ -221,7 +221,7 @@ def run_eval(ctx: EvalContext, spec: RunSpec, args, checked: bool = False) -> st
     Options come as attributes of `args` (the CLI's flags, or any namespace in tests): suite, games
     (per pair; 0: eval.final_games), eval_out (default <out_dir>/eval/<suite>), opponents and env_ids
     (default the config's), players (crossplay: "name=path" or "path"), crossplay_env, kuhn_samples
-    (0: exact scoring), bench ("NAME=file.jsonl", "file.jsonl", or "NAME" from the hub), samples,
+    (0: eval.kuhn_samples where above 0, else exact scoring), bench ("NAME=file.jsonl", "file.jsonl", or "NAME" from the hub), samples,
     shots_file, shots, limit. Checked first (`check_eval_args`, `check_endpoints`) unless `checked` says
     the caller did, as the CLI does before it loads the weights."""
     if not checked:
@@ -246,8 +246,8 @@ def run_eval(ctx: EvalContext, spec: RunSpec, args, checked: bool = False) -> st
     if args.suite == "transfer":
         results = run_transfer(ctx, out, n, args.opponents or SCRIPTED)
         return game_report.to_markdown(results, ctx.settings(n_games=n), "Transfer to unseen games")
-    if args.suite == "kuhn":
-        run_kuhn(ctx, out, args.kuhn_samples)
+    if args.suite == "kuhn":  # as the run reads it (eval.kuhn_samples where on, its Kuhn game's prompts)
+        run_kuhn(ctx, out, args.kuhn_samples or max(e.kuhn_samples, 0), env_id=e.kuhn_env_id)
         return (out / "kuhn.md").read_text()
     if args.suite == "crossplay":
         scripted = [o for o in args.opponents if kind(o) == "scripted"]

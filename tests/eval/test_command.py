@@ -161,6 +161,30 @@ def test_reference_protocol():
         with_protocol(base_config(), "paper")
 
 
+def test_kuhn_suite_reads_the_policy_as_the_run_does(ctx, tmp_path, monkeypatch):
+    """Without --kuhn_samples the suite samples eval.kuhn_samples answers where the config sets some (it
+    scored exactly, the refusal of a reasoning model that names eval.kuhn_samples), and always asks with
+    the prompts of the run's Kuhn game (KuhnPokerChips-v0 for tiny_kuhn, not KuhnPoker-v2), so that it
+    repeats the trainer's reading of a step."""
+    import spiral_jax.run.evaluate as evaluate
+
+    calls = []
+
+    def run_kuhn(ctx, out, k, env_id):
+        calls.append((k, env_id))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "kuhn.md").write_text("Exploitability")
+
+    monkeypatch.setattr(evaluate, "run_kuhn", run_kuhn)
+    c = base_config()
+    c.out_dir = str(tmp_path)
+    c.games.update(env_ids=("KuhnPokerChips-v0",), weights=(1.0,))
+    for configured, flag, expected in [(16, 0, 16), (16, 2, 2), (0, 0, 0), (-1, 0, 0), (-1, 4, 4)]:
+        c.eval.kuhn_samples = configured
+        run_eval(ctx, run_spec(c), args(suite="kuhn", kuhn_samples=flag))
+        assert calls.pop() == (expected, "KuhnPokerChips-v0"), (configured, flag)
+
+
 def test_bench_suite_sampler_has_room_for_eval_math_answers(tiny_model):
     """`spiral-jax eval --suite bench --bench F` on a config that names no math files: its sampler still
     holds eval.math.max_new_tokens (it was sized for the games' 8 and refused every benchmark)."""
