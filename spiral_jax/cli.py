@@ -1,4 +1,4 @@
-"""The `spiral-jax` command: train, eval, export and plan, each configured by a config file + overrides.
+"""The `spiral-jax` command (train, eval, export, serve, plan, config, launch), configured by a config file + overrides.
 
     spiral-jax train  --config configs/tiny_tictactoe.py [--config.train.steps=10] [--resume | --overwrite]
     spiral-jax eval   --config configs/tiny_tictactoe.py [--games 200]
@@ -50,7 +50,7 @@ flags.DEFINE_enum("suite", "games", ["games", "transfer", "kuhn", "crossplay", "
                   "eval: games (vs --opponents on --env_ids), transfer (the unseen games), kuhn "
                   "(exploitability), crossplay (vs --players), bench (--bench files).")
 flags.DEFINE_string("eval_out", "", "eval: report folder (default <out_dir>/eval/<suite>).")
-flags.DEFINE_list("opponents", [], "eval: random, scripted, self or HF model folders (name=path); "
+flags.DEFINE_list("opponents", [], "eval: random, scripted, self, openai:MODEL@URL or HF model folders (name=path); "
                   "default eval.opponents.")
 flags.DEFINE_list("env_ids", [], "eval games: the games (default games.env_ids).")
 flags.DEFINE_list("players", [], "eval crossplay: HF model folders (name=path) to play the model and each other.")
@@ -126,7 +126,8 @@ def _help(command: str) -> str:
              "flags:"]
     for name in names:
         flag = FLAGS[name]
-        default = "" if name == "config" or flag.default in (None, "", [], False) else f" (default: {flag.default})"
+        said = name == "config" or flag.default in (None, "", [], False) or "default" in flag.help  # --step: -1
+        default = "" if said else f" (default: {flag.default})"
         kind = "" if isinstance(flag.default, bool) else f"={name.upper()}"
         lines.append(f"  --{name}{kind}\n      {flag.help}{default}")
     lines.append("  --config.a.b=value\n      override any field of the config (spiral-jax config --config FILE "

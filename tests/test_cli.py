@@ -27,7 +27,19 @@ def test_top_level_help(capsys):
     assert main(["spiral-jax", "--help"]) == 0
     out = capsys.readouterr().out
     assert all(f"spiral-jax {c}" in out for c in COMMANDS)
+    first = out.splitlines()[0]  # it named train, eval, export and plan only
+    assert all(c in first for c in [*COMMANDS, "launch"]), first
     assert main(["spiral-jax"]) == 2
+
+
+def test_help_shows_no_default_that_its_text_already_says(capsys):
+    """--step's default -1 means the newest checkpoint, which its text says: "(default: -1)" after it
+    contradicted it. API opponents are among the --opponents a user can give."""
+    assert main(["spiral-jax", "eval", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "(default: -1)" not in out and "(default: the newest)" in out
+    assert "openai:MODEL@URL" in out.split("--opponents=")[1].split("--env_ids")[0]
+    assert "(default: 8000)" in (main(["spiral-jax", "serve", "--help"]), capsys.readouterr().out)[1]
 
 
 def test_a_command_rejects_another_commands_flags(capsys):
