@@ -52,7 +52,7 @@ flags.DEFINE_enum("suite", "games", ["games", "transfer", "kuhn", "crossplay", "
 flags.DEFINE_string("eval_out", "", "eval: report folder (default <out_dir>/eval/<suite>).")
 flags.DEFINE_list("opponents", [], "eval: random, scripted, self, openai:MODEL@URL or HF model folders (name=path); "
                   "default eval.opponents.")
-flags.DEFINE_list("env_ids", [], "eval games: the games (default games.env_ids).")
+flags.DEFINE_list("env_ids", [], "eval games: the games (default eval.env_ids, else games.env_ids).")
 flags.DEFINE_list("players", [], "eval crossplay: HF model folders (name=path) to play the model and each other.")
 flags.DEFINE_string("crossplay_env", "TicTacToe-v0", "eval crossplay: the game.")
 flags.DEFINE_integer("kuhn_samples", 0, "eval kuhn: responses per information set (default eval.kuhn_samples "

@@ -39,6 +39,7 @@ def test_help_shows_no_default_that_its_text_already_says(capsys):
     out = capsys.readouterr().out
     assert "(default: -1)" not in out and "(default: the newest)" in out
     assert "openai:MODEL@URL" in out.split("--opponents=")[1].split("--env_ids")[0]
+    assert "(default eval.env_ids, else games.env_ids)" in out  # as the suite reads them (it named games.env_ids)
     assert "(default: 8000)" in (main(["spiral-jax", "serve", "--help"]), capsys.readouterr().out)[1]
 
 
