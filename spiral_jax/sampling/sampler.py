@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 import time
 import weakref
 from typing import NamedTuple, Sequence
@@ -37,59 +38,11 @@ from spiral_jax.sampling.ahead import CompileAhead, auto_workers
 from spiral_jax.sampling.buckets import attention_windows, batch_bucket, bucket_length, cache_slots
 from spiral_jax.sampling.finish import check_finite, finish_reason, finished_sees_first, row_stops
 from spiral_jax.sampling.logits import sample_token
+from spiral_jax.sampling.params import MIN_TEMPERATURE, SamplingParams  # noqa: F401
 from spiral_jax.sampling.setup import DecodeSetup
 from spiral_jax.sampling.stats import DecodeStats
 
-_MAX_STOP_IDS = 8
-# Below this temperature, float32 logits divided by it lose their precision or overflow to inf (NaN
-# probabilities); the argmax (greedy=True) is what such a temperature asks for.
-MIN_TEMPERATURE = 1e-5
 _transpose = jax.jit(jnp.transpose)
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingParams:
-    """How to sample. top_k=0 and top_p=1.0 mean no truncation."""
-
-    max_new_tokens: int = 256
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    greedy: bool = False
-    stop_token_ids: frozenset[int] = frozenset()
-
-    def __post_init__(self):
-        object.__setattr__(self, "stop_token_ids", frozenset(int(t) for t in self.stop_token_ids))
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not self.greedy and not self.temperature >= MIN_TEMPERATURE:
-            raise ValueError(f"temperature must be at least {MIN_TEMPERATURE} (use greedy=True for argmax), "
-                             f"got {self.temperature}")
-        if not (np.float32(self.top_p) > 0 and self.top_p <= 1):  # the programs take it as a float32
-            raise ValueError(f"top_p must be in (0, 1] and not round to 0 in float32, got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        # The programs take top_k as an int32; a cut past the vocabulary keeps all of it either way.
-        object.__setattr__(self, "top_k", min(int(self.top_k), np.iinfo(np.int32).max))
-        if len(self.stop_token_ids) > _MAX_STOP_IDS:
-            raise ValueError(f"at most {_MAX_STOP_IDS} stop token ids, got {len(self.stop_token_ids)}")
-
-    @property
-    def mode(self) -> str:
-        """The sampling program these parameters need (`sampling.logits.MODES`): "greedy" (argmax),
-        "plain" (the raw distribution: temperature 1, no truncation), "tempered" (temperature only) or
-        "truncated" (top-k or top-p cuts the tempered distribution)."""
-        if self.greedy:
-            return "greedy"
-        if self.top_k > 0 or self.top_p < 1.0:
-            return "truncated"
-        return "plain" if self.temperature == 1.0 else "tempered"
-
-    def stop_array(self) -> np.ndarray:
-        """The stop ids as the compiled programs take them: a fixed-size int32 array, -1 padded."""
-        stop = np.full((_MAX_STOP_IDS,), -1, np.int32)
-        stop[:len(self.stop_token_ids)] = sorted(self.stop_token_ids)
-        return stop
 
 
 class _DecodeState(NamedTuple):
@@ -135,8 +88,8 @@ class Sampler:
                  first_window: int = 256, compile_ahead: int | None = None):
         self.setup = DecodeSetup.create(cfg, mesh, max_prompt_len, max_cache_len, min_prompt_bucket,
                                         min_batch_bucket)
-        if first_window < 1:
-            raise ValueError(f"first_window must be >= 1 new-token slots, got {first_window}")
+        if isinstance(first_window, bool) or not isinstance(first_window, numbers.Integral) or first_window < 1:
+            raise ValueError(f"first_window must be an int >= 1 (new-token slots), got {first_window!r}")
         self.first_window = first_window
         self.ahead = CompileAhead(auto_workers(cpu.platform()) if compile_ahead is None else compile_ahead)
         self._table_t = (None, None)  # (weak reference to an unembedding table, its transposed copy)
@@ -250,8 +203,9 @@ class Sampler:
                  seed: int = 0, row_ids: Sequence[int] | None = None) -> SampleOutput:
         """Sample a continuation of every prompt. row_ids (default 0..n-1) key each row's randomness."""
         start = time.perf_counter()
-        sp, n = sampling_params, len(prompts)
+        sp = sampling_params
         args, static = self._arguments(params, prompts, sp, seed, row_ids)
+        n = len(prompts)
         batch = args[2].shape[0]  # rows of the padded prompt
         self._compile_smaller(params, max(map(len, prompts)), sp, batch)
         self.ahead.wait(_program_key(args, static))
@@ -316,8 +270,11 @@ class Sampler:
     def _arguments(self, params, prompts, sp: SamplingParams, seed: int, row_ids, place: bool = True):
         """The sampling program's arguments for these prompts: left-aligned into their buckets, placed
         on the mesh (unless not `place`); (positional, static keyword) arguments."""
+        if not isinstance(sp, SamplingParams):
+            raise TypeError(f"sampling_params must be a SamplingParams, got {type(sp).__name__}")
         check_params(self.cfg, params)
         self.check_prompts(prompts)
+        seed = _key_part("seed", seed)
         plen, slots = self._buckets(prompts, sp)
         n = len(prompts)
         batch = batch_bucket(n, self.min_batch_bucket)
@@ -327,10 +284,10 @@ class Sampler:
             prompt[i, plen - len(p):] = p
             mask[i, plen - len(p):] = 1
         mask[n:, -1] = 1  # padding rows: one dummy token, so every row has a real last position
-        ids = np.arange(n) if row_ids is None else np.asarray(row_ids)
+        ids = np.arange(n) if row_ids is None else np.asarray([_key_part("a row id", r) for r in row_ids])
         if len(ids) != n:
             raise ValueError(f"row_ids has {len(ids)} entries for {n} prompts")
-        ids = np.concatenate([ids, np.full(batch - n, -1)]).astype(np.uint32)
+        ids = np.concatenate([ids, np.full(batch - n, 2**32 - 1)]).astype(np.uint32)
         if self.rules is not None and place:
             params = jax.device_put(params, self.params_sharding)
             rows = self.rules.sharding(("batch", "seq"), prompt.shape)
@@ -339,6 +296,15 @@ class Sampler:
                 np.int32(sp.max_new_tokens), np.float32(sp.temperature), np.int32(sp.top_k), np.float32(sp.top_p),
                 sp.stop_array(), np.int32(n))
         return args, dict(slots=slots, mode=sp.mode)
+
+
+def _key_part(name: str, value) -> int:
+    """A seed or row id as the programs key randomness with it: modulo 2**32, as `jax.random.key` keeps
+    32 bits of a seed and a `DecodeEngine` takes both. A float (whose whole part would be taken) or a JAX
+    key is refused here rather than deep inside jax.random."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    return int(value) % 2**32
 
 
 def _held_weakly(tree):

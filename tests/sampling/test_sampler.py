@@ -622,10 +622,76 @@ def test_clear_errors(qwen3):
     with pytest.raises(ValueError, match="top_p must be in .0, 1. and not round to 0 in float32"):
         SamplingParams(top_p=1e-46)
     assert SamplingParams(top_k=2**40).top_k == np.iinfo(np.int32).max  # keeps the whole vocabulary
-    with pytest.raises(ValueError, match="first_window must be >= 1"):
+    with pytest.raises(ValueError, match="first_window must be an int >= 1"):
         Sampler(cfg, first_window=0)
     with pytest.raises(ValueError, match="pair 1 has an empty prompt"):
         sequence_logprobs(params, cfg, [([1], [2]), ([], [3])])
+
+
+def test_prompts_seeds_and_row_ids_of_the_wrong_kind_are_named(qwen3):
+    """Float ids and row ids were truncated to ints; text, a flat list of ids and a float seed failed deep
+    in numpy or jax.random. Each is named before anything compiles."""
+    cfg, params = qwen3
+    sampler = Sampler(cfg, max_prompt_len=64, max_cache_len=128)
+    sp = SamplingParams(max_new_tokens=4)
+    for prompts, match in [([[1.5, 2.0]], "prompt 0 holds float64 values"), ([[True, False]], "prompt 0 holds bool"),
+                           (["hello"], "prompt 0 is str, not a list of int token ids; tokenize"),
+                           ([1, 2, 3], r"prompt 0 is int, .* wrap a single prompt in a list"),
+                           ([[1], [[2], [3]]], r"prompt 1 holds int64 values of shape \(2, 1\)"),
+                           ([[1], [[2], 3]], "prompt 1 holds object values"), ("abc", "prompts must be a list"),
+                           ((p for p in [[1]]), "prompts must be a list")]:
+        with pytest.raises(TypeError, match=match):
+            sampler.generate(params, prompts, sp)
+    with pytest.raises(ValueError, match=f"prompt 0 has token id {10**30}, outside"):  # past int64
+        sampler.generate(params, [[1, 10**30]], sp)
+    for seed in (1.5, jax.random.key(0), None):
+        with pytest.raises(TypeError, match="seed must be an int, got"):
+            sampler.generate(params, [[1]], sp, seed=seed)
+    with pytest.raises(TypeError, match="a row id must be an int, got 0.5"):
+        sampler.generate(params, [[1], [2]], sp, row_ids=[0.5, 1])
+    with pytest.raises(TypeError, match="sampling_params must be a SamplingParams, got dict"):
+        sampler.generate(params, [[1]], {"max_new_tokens": 4})
+    with pytest.raises(TypeError, match="cfg must be a ModelConfig"):
+        Sampler(params)
+    with pytest.raises(ValueError, match="max_cache_len must be an int >= 1, got -1"):
+        Sampler(cfg, max_cache_len=-1)
+    with pytest.raises(ValueError, match="first_window must be an int >= 1"):
+        Sampler(cfg, first_window=2.5)
+    # What is accepted samples as lists of ints do: numpy rows and ids; seeds and row ids modulo 2**32,
+    # past int64 too (jax.random.key raised an OverflowError).
+    want = sampler.generate(params, [[1, 2, 3], [4]], sp, seed=2**32 - 1, row_ids=[3, 2**32 - 2]).tokens
+    assert sampler.generate(params, [np.array([1, 2, 3], np.int64), np.array([4], np.uint8)], sp, seed=2**70 - 1,
+                            row_ids=np.array([2**32 + 3, -2])).tokens == want
+
+
+@pytest.mark.parametrize("fields, error, match", [
+    (dict(max_new_tokens=2.5), TypeError, "max_new_tokens must be an int, got 2.5"),
+    (dict(max_new_tokens=True), TypeError, "max_new_tokens must be an int, got True"),
+    (dict(temperature=True), TypeError, "temperature must be a number, got True"),
+    (dict(temperature="0.5"), TypeError, "temperature must be a number"),
+    (dict(temperature=float("inf")), ValueError, "finite in float32"),
+    (dict(temperature=1e39), ValueError, "finite in float32"),
+    (dict(top_p=True), TypeError, "top_p must be a number"),
+    (dict(top_k=2.5), TypeError, "top_k must be an int, got 2.5"),
+    (dict(top_k=float("inf")), TypeError, "top_k must be an int"),
+    (dict(greedy="no"), TypeError, "greedy must be True or False, got 'no'"),
+    (dict(stop_token_ids="12"), TypeError, "stop_token_ids must be a collection of token ids"),
+    (dict(stop_token_ids=5), TypeError, r"wrap one id in a set"),
+    (dict(stop_token_ids={1.5}), TypeError, "a stop token id must be an int, got 1.5"),
+    (dict(stop_token_ids={-1}), ValueError, "stop token id -1 is no token id"),
+    (dict(stop_token_ids={2**40}), ValueError, f"stop token id {2**40} is no token id"),
+])
+def test_sampling_params_of_the_wrong_kind_are_named(fields, error, match):
+    """int() and bool() took these silently: 2.5 new tokens as 2, greedy="no" as greedy, "12" as stop ids 1
+    and 2, True as a temperature of 1."""
+    with pytest.raises(error, match=match):
+        SamplingParams(**fields)
+
+
+def test_sampling_params_take_numpy_scalars():
+    sp = SamplingParams(np.int64(4), np.float32(0.5), np.int32(3), np.float64(0.9), np.bool_(False),
+                        stop_token_ids=np.array([2, 3]))
+    assert sp == SamplingParams(4, 0.5, 3, 0.9, stop_token_ids={2, 3}) and type(sp.max_new_tokens) is int
 
 
 @pytest.mark.slow
