@@ -17,7 +17,7 @@ from typing import Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -81,10 +81,13 @@ class Rules:
 
     @classmethod
     def create(cls, mesh: Mesh | None, kind: str = "train") -> "Rules | None":
-        if mesh is None:
-            return None
         if kind not in RULE_SETS:
             raise ValueError(f"unknown sharding rules {kind!r}; use one of {sorted(RULE_SETS)}")
+        if mesh is None:
+            return None
+        if not isinstance(mesh, (Mesh, AbstractMesh)) or set(mesh.axis_names) != set(MESH_AXES):
+            raise TypeError(f"mesh must be None (one device) or a jax Mesh with axes {MESH_AXES} "
+                            f"(spiral_jax.sharding.make_mesh), got {mesh!r}")
         return cls(mesh, RULE_SETS[kind])
 
     def spec(self, axes: Sequence[str | None], shape: Sequence[int]) -> PartitionSpec:

@@ -13,6 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import jax.numpy as jnp
+
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 
 
@@ -127,6 +129,18 @@ class RopeScaling:
     original_max_position_embeddings: int
 
 
+def float_dtype(name: str, value):
+    """`value` as a floating-point dtype ("bfloat16", jnp.float32, ...), else a TypeError naming `name`:
+    weights or activations cast to an integer or bool dtype would be garbage, silently."""
+    try:
+        dtype = jnp.dtype(value)
+    except TypeError:
+        dtype = None
+    if value is None or dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"{name}={value!r} is no floating-point dtype; use float32, bfloat16 or float16")
+    return dtype
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Architecture plus runtime choices. Frozen and hashable, so it can be a static jit argument."""
@@ -177,6 +191,7 @@ class ModelConfig:
         for name, default in family.items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default)
+        object.__setattr__(self, "compute_dtype", float_dtype("compute_dtype", self.compute_dtype).name)
         if self.attention not in ("auto", "xla", "splash", "cudnn"):
             raise ValueError(f"attention={self.attention!r}; use auto (splash on TPU, cudnn on GPU, xla on "
                              f"CPU), xla, splash or cudnn")

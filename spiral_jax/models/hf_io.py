@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from spiral_jax.models.config import CheckpointError, ModelConfig
+from spiral_jax.models.config import CheckpointError, ModelConfig, float_dtype
 from spiral_jax.models.lora import adapter_specs
 from spiral_jax.models.params import (ParamSpec, hf_shape, hf_slice, hf_tensor, is_spec, layer_spec,
                                       param_specs)
@@ -148,6 +148,7 @@ def load_pretrained(path, mesh=None, dtype=jnp.float32, rules: str = "train", **
 
     `runtime` sets ModelConfig's runtime fields (compute_dtype, scan_layers, remat).
     """
+    dtype = jnp.float32 if dtype is None else float_dtype("dtype", dtype)
     path = Path(path)
     cfg = ModelConfig.from_pretrained(path, **runtime)  # a CheckpointError unless `path` is a checkpoint folder
     reader = _SafetensorsReader(path)

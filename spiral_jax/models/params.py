@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spiral_jax.models.config import ModelConfig
+from spiral_jax.models.config import ModelConfig, float_dtype
 from spiral_jax.sharding import Rules
 
 
@@ -183,6 +183,14 @@ def init_from_specs(specs, rng: jax.Array, shardings=None, dtype=jnp.float32, st
 def init_params(cfg: ModelConfig, rng: jax.Array, mesh=None, dtype=jnp.float32, rules: str = "train",
                 std: float = 0.02):
     """Random parameters (normal(0, std) matrices, unit norms, zero biases) built in their shardings."""
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError(f"cfg is a {type(cfg).__name__}, not a ModelConfig; the order is init_params(cfg, rng)")
+    if not (isinstance(rng, jax.Array) and (jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key) and rng.ndim == 0
+                                             or rng.dtype == jnp.uint32 and rng.shape == (2,))):
+        raise TypeError(f"rng must be one JAX random key, e.g. jax.random.key(0), got {rng!r}")
+    dtype = float_dtype("dtype", dtype)
+    if not std >= 0:
+        raise ValueError(f"std must be a number >= 0, got {std}")
     shard_rules = Rules.create(mesh, rules)
     return init_from_specs(param_specs(cfg), rng, param_shardings(cfg, shard_rules) if shard_rules else None,
                            dtype, std)

@@ -19,6 +19,7 @@ from jax.ad_checkpoint import checkpoint_name
 from spiral_jax.models import cpu, decode_attention
 from spiral_jax.models.config import ModelConfig
 from spiral_jax.models.fused_attention import fused_attention
+from spiral_jax.models.params import check_params
 from spiral_jax.sharding import Rules, constrain
 
 ACT = ("batch", "seq", "act_embed")
@@ -488,9 +489,36 @@ def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
 def forward(params, cfg: ModelConfig, input_ids, attention_mask=None, positions=None,
             rules: Rules | None = None) -> jax.Array:
     """fp32 logits [B, T, V] for a (possibly left-padded) batch, without a cache."""
+    input_ids = jnp.asarray(input_ids)
+    check_inputs(params, cfg, input_ids, attention_mask, positions)
     if attention_mask is None:
         attention_mask = jnp.ones(input_ids.shape, bool)
     if positions is None:
         positions = positions_from_mask(attention_mask)
     hidden, _ = decoder(params, cfg, input_ids, positions, attention_mask, rules=rules)
     return unembed(params, cfg, hidden, local=rules is None)
+
+
+def check_inputs(params, cfg: ModelConfig, input_ids: jax.Array, attention_mask=None, positions=None) -> None:
+    """Raise a TypeError or ValueError for inputs `forward` would misread: arguments out of order, ids
+    that are no [batch, length] ints, a mask or positions of another shape, parameters of another
+    model (`check_params`), and, outside a trace, ids past the vocabulary, which JAX's gather would
+    wrap (negative) or turn into NaN logits instead of an error. Shapes only under jit: it costs
+    nothing there."""
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError(f"cfg is a {type(cfg).__name__}, not a ModelConfig; the order is forward(params, cfg, "
+                        f"input_ids, ...)")
+    if input_ids.ndim != 2 or input_ids.size == 0 or not jnp.issubdtype(input_ids.dtype, jnp.integer):
+        raise TypeError(f"input_ids must be a non-empty [batch, length] array of int token ids, got "
+                        f"{input_ids.dtype} of shape {input_ids.shape} (one sequence: ids[None])")
+    for name, x in (("attention_mask", attention_mask), ("positions", positions)):
+        if x is not None and np.shape(x) != input_ids.shape:
+            raise ValueError(f"{name} has shape {np.shape(x)}, input_ids {input_ids.shape}: give one value "
+                             f"per token")
+    check_params(cfg, params)
+    if not isinstance(input_ids, jax.core.Tracer):
+        ids = np.asarray(input_ids)
+        if ids.min() < 0 or ids.max() >= cfg.vocab_size:
+            bad = ids.min() if ids.min() < 0 else ids.max()
+            raise ValueError(f"input_ids hold token id {bad}, outside the model's vocabulary [0, "
+                             f"{cfg.vocab_size}); check that the tokenizer belongs to this model")
