@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import numbers
 from typing import Any
 
 from spiral_jax.envs.base import Env
@@ -66,6 +67,9 @@ def make(env_id: str, **overrides: Any) -> Env:
         raise ValueError(f"{env_id} has no setting(s) {', '.join(unknown)}; "
                          f"it accepts: {', '.join(sorted(accepted))}")
     _check_kinds(env_id, cls, settings, overrides)
+    # A NumPy integer (a count read from an array) plays as the Python int it holds.
+    overrides = {k: int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v
+                 for k, v in overrides.items()}
     env = cls(**{**settings, **overrides})
     env.env_id = env_id
     return env
@@ -93,7 +97,7 @@ def _check_kinds(env_id: str, cls: type, settings: dict[str, Any], overrides: di
         if isinstance(default, bool):
             ok, kind = isinstance(value, bool), "True or False"
         elif isinstance(default, int):
-            ok, kind = isinstance(value, int) and not isinstance(value, bool), "an int"
+            ok, kind = isinstance(value, numbers.Integral) and not isinstance(value, bool), "an int"
         elif isinstance(default, (str, tuple)):
             ok, kind = isinstance(value, (type(default), list) if isinstance(default, tuple) else str), (
                 "a tuple" if isinstance(default, tuple) else "a string")

@@ -516,7 +516,7 @@ def check_inputs(params, cfg: ModelConfig, input_ids: jax.Array, attention_mask=
             raise ValueError(f"{name} has shape {np.shape(x)}, input_ids {input_ids.shape}: give one value "
                              f"per token")
     check_params(cfg, params)
-    if not isinstance(input_ids, jax.core.Tracer):
+    if not isinstance(input_ids, jax.core.Tracer) and input_ids.is_fully_addressable:  # this host holds them all
         ids = np.asarray(input_ids)
         if ids.min() < 0 or ids.max() >= cfg.vocab_size:
             bad = ids.min() if ids.min() < 0 else ids.max()

@@ -38,7 +38,8 @@ def suggest(spec, hw: Hardware, plan_now: Plan | None = None) -> tuple[str, Plan
     on): the largest micro-batch that divides the step's samples and is a multiple of data x fsdp (as
     the trainer requires) for the train step, and the largest games per sampler call (up to the
     configured ones: rollout.max_in_flight where set, else rollout.games_per_batch) whose sampler
-    calls fit: the rollout's, and evaluation's chunks at eval.max_new_tokens (`Workload.sampler_calls`). The number of evaluation games is never changed: it costs time, not memory.
+    calls fit: the rollout's, and evaluation's chunks at eval.max_new_tokens (`Workload.sampler_calls`).
+    The number of evaluation games is never changed: it costs time, not memory.
     The train step and the sampler calls share only the resident state, so each is sized on its own.
     Preferred: the largest micro-batch, then the most games per call (both change only speed), then
     the lowest peak.

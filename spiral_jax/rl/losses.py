@@ -1,8 +1,9 @@
 """Token log-probs in sequence chunks, and the policy-gradient / PPO-clip loss.
 
 Full [B, T, V] logits never exist: the decoder runs over the whole sequence, then a scan over
-chunks of the response slots unembeds [B, C, V] at a time (prompt slots are never unembedded). The chunk function is rematerialised, so the backward
-pass recomputes each chunk's logits instead of storing them.
+chunks of the response slots unembeds [B, C, V] at a time (prompt slots are never unembedded). The
+chunk function is rematerialised, so the backward pass recomputes each chunk's logits instead of
+storing them.
 
 The loss is written per token and reduced with per-token weights computed once over the whole batch
 (`token_weights`). That makes the loss a plain sum, so micro-batches add up to exactly the full-batch

@@ -221,8 +221,8 @@ def run_eval(ctx: EvalContext, spec: RunSpec, args, checked: bool = False) -> st
     Options come as attributes of `args` (the CLI's flags, or any namespace in tests): suite, games
     (per pair; 0: eval.final_games), eval_out (default <out_dir>/eval/<suite>), opponents and env_ids
     (default the config's), players (crossplay: "name=path" or "path"), crossplay_env, kuhn_samples
-    (0: eval.kuhn_samples where above 0, else exact scoring), bench ("NAME=file.jsonl", "file.jsonl", or "NAME" from the hub), samples,
-    shots_file, shots, limit. Checked first (`check_eval_args`, `check_endpoints`) unless `checked` says
+    (0: eval.kuhn_samples where above 0, else exact scoring), bench ("NAME=file.jsonl", "file.jsonl",
+    or "NAME" from the hub), samples, shots_file, shots, limit. Checked first (`check_eval_args`, `check_endpoints`) unless `checked` says
     the caller did, as the CLI does before it loads the weights."""
     if not checked:
         check_eval_args(spec, args)

@@ -1,8 +1,9 @@
 """How a decoded row ends, for every decode program and its host side alike.
 
 On the device, `row_stops` says which rows stop at the token just sampled: a stop id, or the row's
-new-token limit, and `finished_sees_first` narrows a finished row's attention to one slot. On the host, `finish_reason` names why a finished row ended and `check_finite`
-refuses rows whose logits were NaN or infinite.
+new-token limit, and `finished_sees_first` narrows a finished row's attention to one slot. On the
+host, `finish_reason` names why a finished row ended and `check_finite` refuses rows whose logits
+were NaN or infinite.
 """
 from __future__ import annotations
 

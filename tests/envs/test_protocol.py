@@ -58,6 +58,8 @@ def test_settings_out_of_range_and_ids_of_the_wrong_kind_are_named():
     with pytest.raises(ValueError, match="the sizes must be >= 1, the apples >= 0"):
         make("Snake-v0", width=-5, height=-5)
     assert make("PigDice-v1", max_turns=None).max_turns is None  # None is no limit, as every game's base takes
+    env = make("KuhnPoker-v1", rounds=np.int64(2))  # a count read from an array plays as its int
+    assert env.rounds == 2 and type(env.rounds) is int
     assert make("Nim-v0", piles=[3, 4]).initial_piles == (3, 4)
 
 
