@@ -118,7 +118,7 @@ class Env:
     def step(self, action: str) -> StepResult:
         """Submit the current player's action text (decorated forms are accepted as in the reference)."""
         if self.done:
-            raise RuntimeError(f"{self.env_id or type(self).__name__}: the game is over; call reset()")
+            raise RuntimeError(f"{self._name()}: no game in play (over, or never started); call reset(seed)")
         self._valid = True
         self._play(self._player, str(action))
         if (self.turn_limit_is_draw and not self.done and self.max_turns is not None
@@ -139,7 +139,7 @@ class Env:
 
     def observation(self, player: int | None = None) -> str:
         """What `player` (default: the one to move) has been told, rendered in the chosen style."""
-        log = self._log[self._player if player is None else player]
+        log = self._messages_of(player)
         if self.observation_style == "full_history":
             return "\n".join(_line(m) for m in log)
         parts = [log[0].text]
@@ -150,16 +150,30 @@ class Env:
 
     def messages(self, player: int) -> list[Message]:
         """Every message `player` has received, in order (a copy)."""
-        return list(self._log[player])
+        return list(self._messages_of(player))
 
     def state(self) -> dict[str, Any]:
         """A plain snapshot of the game (for tests, logging and scripted opponents)."""
+        self._messages_of(None)  # a game to describe
         return {"current_player": self._player, "turn": self.turn, "error_count": self.error_count,
                 "done": self.done, "rewards": self.rewards, **self._state()}
 
     def role_name(self, player: int) -> str:
         """Name of a seat, e.g. for per-role statistics."""
         return f"Player {player}"
+
+    def _name(self) -> str:
+        return self.env_id or type(self).__name__
+
+    def _messages_of(self, player) -> list[Message]:
+        """`player`'s message log (None: the one to move's); a clear error before reset() or for a seat
+        that is not 0 or 1."""
+        if not hasattr(self, "_log"):
+            raise RuntimeError(f"{self._name()}: no game yet; call reset(seed) first")
+        player = self._player if player is None else player
+        if player not in (0, 1) or isinstance(player, bool):
+            raise ValueError(f"{self._name()}: player must be 0 or 1, got {player!r}")
+        return self._log[player]
 
     # ---- for subclasses --------------------------------------------------------------------
 

@@ -228,3 +228,17 @@ def test_kuhn_v2_pays_textbook_chips():
                     expected = stake if c0 > c1 else -stake
                 assert env.state()["chips"] == [expected, -expected], (c0, c1, line)
                 assert env.rewards == {0: int(np.sign(expected)), 1: -int(np.sign(expected))}
+
+
+def test_a_game_asked_before_reset_or_for_a_third_seat_says_what_to_do():
+    """observation(), messages() and state() before reset() were AttributeErrors, a seat 2 an IndexError."""
+    env = make("TicTacToe-v0")
+    for ask in (env.observation, env.state, lambda: env.messages(0)):
+        with pytest.raises(RuntimeError, match=r"TicTacToe-v0: no game yet; call reset\(seed\) first"):
+            ask()
+    with pytest.raises(RuntimeError, match=r"no game in play \(over, or never started\); call reset\(seed\)"):
+        env.step("[4]")
+    env.reset(0)
+    assert env.observation(1) == env.observation(1) and env.messages(1) and env.state()["turn"] == 0
+    with pytest.raises(ValueError, match="player must be 0 or 1, got 2"):
+        env.observation(2)
