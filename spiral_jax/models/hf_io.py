@@ -252,6 +252,19 @@ def save_pretrained(cfg: ModelConfig, params, path, extra_config: dict | None = 
 
     np_dtype = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
     path = Path(path)
+    hf = cfg.to_hf_dict()
+    if clash := sorted(k for k in extra_config or {} if k in hf and extra_config[k] != hf[k]):
+        raise ValueError(f"extra_config sets {', '.join(clash)}, which describe the model and come from cfg; "
+                         f"change cfg instead (dataclasses.replace) or leave them out")
+    hf.update(extra_config or {}, torch_dtype=dtype)
+    try:  # before any weight is written: a value JSON cannot hold fails here, not after the tensors
+        texts = {"config.json": json.dumps(hf, indent=2) + "\n"}
+        if generation_config is not None:
+            texts["generation_config.json"] = json.dumps(generation_config, indent=2) + "\n"
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"extra_config or generation_config holds a value JSON cannot write: {e}") from None
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{path} is a file; save_pretrained writes a folder: give a folder's path")
     path.mkdir(parents=True, exist_ok=True)
     tensors = _tensors(cfg, param_specs(cfg), params, np_dtype)
     shards: list[list[_Tensor]] = [[]]
@@ -274,14 +287,9 @@ def save_pretrained(cfg: ModelConfig, params, path, extra_config: dict | None = 
                  "weight_map": {t.name: name for name, shard in zip(names, shards) for t in shard}}
         (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
         written.append("model.safetensors.index.json")
-    hf = cfg.to_hf_dict()
-    hf.update(extra_config or {})
-    hf["torch_dtype"] = dtype
-    (path / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-    written.append("config.json")
-    if generation_config is not None:
-        (path / "generation_config.json").write_text(json.dumps(generation_config, indent=2) + "\n")
-        written.append("generation_config.json")
+    for name, text in texts.items():
+        (path / name).write_text(text)
+        written.append(name)
     for name in written:
         (path / name).chmod(0o644)  # readable by the serving user, like any model download
     return path

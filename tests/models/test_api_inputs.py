@@ -67,3 +67,18 @@ def test_init_params_and_meshes_of_the_wrong_kind_are_named():
         init_params(TINY, jax.random.key(0), mesh="cpu")
     with pytest.raises(ValueError, match="unknown sharding rules 'bogus'"):  # also without a mesh
         init_params(TINY, jax.random.key(0), rules="bogus")
+
+
+def test_save_pretrained_refuses_before_writing_a_weight(params, tmp_path):
+    """A file as the folder was the OS's FileExistsError; extra_config over the model's own keys wrote a
+    checkpoint that does not load; a value JSON cannot hold failed after every tensor was written."""
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ValueError, match="afile is a file; save_pretrained writes a folder"):
+        save_pretrained(TINY, params, tmp_path / "afile")
+    with pytest.raises(ValueError, match="extra_config sets hidden_size, which describe the model"):
+        save_pretrained(TINY, params, tmp_path / "a", extra_config={"hidden_size": 7})
+    with pytest.raises(ValueError, match="holds a value JSON cannot write"):
+        save_pretrained(TINY, params, tmp_path / "b", generation_config={"eos_token_id": {1, 2}})
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    out = save_pretrained(TINY, params, tmp_path / "c", extra_config={"hidden_size": TINY.hidden_size, "note": 1})
+    assert load_pretrained(out)[0].hidden_size == TINY.hidden_size
