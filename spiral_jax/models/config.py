@@ -331,6 +331,13 @@ class ModelConfig:
         if not path.exists():
             raise CheckpointError(f"checkpoint folder {path} does not exist")
         file = path / "config.json"
+        if (path / "adapter_config.json").exists() and not file.exists():
+            raise CheckpointError(f"{path} is a PEFT adapter folder (adapter_config.json), not a model; give a folder "
+                                  f"of merged weights (`spiral-jax export` without --adapter writes one)")
+        if ((path / "checkpoints").is_dir() or (path / "_CHECKPOINT_METADATA").exists()) and not (
+                file.exists() and "model_type" in read_json_object(file)):
+            raise CheckpointError(f"{path} is a spiral-jax run's out_dir or checkpoint, not a Hugging Face folder; "
+                                  f"write it as one with `spiral-jax export --config CONFIG --out FOLDER` and give FOLDER")
         if not file.exists():
             raise CheckpointError(
                 f"no config.json at {file}; pass a Hugging Face checkpoint folder (config.json + "

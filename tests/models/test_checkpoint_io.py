@@ -121,6 +121,24 @@ def test_missing_folder_and_config(tmp_path):
         load_pretrained(tmp_path)
 
 
+def test_an_adapter_folder_or_a_run_given_for_a_model_is_named(tmp_path):
+    """A PEFT adapter folder (a LoRA run's `export --adapter`) was "no config.json", a run's out_dir
+    (its config.json is the run's) "has no 'model_type'", as an opponent or model.path."""
+    adapter, run = tmp_path / "adapter", tmp_path / "run"
+    (adapter).mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    (run / "checkpoints" / "3").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"model": {"path": ""}}))
+    (run / "checkpoints" / "3" / "_CHECKPOINT_METADATA").write_text("{}")
+    with pytest.raises(CheckpointError, match=r"is a PEFT adapter folder \(adapter_config.json\), not a model; give "
+                                              r"a folder of merged weights \(`spiral-jax export` without --adapter"):
+        load_pretrained(adapter)
+    for folder in (run, run / "checkpoints" / "3"):
+        with pytest.raises(CheckpointError, match=rf"{folder} is a spiral-jax run's out_dir or checkpoint, not a "
+                                                  rf"Hugging Face folder; write it as one with `spiral-jax export"):
+            ModelConfig.from_pretrained(folder)
+
+
 def test_a_file_of_the_checkpoint_given_for_its_folder_is_named(hf_model):
     """model.path=.../model.safetensors was "not valid JSON; re-download it", .../config.json passed the
     run's setup and then "does not exist"."""
