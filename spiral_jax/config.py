@@ -40,8 +40,9 @@ def base_config() -> ConfigDict:
     # model.remat_saves (with remat): what each layer keeps from its forward rather than compute again in
     # the backward: "mlp" (the gate and up projections), "qkv" (the q/k/v projections); more memory,
     # fewer FLOPs. On a GPU, scan_layers off also holds fewer gradients (docs/performance.md).
-    # model.lora: rank 0 = full fine-tuning; rank > 0 trains LoRA adapters (scaled alpha / rank) on the
-    # `targets` projections and freezes the weights, held in compute_dtype (spiral_jax/models/lora.py).
+    # model.lora: rank 0 = full fine-tuning (the other lora settings left at their defaults); rank > 0
+    # trains LoRA adapters (scaled alpha / rank) on the `targets` projections and freezes the weights,
+    # held in compute_dtype (spiral_jax/models/lora.py).
     # sample: "merged" (the sampler reads the adapters folded into a copy of the weights, once per step)
     # or "adapters" (it applies them in its forward: no second copy, a little more work per token).
     c.model = ConfigDict(dict(

@@ -23,8 +23,9 @@ TOKENIZER_FILES = ("tokenizer", "special_tokens", "vocab", "merges", "added_toke
 
 def check_export_args(spec, out: str, overwrite: bool, adapter: bool, max_shard_gib: float, given=()) -> None:
     """Before any weights are loaded: a folder that is unsafe to write (`check_export_dir`), a shard size
-    that is no size, --adapter on a run without LoRA adapters, and --adapter with the flags of merged
-    weights in `given` (those on the command line), which it would ignore."""
+    that is no size, --adapter on a run without LoRA adapters or on one whose frozen weights no folder
+    holds (a random init), and --adapter with the flags of merged weights in `given` (those on the
+    command line), which it would ignore."""
     check_export_dir(out, spec.out_dir, overwrite,
                      reads={"model.path": spec.model_path, "tokenizer.path": spec.tokenizer_path})
     if not 0 < max_shard_gib < math.inf:
@@ -36,6 +37,10 @@ def check_export_args(spec, out: str, overwrite: bool, adapter: bool, max_shard_
     if adapter and (flags := [f"--{n}" for n in given if n in ("dtype", "max_shard_gib")]):
         raise ValueError(f"{' and '.join(flags)} {'are' if len(flags) > 1 else 'is'} for merged weights; --adapter "
                          f"writes the adapters as trained (float32, one file): leave out {' and '.join(flags)}")
+    if adapter and not spec.model_path:
+        raise ValueError("--adapter writes adapters that load on top of the weights at model.path, and this run's "
+                         "frozen weights are a random init (model.path is empty) that no folder holds; leave out "
+                         "--adapter to export the weights with the adapters merged in")
 
 
 def export_checkpoint(cfg, params, tokenizer, out: str | Path, *, model_path: str = "", tokenizer_path: str = "",
@@ -67,7 +72,7 @@ def _write(cfg, params, tokenizer, out: Path, model_path, tokenizer_path, dtype,
         save_adapter(cfg, params, out, base_model=model_path)
         record_export(out, before)
         print(f"wrote a PEFT LoRA adapter (rank {cfg.lora_rank}, alpha {cfg.lora_alpha:g}, on "
-              f"{', '.join(cfg.lora_targets)}) to {out}; base model: {model_path or 'the random init'}")
+              f"{', '.join(cfg.lora_targets)}) to {out}; base model: {model_path}")
         return 0
     # The checkpoint's own generation defaults (vLLM samples with them unless a request says otherwise),
     # with the run's stop ids: a turn under the run's template ends at them.

@@ -102,6 +102,9 @@ def test_resume_without_a_checkpoint_fails_before_the_model_is_built(tmp_path, c
     ("export", ["--out={tmp}/hf", "--adapter"], "--adapter writes a LoRA run's adapters, and this run trains none"),
     ("export", ["--out={tmp}/hf", "--adapter", "--dtype=bfloat16", "--config.model.lora.rank=4"],
      "--dtype is for merged weights; --adapter writes the adapters as trained (float32, one file)"),
+    ("export", ["--out={tmp}/hf", "--adapter", "--config.model.lora.rank=4"],
+     "--adapter writes adapters that load on top of the weights at model.path, and this run's frozen weights are "
+     "a random init (model.path is empty) that no folder holds; leave out --adapter"),
     ("serve", ["--port=65536"], "serve: port 65536 is not a TCP port; give one of 1-65535, or 0 for any free one"),
     ("serve", ["--max_tokens=0"], "serve: max_tokens must be at least 1, got 0"),
     ("serve", ["--api_key="], "serve: api_key is empty; give a key or none"),

@@ -67,6 +67,27 @@ def check_lora_alpha(config_json: str | None, cfg: ModelConfig, source: str) -> 
                               f"--config.model.lora.alpha={alpha}")
 
 
+def check_lora_base(saved: str | None, current: str | None, config_json: str | None, spec: RunSpec,
+                    source: str) -> None:
+    """Adapters trained on other frozen weights than this config's (another model.path, its files
+    changed, another random init) would sit on the wrong weights: refused, naming the weights the run
+    that wrote them trained on (the config JSON a checkpoint keeps)."""
+    if saved == current:
+        return
+    if saved is None or current is None:
+        raise CheckpointError(f"{source} was written by a {'full fine-tuning' if saved is None else 'LoRA'} run and "
+                              f"this config {'trains LoRA adapters' if saved is None else 'has model.lora.rank=0'}; "
+                              f"give the model.lora settings it was written with (out_dir/config.json)")
+    trained = json.loads(config_json or "{}")
+    path, seed = trained.get("model", {}).get("path"), trained.get("seed")
+    was = f"model.path={path!r}" if path else f"the random init of model.random with seed={seed}"
+    now = f"model.path={spec.model_path!r}" if spec.model_path else f"the random init with seed={spec.seed}"
+    fix = (f"--config.model.path=FOLDER, where FOLDER holds the very files of {path} (moved there, or copied byte "
+           f"for byte)" if path else f"an empty model.path and --config.seed={seed}, as the run trained")
+    raise CheckpointError(f"{source} holds LoRA adapters trained on {was} ({saved}), not on the weights of {now} "
+                          f"({current}), which they do not fit: give {fix}")
+
+
 def load_policy(spec: RunSpec, mesh, what: str = "eval", log=print, adapters: bool = False,
                 step: int | None = None) -> tuple[ModelConfig, dict, str, int]:
     """(cfg, params, where they came from, step) for eval, export and serving: the parameters of the
@@ -90,10 +111,7 @@ def load_policy(spec: RunSpec, mesh, what: str = "eval", log=print, adapters: bo
             source = f"the checkpoint of step {step} in {ckpt.directory}"
             if cfg.lora_rank:
                 check_lora_alpha(meta.get("config"), cfg, source)
-                if meta.get("lora_base") != base_fingerprint(spec):
-                    raise CheckpointError(f"{source} holds LoRA adapters trained on other weights than model.path's "
-                                          f"({meta.get('lora_base')} != {base_fingerprint(spec)}); give the model.path "
-                                          f"and model.lora the run was trained with")
+                check_lora_base(meta.get("lora_base"), base_fingerprint(spec), meta.get("config"), spec, source)
                 if adapters:
                     return cfg, params, source, step
                 params = lora.merge(lora.join(_base_weights(spec, mesh), params), cfg)

@@ -28,7 +28,7 @@ from spiral_jax.config import config_changes
 from spiral_jax.distributed import host_local_mesh, initialize, is_leader, to_host_local
 from spiral_jax.eval.benchmarks import local_files
 from spiral_jax.metrics import MetricsWriter, prune_events
-from spiral_jax.models import CheckpointError, load_policy_weights, lora
+from spiral_jax.models import load_policy_weights, lora
 from spiral_jax.paths import replace_text, run_path
 from spiral_jax.policies import PolicySpec, kind
 from spiral_jax.rl.reshard import make_policy, make_reshard, sample_config, split_frozen
@@ -39,7 +39,8 @@ from spiral_jax.run.collect import Collected, collect
 from spiral_jax.run.evaluate import evaluate_math, evaluate_policy
 from spiral_jax.run.imitation import imitate
 from spiral_jax.run.metrics import StepTimes, step_scalars, trained_tokens
-from spiral_jax.run.build import base_fingerprint, build_model, build_tokenizer, check_lora_alpha, eval_context
+from spiral_jax.run.build import (base_fingerprint, build_model, build_tokenizer, check_lora_alpha, check_lora_base,
+                                  eval_context)
 from spiral_jax.run.setup import RunSpec, run_spec
 from spiral_jax.run.state import RunState
 from spiral_jax.run.summary import RunSummary
@@ -146,11 +147,8 @@ class Trainer:
         state = RunState.restore(self.ckpt, self.state, self.policy(self.state.train.params), self.log, reference=kl)
         if self.cfg.lora_rank:
             check_lora_alpha(state.config, self.cfg, f"the checkpoint of step {state.step} in {self.ckpt.directory}")
-        if state.lora_base != base_id:
-            raise CheckpointError(
-                f"the checkpoint in {self.ckpt.directory} was trained on other frozen weights "
-                f"({state.lora_base or 'none: full fine-tuning'}) than this run's ({base_id or 'none: full fine-tuning'}); "
-                f"resume with the model.path and model.lora it was written with")
+        check_lora_base(state.lora_base, base_id, state.config, self.spec,
+                        f"the checkpoint of step {state.step} in {self.ckpt.directory}")
         self.state, self.saved_step = state, state.step
         changes = config_changes(state.config, self.spec.config_json)
         if changes:

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 from ml_collections import ConfigDict
 
-from spiral_jax.config import EMBEDDED_TOKENIZER, check_values
+from spiral_jax.config import EMBEDDED_TOKENIZER, base_config, check_values
 from spiral_jax.distributed import DistributedSetup
 from spiral_jax.envs import make
 from spiral_jax.eval.kuhn_policy import ENV_ID as KUHN_ENV_ID
-from spiral_jax.models import ModelConfig
+from spiral_jax.models import CheckpointError, ModelConfig
 from spiral_jax.policies import WEIGHTLESS, PolicySpec, kind
 from spiral_jax.rl.rae import RAEConfig
 from spiral_jax.rl.train_step import TrainConfig
@@ -204,6 +204,13 @@ def _runtime(c: ConfigDict) -> dict:
 
 def _with_lora(c: ConfigDict, cfg: ModelConfig) -> ModelConfig:
     lora_ = c.model.lora
+    if not lora_.rank:  # LoRA settings given without a rank: a full fine-tune the user did not ask for
+        default = base_config().model.lora
+        if given := [f"model.lora.{k}={lora_[k]!r}" for k in ("alpha", "targets", "sample")
+                     if (set(lora_[k]) != set(default[k]) if k == "targets" else lora_[k] != default[k])]:
+            raise ValueError(f"{', '.join(given)} but model.lora.rank=0, which trains no adapters (full fine-tuning); "
+                             f"give --config.model.lora.rank=N (e.g. 16) to train LoRA adapters, or leave "
+                             f"model.lora at its defaults to fine-tune every weight")
     if lora_.dropout:
         raise ValueError(f"model.lora.dropout={lora_.dropout}: dropout on the adapters is not supported; use 0")
     if lora_.sample not in ("merged", "adapters"):
@@ -213,6 +220,10 @@ def _with_lora(c: ConfigDict, cfg: ModelConfig) -> ModelConfig:
 
 def model_config(c: ConfigDict) -> ModelConfig:
     """The architecture (model.path's config.json, else model.random), with model.lora's adapters."""
+    if c.model.path and not Path(c.model.path).exists():
+        raise CheckpointError(f"model.path={c.model.path!r} does not exist; give the Hugging Face checkpoint folder "
+                              f"(moved: --config.model.path=WHERE_IT_IS_NOW; a LoRA run's adapters need the very "
+                              f"files they were trained on)")
     if c.model.path:
         return _with_lora(c, ModelConfig.from_pretrained(c.model.path, **_runtime(c)))
     return _with_lora(c, ModelConfig(**c.model.random.to_dict(), **_runtime(c)))

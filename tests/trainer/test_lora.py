@@ -6,6 +6,7 @@ import json
 import jax
 import numpy as np
 import pytest
+from safetensors.numpy import load_file, save_file
 
 from spiral_jax.cli import main as cli_main
 from spiral_jax.models import CheckpointError, load_pretrained, lora
@@ -51,7 +52,8 @@ def test_a_lora_resume_is_exact_and_refuses_other_weights(tmp_path):
     for a, b in zip(_leaves(full.state.train), _leaves(resumed.state.train)):
         np.testing.assert_array_equal(a, b)
     assert full.state.rae == resumed.state.rae
-    with pytest.raises(CheckpointError, match="other frozen weights"):
+    with pytest.raises(CheckpointError, match=r"trained on the random init of model.random with seed=0 \(random:.*"
+                                              r"give an empty model.path and --config.seed=0"):
         Trainer.from_config(tiny_config(tmp_path / "b", **changes, **{"train.steps": 6, "seed": 1}), resume=True,
                 log=lambda *_: None)
     # Another alpha would scale the trained adapters otherwise: refused as eval and export refuse it.
@@ -60,17 +62,30 @@ def test_a_lora_resume_is_exact_and_refuses_other_weights(tmp_path):
                             resume=True, log=lambda *_: None)
 
 
+def _base_folder(tmp_path):
+    """A Hugging Face folder of the tiny run model (random weights) for a LoRA run to start from."""
+    from spiral_jax.models import init_params, save_pretrained
+    from spiral_jax.run.setup import run_spec
+
+    cfg = run_spec(tiny_config(tmp_path / "shape")).model.base()
+    return save_pretrained(cfg, init_params(cfg, jax.random.key(3)), tmp_path / "base")
+
+
 def test_export_merged_or_as_a_peft_adapter(tmp_path, capsys):
-    config = _config_file(tmp_path, **LORA, **{"train.steps": 2, "train.eval_every": 0, "eval.final_games": 0})
+    base = _base_folder(tmp_path)
+    config = _config_file(tmp_path, **LORA, **{"model.path": str(base), "train.steps": 2, "train.eval_every": 0,
+                                               "eval.final_games": 0})
     assert cli_main(["spiral-jax", "train", f"--config={config}"]) == 0
     assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={tmp_path / 'merged'}"]) == 0
     assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={tmp_path / 'adapter'}", "--adapter"]) == 0
     config_json = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert config_json["r"] == 4 and config_json["lora_alpha"] == 8.0 and "q_proj" in config_json["target_modules"]
+    assert config_json["base_model_name_or_path"] == str(base)
     assert (tmp_path / "adapter" / "adapter_model.safetensors").stat().st_size > 0
     cfg, merged = load_pretrained(tmp_path / "merged")
     assert cfg.lora_rank == 0
-    trainer = Trainer.from_config(tiny_config(tmp_path, **LORA, **{"train.steps": 2}), resume=True, log=lambda *_: None)
+    trainer = Trainer.from_config(tiny_config(tmp_path, **LORA, **{"model.path": str(base), "train.steps": 2}),
+                                  resume=True, log=lambda *_: None)
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 9))
     np.testing.assert_allclose(jit_forward(merged, cfg, ids),
                                jit_forward(lora.join(trainer.weights, trainer.state.train.params), trainer.cfg, ids), atol=1e-5)
@@ -78,3 +93,32 @@ def test_export_merged_or_as_a_peft_adapter(tmp_path, capsys):
     assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={tmp_path / 'other'}",
                      "--config.model.lora.alpha=16.0"]) == 1
     assert "trained with model.lora.alpha=8.0" in capsys.readouterr().err and not (tmp_path / "other").exists()
+    # The base folder moved: named, with the flag that finds it; the adapter then names where it is now.
+    moved = base.rename(tmp_path / "moved")
+    assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={tmp_path / 'other'}", "--adapter"]) == 1
+    assert (f"model.path={str(base)!r} does not exist; give the Hugging Face checkpoint folder (moved: "
+            f"--config.model.path=WHERE_IT_IS_NOW" in capsys.readouterr().err and not (tmp_path / "other").exists())
+    assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={tmp_path / 'other'}", "--adapter",
+                     f"--config.model.path={moved}"]) == 0
+    assert json.loads((tmp_path / "other" / "adapter_config.json").read_text())["base_model_name_or_path"] == str(moved)
+    # Other weights (a file changed) are refused, naming the folder the run trained on.
+    weights = load_file(moved / "model.safetensors")
+    weights["model.norm.weight"] = weights["model.norm.weight"] + 1.0
+    save_file(weights, moved / "model.safetensors")
+    assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={tmp_path / 'third'}", "--adapter",
+                     f"--config.model.path={moved}"]) == 1
+    err = capsys.readouterr().err
+    assert f"holds LoRA adapters trained on model.path={str(base)!r} (sha256:" in err, err
+    assert f"give --config.model.path=FOLDER, where FOLDER holds the very files of {base}" in err
+    assert not (tmp_path / "third").exists()
+
+
+def test_lora_settings_without_a_rank_are_refused(tmp_path):
+    """model.lora.alpha, targets or sample given with rank 0 would run a full fine-tune unasked."""
+    from spiral_jax.run.setup import run_spec
+
+    for key, value in (("alpha", 32.0), ("targets", ("q", "v")), ("sample", "adapters")):
+        with pytest.raises(ValueError, match=rf"model.lora.{key}=.* but model.lora.rank=0, which trains no adapters "
+                                             rf"\(full fine-tuning\); give --config.model.lora.rank=N"):
+            run_spec(tiny_config(tmp_path, **{f"model.lora.{key}": value}))
+    run_spec(tiny_config(tmp_path, **{"model.lora.targets": ("down", "up", "gate", "o", "v", "k", "q")}))  # defaults
