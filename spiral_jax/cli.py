@@ -324,15 +324,13 @@ def _plan(spec) -> int:
 
 
 def _run(command: str, c) -> int:
-    if command == "config":
-        from spiral_jax.config import check_values
-
-        check_values(c)  # a value out of range fails here, as `train` would fail on it
-        print(c.to_json(indent=2))
-        return 0
     from spiral_jax.config import with_protocol
     from spiral_jax.run.setup import run_spec
 
+    if command == "config":  # what `train` refuses before loading anything fails here: values, games, modes
+        run_spec(c, planning=True)  # a model folder only the hosts have yet is not looked for
+        print(c.to_json(indent=2))
+        return 0
     if command == "plan":
         if FLAGS.hardware or FLAGS["devices"].present:  # planned for other devices than this machine's
             from spiral_jax import aot

@@ -147,6 +147,22 @@ def test_config_prints_the_resolved_config(capsys):
     assert out == "" and err.strip() == "spiral-jax config: ValueError: train.steps=-7: give at least 0"
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["--config.eval.env_ids=('KuhnPokr-v1',)"], "unknown env id 'KuhnPokr-v1'"),
+    (["--config.games.env_ids=('TicTacToe-v0','KuhnPoker-v1')"], "games.weights has 1 entries for 2 games.env_ids"),
+    (["--config.rollout.mode=fixed_opponent", "--config.rollout.opponent=self"], "give --config.rollout.mode=self_play"),
+    (["--config.rollout.mode=pool", "--config.train.steps=5"], "rollout.pool_every=10 steps, and train.steps=5")])
+def test_config_refuses_what_train_refuses_before_loading_the_model(overrides, message, capsys):
+    """`spiral-jax config` (and `launch`, which checks a run's overrides with it) fails on the games and
+    modes train refuses at its start (it checked each value alone); a model folder only the hosts hold
+    yet is not looked for."""
+    assert main(["spiral-jax", "config", f"--config={TINY}", *overrides]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("spiral-jax config: ValueError: ") and message in err, err
+    assert main(["spiral-jax", "config", f"--config={TINY}", "--config.model.path=/not/here/yet",
+                 "--config.rollout.max_new_tokens=4096"]) == 0
+
+
 @pytest.mark.parametrize("override, message", [
     ("--config.train.stepz=7", "--config.train.stepz: config.train has no field 'stepz' (did you mean 'steps'?); "
                                "spiral-jax config --config {file} prints every field"),

@@ -232,7 +232,9 @@ def model_config(c: ConfigDict) -> ModelConfig:
 def _check_games(c: ConfigDict) -> None:
     """Unknown game ids and unusable mixture weights fail here, before anything is compiled."""
     if len(c.games.weights) != len(c.games.env_ids):
-        raise ValueError(f"games.weights has {len(c.games.weights)} entries for {len(c.games.env_ids)} games.env_ids")
+        raise ValueError(f"games.weights has {len(c.games.weights)} entries for {len(c.games.env_ids)} games.env_ids; "
+                         f"give one weight per game, in games.env_ids' order, e.g. --config.games.weights="
+                         f"'{tuple([1.0] * len(c.games.env_ids))}'")
     for env_id in (*c.games.env_ids, *c.eval.env_ids):
         make(env_id)
     weights = np.asarray(c.games.weights, float)
@@ -272,6 +274,17 @@ def _check_together(c: ConfigDict, model: ModelConfig, model_source: str, planni
     otherwise come after the model is built, or never (a run past the model's context)."""
     r, e, m, d = c.rollout, c.eval, c.eval.math, c.distributed
     opponent = kind(r.opponent)
+    if r.mode == "fixed_opponent" and opponent in ("model", "self", "pool"):
+        mode = "pool" if opponent == "pool" else "self_play"
+        raise ValueError(f"rollout.opponent={r.opponent!r} is {'a snapshot of ' if mode == 'pool' else ''}the trained "
+                         f"model, which rollout.mode={mode!r} plays against; fixed_opponent takes random, scripted, an "
+                         f"API model (openai:MODEL@URL) or a model folder: give --config.rollout.mode={mode} or one of those")
+    if r.mode == "pool" and c.train.steps and (r.pool_every >= c.train.steps or r.pool_self_weight == 1):
+        why = ("rollout.pool_self_weight=1 makes every game self-play" if r.pool_self_weight == 1 else
+               f"the first snapshot is taken after rollout.pool_every={r.pool_every} steps, and train.steps="
+               f"{c.train.steps} ends before a game is played against one")
+        raise ValueError(f"rollout.mode='pool': {why}, so the run would be plain self-play; give a pool_every "
+                         f"below train.steps and a pool_self_weight below 1, or --config.rollout.mode=self_play")
     if r.mode == "fixed_opponent" and (opponent not in ("scripted", "api", "checkpoint") or (
             opponent == "checkpoint" and not planning and not Path(r.opponent).is_dir())):
         raise FileNotFoundError(f"rollout.opponent={r.opponent!r} is neither 'random', 'scripted', an API model "
@@ -279,7 +292,9 @@ def _check_together(c: ConfigDict, model: ModelConfig, model_source: str, planni
                                 f"the model's architecture (e.g. one written by spiral-jax export)")
     new = max(("rollout", r.max_new_tokens), ("eval", e.max_new_tokens),
               ("eval.math", m.max_new_tokens if m.every or m.files else 0), key=lambda kv: kv[1])
-    if c.model.path and r.max_prompt_len + new[1] > model.max_position_embeddings:
+    # Against the checkpoint's own context: a planned shape (model.random, no config.json here yet) has none.
+    if c.model.path and model_source.endswith("/config.json") and r.max_prompt_len + new[1] > \
+            model.max_position_embeddings:
         raise ValueError(f"rollout.max_prompt_len={r.max_prompt_len} + {new[0]}.max_new_tokens={new[1]} is past the "
                          f"model's context, max_position_embeddings={model.max_position_embeddings} ({model_source}); "
                          f"give at most {model.max_position_embeddings} positions in all")
