@@ -18,6 +18,7 @@ from spiral_jax.distributed import is_leader
 from spiral_jax.envs import make
 from spiral_jax.eval import benchmarks, game_report, hub
 from spiral_jax.eval.suite import EvalContext, run_benchmarks, run_crossplay, run_games, run_kuhn, run_transfer
+from spiral_jax.models import CheckpointError, ModelConfig
 from spiral_jax.paths import file_in, is_remote, run_path
 from spiral_jax.policies import SCRIPTED, WEIGHTLESS, kind
 from spiral_jax.rollout import PlayedGame
@@ -169,14 +170,25 @@ def check_eval_args(spec: RunSpec, args, given=()) -> None:
         if not Path(path := _named(name, taken)[1]).is_dir():
             raise FileNotFoundError(f"--opponents {name}: not random, scripted, self or openai:MODEL@URL, and no "
                                     f"model folder {path} exists (name=path/to/hf_folder for a model)")
+        _check_model_folder("opponents", name, path)
     for name in args.players if suite == "crossplay" else ():
         if not Path(path := _named(name, taken)[1]).is_dir():
             raise FileNotFoundError(f"--players {name}: no model folder {path} exists (name=path/to/hf_folder)")
+        _check_model_folder("players", name, path)
     if suite == "crossplay" and not args.players and not args.opponents:
         raise ValueError("--suite crossplay needs players besides the model: --players NAME=HF_FOLDER,... and/or "
                          "--opponents random,scripted")
     if suite == "bench":
         _check_bench(spec, args)
+
+
+def _check_model_folder(flag: str, name: str, path: str) -> None:
+    """A model folder's config.json is read before the evaluated model's weights load: an adapter or a
+    run's folder, or a config no model is built from, is named now rather than after that wait."""
+    try:
+        ModelConfig.from_pretrained(path)
+    except CheckpointError as e:
+        raise CheckpointError(f"--{flag} {name}: {e}") from None
 
 
 def _check_bench(spec: RunSpec, args) -> None:

@@ -7,6 +7,7 @@ import pytest
 from spiral_jax.config import EVAL_PROTOCOLS, base_config, with_protocol
 from spiral_jax.run.evaluate import check_eval_args, run_eval
 from spiral_jax.run.setup import run_spec
+from tests.tiny_models import TINY
 
 
 @pytest.fixture
@@ -53,6 +54,7 @@ def test_two_model_folders_of_one_name_are_refused_before_any_game(ctx, tmp_path
     c = run_spec(c)
     for run in ("a", "b"):
         (tmp_path / run / "hf").mkdir(parents=True)
+        (tmp_path / run / "hf" / "config.json").write_text(json.dumps(TINY.to_hf_dict()))
     folders = [str(tmp_path / "a" / "hf"), str(tmp_path / "b" / "hf")]
     monkeypatch.setattr(ctx, "load_weights", lambda path: f"weights of {path}")
     with pytest.raises(ValueError, match="the name 'hf' is taken by another player; .*name=path"):
@@ -81,6 +83,8 @@ def test_two_model_folders_of_one_name_are_refused_before_any_game(ctx, tmp_path
     (dict(suite="crossplay"), (), "--suite crossplay needs players besides the model"),
     (dict(suite="crossplay", opponents=["self"]), (), "--opponents self: --suite crossplay plays --players and"),
     (dict(suite="crossplay", players=["a=/no/such"]), (), "--players a=/no/such: no model folder /no/such"),
+    (dict(opponents=["a={tmp}/adapter"]), (), "--opponents a=.*adapter: .*adapter is a PEFT adapter folder"),
+    (dict(suite="crossplay", players=["{tmp}/empty"]), (), "--players .*empty: no config.json at"),
     (dict(suite="crossplay", crossplay_env="Nope-v0", opponents=["random"]), (), "--crossplay_env: unknown env id"),
     (dict(suite="bench", bench=["NOPE"]), (), "--bench NOPE: no such file, and not a benchmark to download"),
     (dict(suite="bench", bench=["{tmp}/bad.jsonl"]), (), "bad.jsonl:1: not valid JSON"),
@@ -98,6 +102,9 @@ def test_flags_that_cannot_work_are_refused_before_anything_loads(changes, given
     """`check_eval_args`, which the CLI calls before the weights load, and run_eval too."""
     (tmp_path / "toy.jsonl").write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
     (tmp_path / "bad.jsonl").write_text("{nope\n")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
     c = base_config()
     c.out_dir = str(tmp_path)
     changes = {k: [x.format(tmp=tmp_path) for x in v] if isinstance(v, list) else v.format(tmp=tmp_path)
