@@ -10,15 +10,16 @@ the ahead-of-time compiler and `spiral-jax eval/export/serve` read the spec, nev
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from pathlib import Path
 
 import numpy as np
 from ml_collections import ConfigDict
 
-from spiral_jax.config import EMBEDDED_TOKENIZER, base_config, check_values
+from spiral_jax.config import EMBEDDED_TOKENIZER, base_config, check_values, error_text
 from spiral_jax.distributed import DistributedSetup
-from spiral_jax.envs import make
+from spiral_jax.envs import make, registered_ids
 from spiral_jax.eval.kuhn_policy import ENV_ID as KUHN_ENV_ID
 from spiral_jax.models import CheckpointError, ModelConfig
 from spiral_jax.policies import WEIGHTLESS, PolicySpec, kind
@@ -235,8 +236,14 @@ def _check_games(c: ConfigDict) -> None:
         raise ValueError(f"games.weights has {len(c.games.weights)} entries for {len(c.games.env_ids)} games.env_ids; "
                          f"give one weight per game, in games.env_ids' order, e.g. --config.games.weights="
                          f"'{tuple([1.0] * len(c.games.env_ids))}'")
-    for env_id in (*c.games.env_ids, *c.eval.env_ids):
-        make(env_id)
+    for key, env_ids in (("games.env_ids", c.games.env_ids), ("eval.env_ids", c.eval.env_ids)):
+        for env_id in env_ids:
+            try:
+                make(env_id)
+            except ValueError as err:  # the key and the nearest id; the registry's message lists them all
+                near = difflib.get_close_matches(env_id, registered_ids(), n=1)
+                head, sep, rest = error_text(err).partition("; ")
+                raise ValueError(f"{key}: {head}{f' (did you mean {near[0]!r}?)' if near else ''}{sep}{rest}") from None
     weights = np.asarray(c.games.weights, float)
     if not (np.all(np.isfinite(weights)) and np.all(weights >= 0) and weights.sum() > 0):
         raise ValueError(f"games.weights={tuple(c.games.weights)}: the mixture weights must be "

@@ -269,6 +269,11 @@ def test_eval_temperature_zero_decodes_greedily():
      "rollout.pool_self_weight=1 makes every game self-play, .* or --config.rollout.mode=self_play"),
     ({"games.env_ids": ("TicTacToe-v0", "KuhnPoker-v1")}, ValueError,  # weights left at one entry
      r"games.weights has 1 entries for 2 games.env_ids; give one weight per game, .*games.weights='\(1.0, 1.0\)'"),
+    # A misspelt game names the key it is in and the nearest id (was: the id alone, in either key).
+    ({"games.env_ids": ("TicTacToe-v1",)}, ValueError,
+     r"^games.env_ids: unknown env id 'TicTacToe-v1' \(did you mean 'TicTacToe-v0'\?\); known ids: "),
+    ({"eval.env_ids": ("KuhnPokr-v1",)}, ValueError,
+     r"^eval.env_ids: unknown env id 'KuhnPokr-v1' \(did you mean 'KuhnPoker-v1'\?\); known ids: "),
     ({"bootstrap.enabled": True, "bootstrap.teacher": "scripted", "bootstrap.targets": "distribution"}, ValueError,
      "bootstrap.targets='distribution' needs a random or hashed teacher"),  # was: at the first bootstrap step
     ({"distributed.enabled": True, "distributed.num_processes": 2, "distributed.process_id": 2}, ValueError,
