@@ -39,15 +39,17 @@ def policy_turns(game: PlayedGame, policy: str) -> Iterator[tuple[Turn, ModelTur
 
 
 def step_metrics(games: Sequence[PlayedGame], samples: Sequence[TurnSample], policy: str = "model") -> dict:
-    """{"rollout/<game>/role<p>/<name>": value, "rollout/invalid/<kind>": share of the policy's moves}."""
+    """{"rollout/<game>/role<p>/<name>": value, "rollout/invalid/<kind>": share of the policy's moves}, and
+    the policy's valid-move share and mean response length in characters: its moves only, not those of
+    a fixed opponent or a pool snapshot."""
     rewards, lengths = defaultdict(list), defaultdict(list)
-    kinds, moves = defaultdict(int), 0
+    kinds, moves, valid, chars = defaultdict(int), 0, 0, 0
     for game in games:
         for p in (0, 1):
             if game.seats[p] == policy:
                 rewards[game.record.env_id, p].append(game.record.rewards[p])
         for turn, model_turn in policy_turns(game, policy):
-            moves += 1
+            moves, valid, chars = moves + 1, valid + turn.valid, chars + len(turn.response)
             lengths[game.record.env_id, model_turn.player].append(len(model_turn.response_ids))
             kind = invalid_kind(turn, model_turn)
             if kind:
@@ -68,4 +70,5 @@ def step_metrics(games: Sequence[PlayedGame], samples: Sequence[TurnSample], pol
                         f"{prefix}/response_tokens_p95": float(np.percentile(n, 95)),
                         f"{prefix}/response_tokens_max": float(n.max())})
     out.update({f"rollout/invalid/{k}": kinds[k] / max(moves, 1) for k in INVALID_KINDS})
+    out.update({"rollout/valid_action_rate": valid / max(moves, 1), "rollout/response_chars": chars / max(moves, 1)})
     return out

@@ -45,10 +45,7 @@ def step_scalars(collected: Collected, trained: int, update: dict, times: StepTi
     for env_id in sorted(set(g.record.env_id for g in games)):
         metrics.update(summarize([g for g in games if g.record.env_id == env_id]).scalars(f"rollout/{env_id}"))
     model_turns = [t for g in games for t in g.model_turns if t.policy == "model"]
-    responses = [t.response for g in games for t in g.record.turns]
     metrics.update({
-        "rollout/response_chars": float(np.mean([len(x) for x in responses])) if responses else 0.0,
-        "rollout/valid_action_rate": float(np.mean([t.valid for g in games for t in g.record.turns])),
         "rollout/truncation_rate": float(np.mean([t.finish_reason != "stop" for t in model_turns]))
         if model_turns else 0.0,
         "rollout/games": len(games), "rollout/samples": len(samples),

@@ -62,3 +62,13 @@ def test_step_metrics_per_role():
     assert m["rollout/invalid/cut_at_token_limit"] == pytest.approx(1 / 5)
     assert m["rollout/invalid/illegal_move"] == pytest.approx(1 / 5)
     assert m["rollout/invalid/prompt_too_long"] == 0.0
+
+
+def test_valid_moves_and_response_length_are_the_trained_policys_alone():
+    """Against a fixed opponent the random player's moves (always valid, one character) are not the
+    model's: they counted in the valid-move share (4 of 7 moves, the model's being 2 of 5) and the
+    mean response length."""
+    m = step_metrics(_games(), [])
+    assert m["rollout/valid_action_rate"] == pytest.approx(2 / 5)
+    assert m["rollout/response_chars"] == pytest.approx((9 + 11 + 9 + 9 + 11) / 5)
+    assert step_metrics([], [])["rollout/valid_action_rate"] == 0.0
