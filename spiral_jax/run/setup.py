@@ -292,6 +292,11 @@ def _check_together(c: ConfigDict, model: ModelConfig, model_source: str, planni
                f"{c.train.steps} ends before a game is played against one")
         raise ValueError(f"rollout.mode='pool': {why}, so the run would be plain self-play; give a pool_every "
                          f"below train.steps and a pool_self_weight below 1, or --config.rollout.mode=self_play")
+    for key, (mover, other) in (("games.invalid_rewards", c.games.invalid_rewards), ("eval.invalid_rewards",
+                                                                                    e.invalid_rewards)):
+        if mover > other:  # swapped: an invalid move would pay, and be learned
+            raise ValueError(f"{key}={(mover, other)} pays the player who moves invalidly more than the other; give "
+                             f"(the invalid mover's reward, the other player's), e.g. {(other, mover)}")
     if r.mode == "fixed_opponent" and (opponent not in ("scripted", "api", "checkpoint") or (
             opponent == "checkpoint" and not planning and not Path(r.opponent).is_dir())):
         raise FileNotFoundError(f"rollout.opponent={r.opponent!r} is neither 'random', 'scripted', an API model "

@@ -274,6 +274,8 @@ def test_eval_temperature_zero_decodes_greedily():
      r"^games.env_ids: unknown env id 'TicTacToe-v1' \(did you mean 'TicTacToe-v0'\?\); known ids: "),
     ({"eval.env_ids": ("KuhnPokr-v1",)}, ValueError,
      r"^eval.env_ids: unknown env id 'KuhnPokr-v1' \(did you mean 'KuhnPoker-v1'\?\); known ids: "),
+    ({"games.invalid_rewards": (0.5, -1.5)}, ValueError,  # swapped: an invalid move would be rewarded
+     r"games.invalid_rewards=\(0.5, -1.5\) pays the player who moves invalidly more .* e.g. \(-1.5, 0.5\)"),
     ({"bootstrap.enabled": True, "bootstrap.teacher": "scripted", "bootstrap.targets": "distribution"}, ValueError,
      "bootstrap.targets='distribution' needs a random or hashed teacher"),  # was: at the first bootstrap step
     ({"distributed.enabled": True, "distributed.num_processes": 2, "distributed.process_id": 2}, ValueError,
