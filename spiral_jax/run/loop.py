@@ -150,6 +150,8 @@ class Trainer:
         check_lora_base(state.lora_base, base_id, state.config, self.spec,
                         f"the checkpoint of step {state.step} in {self.ckpt.directory}")
         self.state, self.saved_step = state, state.step
+        if self.spec.rollout.mode == "pool":  # resumed with a smaller pool_size: the newest snapshots
+            del state.pool[:-self.spec.rollout.pool_size], state.pool_steps[:-self.spec.rollout.pool_size]
         changes = config_changes(state.config, self.spec.config_json)
         if changes:
             self.log(f"resuming with {len(changes)} config value(s) other than the checkpoint's: "
@@ -239,8 +241,7 @@ class Trainer:
         if r.mode == "pool" and s.step % r.pool_every == 0:
             s.pool.append(self.policy(jax.tree.map(lambda x: x.copy(), s.train.params)))
             s.pool_steps.append(s.step)
-            if len(s.pool) > r.pool_size:
-                del s.pool[0], s.pool_steps[0]
+            del s.pool[:-r.pool_size], s.pool_steps[:-r.pool_size]  # the newest pool_size
         trained = trained_tokens(collected)
         s.totals = {"games": s.totals["games"] + len(collected.games),
                     "sampled_tokens": s.totals["sampled_tokens"] + collected.decode.generated_tokens,

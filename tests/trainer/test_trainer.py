@@ -175,6 +175,22 @@ def test_resume_continues_exactly(tmp_path):
     assert full.state.rae == resumed.state.rae
 
 
+def test_a_pool_resumed_with_a_smaller_pool_size_keeps_its_newest_snapshots(tmp_path):
+    """The pool holds the newest pool_size snapshots also after a resume that lowers it (it dropped one a
+    snapshot, so it stayed at the checkpoint's size, every snapshot drawn as an opponent)."""
+    pool = {"rollout.mode": "pool", "rollout.pool_every": 1, "rollout.pool_self_weight": 0.0}
+    first = Trainer.from_config(tiny_config(tmp_path, **pool, **{"train.steps": 2, "rollout.pool_size": 2}),
+                                log=lambda *_: None)
+    first.run()
+    assert first.state.pool_steps == [1, 2]
+    resumed = Trainer.from_config(tiny_config(tmp_path, **pool, **{"train.steps": 3, "rollout.pool_size": 1}),
+                                  resume=True, log=lambda *_: None)
+    assert resumed.state.pool_steps == [2] and len(resumed.state.pool) == 1
+    assert {g.seats[1 - g.seats.index("model")] for g in resumed.collect().games} == {"pool/2"}
+    resumed.run()
+    assert resumed.state.pool_steps == [3] and len(resumed.state.pool) == 1
+
+
 def test_resume_on_another_mesh_restores_the_same_state_in_the_new_layout(tmp_path):
     """A run preempted on one slice and resumed on another (docs/running.md: a larger slice adds fsdp):
     the checkpoint written on fsdp 2 x tensor 4 restores on fsdp 8 x tensor 1, every array of the train
