@@ -24,8 +24,11 @@ CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "tiny_pig.py")
 
 
 def spiral_jax(*args) -> float:
+    """Seconds one `spiral-jax` command took. Every run and the export start over (--overwrite), so that
+    the bench runs again into the same --out (a train refuses an out_dir that holds a run)."""
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "spiral_jax.cli", *args], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-m", "spiral_jax.cli", *args, "--overwrite"], check=True,
+                   stdout=subprocess.DEVNULL)
     return time.perf_counter() - start
 
 
