@@ -54,7 +54,8 @@ def _stats(values) -> str:
     return f"{values.mean():.3f} ± {values.std(ddof=1):.3f} ({', '.join(f'{v:.3f}' for v in values)})"
 
 
-def report(configs, seeds) -> str:
+def report(configs, seeds) -> tuple[str, dict]:
+    """The table of every finished run, and the run folders of each (config, RAE) for the plot."""
     lines = ["| config | RAE | seeds | metric | step 0 | final | RL gain (final - step 0) | wall time (s) |",
              "|---|---|---|---|---|---|---|---|"]
     curves = {}
