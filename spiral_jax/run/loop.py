@@ -350,11 +350,15 @@ class Trainer:
             source += (f"; LoRA rank {self.cfg.lora_rank} on {','.join(self.cfg.lora_targets)}: "
                        f"{trained / 1e6:.2f}M trained, the rest frozen")
         mesh = " ".join(f"{k}={v}" for k, v in self.mesh.shape.items())
+        r = spec.rollout
+        mode = r.mode + (f" against {r.opponent}" if r.mode == "fixed_opponent" else
+                         f" (rollout.opponent={r.opponent} is not played: fixed_opponent plays it)"
+                         if r.opponent != "random" else "")
         self.log(f"spiral-jax train {spec.config_file or ''}\n"
                  f"  devices: {len(devices)} x {devices[0].platform} on {jax.process_count()} host(s); mesh {mesh}\n"
                  f"  model: {self.cfg.model_type}, {self.cfg.num_params / 1e6:.2f}M parameters ({source}), "
                  f"compute {self.cfg.compute_dtype}\n"
-                 f"  games: {', '.join(spec.games.env_ids)}; rollout {spec.rollout.mode}, {spec.cadence.steps} steps\n"
+                 f"  games: {', '.join(spec.games.env_ids)}; rollout {mode}, {spec.cadence.steps} steps\n"
                  f"  out_dir: {self.out} (watch: tensorboard --logdir {self.out / 'tensorboard'})\n"
                  f"  compile cache: {jax.config.jax_compilation_cache_dir or 'off'}")
         if is_leader():

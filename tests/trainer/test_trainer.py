@@ -46,7 +46,7 @@ def _assert_only_the_model_is_trained(samples, games):
 @pytest.mark.parametrize("changes", [
     {},
     {"rollout.mode": "fixed_opponent", "rollout.opponent": "random"},
-    {"rollout.mode": "pool", "rollout.pool_every": 1, "rollout.pool_self_weight": 0.0},
+    {"rollout.mode": "pool", "rollout.pool_every": 1, "rollout.pool_self_weight": 0.0, "rollout.opponent": "scripted"},
     pytest.param({"games.env_ids": ("TicTacToe-v0", "KuhnPoker-v1"), "games.weights": (1.0, 1.0),
                   "rollout.selection": "all", "eval.kuhn_samples": 0}, marks=pytest.mark.slow),
     pytest.param({"rollout.mode": "pool", "rollout.pool_every": 1, "rollout.schedule": "continuous",
@@ -54,8 +54,15 @@ def _assert_only_the_model_is_trained(samples, games):
 ], ids=["self_play", "fixed_opponent", "pool", "two_games", "continuous"])
 def test_three_steps_in_every_mode(tmp_path, changes):
     """A random model writes garbage: every game still ends (invalid moves), nothing crashes."""
-    trainer = Trainer.from_config(tiny_config(tmp_path, **changes), log=lambda *_: None)
+    logged = []
+    trainer = Trainer.from_config(tiny_config(tmp_path, **changes), log=logged.append)
     results = trainer.run()
+    mode, opponent = changes.get("rollout.mode", "self_play"), changes.get("rollout.opponent", "random")
+    if mode == "fixed_opponent":  # the start banner names the fixed opponent, or says it is not played
+        mode += f" against {opponent}"
+    elif opponent != "random":
+        mode += f" (rollout.opponent={opponent} is not played: fixed_opponent plays it)"
+    assert any(f"rollout {mode}, 3 steps" in str(line) for line in logged), logged[:2]
     assert trainer.state.step == 3 and int(trainer.state.train.step) == 3
     assert results and all(s.games == 4 for s in results.values())
     assert trainer.ckpt.latest_step() == 3
