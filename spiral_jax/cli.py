@@ -64,9 +64,9 @@ flags.DEFINE_integer("samples", 0, "eval bench: samples per item (pass@1 = first
 flags.DEFINE_string("shots_file", "", "eval bench: JSONL of worked examples for few-shot prompts.")
 flags.DEFINE_integer("shots", 0, "eval bench: how many of them (0: zero-shot).")
 flags.DEFINE_integer("limit", 0, "eval bench: items per benchmark (default eval.math.limit; 0: all).")
-flags.DEFINE_enum("protocol", "", ["", "reference"], "eval: the reference's offline settings (games: temperature "
-                  "0.7, top-p 0.9, 8192 new tokens, 512 games; bench: temperature 0.6, top-p 0.95, 8192 new "
-                  "tokens, 4 samples, the instruction before the question) instead of the config's.")
+flags.DEFINE_enum("protocol", "config", ["config", "reference"], "eval: the config's sampling settings, or the "
+                  "reference's offline ones (games: temperature 0.7, top-p 0.9, 8192 new tokens, 512 games; bench: "
+                  "temperature 0.6, top-p 0.95, 8192 new tokens, 4 samples, the instruction before the question).")
 flags.DEFINE_string("host", "127.0.0.1", "serve: the address to listen on (0.0.0.0: every interface).")
 flags.DEFINE_integer("port", 8000, "serve: the port (0: any free one).")
 flags.DEFINE_string("served_name", "", "serve: the model name clients use (default: out_dir's last part).")
@@ -337,7 +337,7 @@ def _run(command: str, c) -> int:
             aot.prepare(FLAGS.hardware)  # before anything starts JAX's backends
         return _plan(run_spec(c, planning=True))
     if command == "eval":
-        c = with_protocol(c, FLAGS.protocol)
+        c = with_protocol(c, "" if FLAGS.protocol == "config" else FLAGS.protocol)
     spec = run_spec(c, config_flags.get_config_filename(FLAGS["config"]))
     from spiral_jax.compilation import use_persistent_cache
     from spiral_jax.distributed import initialize, is_leader

@@ -40,6 +40,7 @@ def test_help_shows_no_default_that_its_text_already_says(capsys):
     assert "(default: -1)" not in out and "(default: the newest)" in out
     assert "openai:MODEL@URL" in out.split("--opponents=")[1].split("--env_ids")[0]
     assert "(default eval.env_ids, else games.env_ids)" in out  # as the suite reads them (it named games.env_ids)
+    assert "<config|reference>" in out  # the config's own settings have a name (it printed <|reference>)
     assert "(default: 8000)" in (main(["spiral-jax", "serve", "--help"]), capsys.readouterr().out)[1]
 
 
