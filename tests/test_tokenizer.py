@@ -207,7 +207,7 @@ def test_stop_ids_add_the_templates_end_of_turn_only(qwen_base_style, template, 
                                                                     r"\(TemplateError: Conversation roles must"),
     ("{% for m in messages %}{{ m['content'] }", r"fails on .*\(TemplateSyntaxError"),
     ("{{ messages[2]['content'] }}", r"fails on .*\(UndefinedError"),
-    ("{% if false %}{% endif %}", "does not write the user's message"),  # nor the reply, whose end was searched
+    ("{% if false %}{% endif %}", "does not write the user's message"),  # nor the reply, whose end is searched
     # Written for list-of-parts content: a plain string renders as nothing.
     ("{% for m in messages %}{{ m['content'][0]['text'] }}<|eot_id|>{% endfor %}", "does not write the user's message"),
 ])

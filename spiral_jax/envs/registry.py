@@ -66,7 +66,7 @@ def make(env_id: str, **overrides: Any) -> Env:
     if unknown:
         raise ValueError(f"{env_id} has no setting(s) {', '.join(unknown)}; "
                          f"it accepts: {', '.join(sorted(accepted))}")
-    _check_kinds(env_id, cls, settings, overrides)
+    _check_kinds(env_id, {**accepted, **settings}, overrides)
     # A NumPy integer (a count read from an array) plays as the Python int it holds.
     overrides = {k: int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v
                  for k, v in overrides.items()}
@@ -85,11 +85,11 @@ def _keyword_params(cls: type) -> dict[str, Any]:
     return params
 
 
-def _check_kinds(env_id: str, cls: type, settings: dict[str, Any], overrides: dict[str, Any]) -> None:
-    """Raise a TypeError for an override of another kind than the setting's default: the games compare
-    and count with them, so rounds=2.5 or "5", fixed_pot="no" (true) or a bool for a count would play
-    a game nobody asked for or fail deep inside it."""
-    defaults = {**_keyword_params(cls), **settings}
+def _check_kinds(env_id: str, defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Raise a TypeError for an override of another kind than the setting's default (`defaults`: the
+    registered settings over the constructor's): the games compare and count with them, so rounds=2.5
+    or "5", fixed_pot="no" (true) or a bool for a count would play a game nobody asked for or fail deep
+    inside it."""
     for name, value in overrides.items():
         default = defaults[name]
         if value is None and _keyword_params(Env).get(name, 0) is None:  # max_turns=None: no limit

@@ -159,7 +159,7 @@ def test_end_from_outside():
     result = env.end({0: 0.5, 1: -1.5}, "Player 1 timed out.")
     assert result.done and env.done and env.rewards == {0: 0.5, 1: -1.5} and env.reason == "Player 1 timed out."
     assert env.messages(1)[-1].kind == "ended"
-    for bad in (float("nan"), float("inf")):  # a NaN was a draw and RAE's baseline NaN from then on
+    for bad in (float("nan"), float("inf")):  # a NaN would count as a draw and make RAE's baseline NaN
         env.reset(0)
         with pytest.raises(ValueError, match="finite"):
             env.end({0: bad, 1: 1.0}, "broken")

@@ -79,14 +79,14 @@ def test_a_folder_null_solution_and_repeated_names(tmp_path):
     from spiral_jax.eval.benchmarks import local_files
 
     with pytest.raises(ValueError, match="a folder, not a JSONL file"):
-        load_items(tmp_path)  # was an IsADirectoryError
+        load_items(tmp_path)  # named as a folder, not an IsADirectoryError
     with pytest.raises(FileNotFoundError, match="is a folder"):
         local_files([str(tmp_path)])
     path = tmp_path / "items.jsonl"
     path.write_text('{"problem": "a", "answer": "1", "solution": null}\n')
-    assert load_items(path)[0].solution == ""  # was "None", a worked example's text
+    assert load_items(path)[0].solution == ""  # no solution, not the text "None"
     with pytest.raises(ValueError, match="the name 'A' is given twice"):
-        local_files([f"A={path}", f"A={path}"])  # the first one's results were dropped
+        local_files([f"A={path}", f"A={path}"])  # one would replace the other's results
     with pytest.raises(ValueError, match="no name"):
         local_files([f"={path}"])
 

@@ -257,19 +257,19 @@ def test_eval_temperature_zero_decodes_greedily():
 @pytest.mark.parametrize("changes, error, message", [
     ({"rollout.mode": "fixed_opponent", "rollout.opponent": "no_such_folder"}, FileNotFoundError,
      "rollout.opponent='no_such_folder' is neither 'random', 'scripted'"),  # was: after the model was built
-    # The trained model as its own fixed opponent: that is self-play or pool mode (was: 'not a model folder').
+    # The trained model as its own fixed opponent: that is self-play or pool mode.
     ({"rollout.mode": "fixed_opponent", "rollout.opponent": "self"}, ValueError,
      "rollout.opponent='self' is the trained model, .* give --config.rollout.mode=self_play"),
     ({"rollout.mode": "fixed_opponent", "rollout.opponent": "pool/3"}, ValueError,
      "rollout.opponent='pool/3' is a snapshot of the trained model, .* give --config.rollout.mode=pool"),
-    # A pool that never holds a snapshot while the run trains: plain self-play (was: silently).
+    # A pool that never holds a snapshot while the run trains: plain self-play, refused.
     ({"rollout.mode": "pool", "rollout.pool_every": 10, "train.steps": 10}, ValueError,
      "first snapshot is taken after rollout.pool_every=10 steps, and train.steps=10 ends before"),
     ({"rollout.mode": "pool", "rollout.pool_self_weight": 1.0}, ValueError,
      "rollout.pool_self_weight=1 makes every game self-play, .* or --config.rollout.mode=self_play"),
     ({"games.env_ids": ("TicTacToe-v0", "KuhnPoker-v1")}, ValueError,  # weights left at one entry
      r"games.weights has 1 entries for 2 games.env_ids; give one weight per game, .*games.weights='\(1.0, 1.0\)'"),
-    # A misspelt game names the key it is in and the nearest id (was: the id alone, in either key).
+    # A misspelt game names the key it is in and the nearest id.
     ({"games.env_ids": ("TicTacToe-v1",)}, ValueError,
      r"^games.env_ids: unknown env id 'TicTacToe-v1' \(did you mean 'TicTacToe-v0'\?\); known ids: "),
     ({"eval.env_ids": ("KuhnPokr-v1",)}, ValueError,
