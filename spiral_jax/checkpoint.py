@@ -132,7 +132,7 @@ class Checkpointer:
                 "param_shapes": param_shapes(state)}
         items = dict(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         if pool:
-            items["pool"] = ocp.args.StandardSave(list(pool))
+            items["pool"] = ocp.args.PyTreeSave(list(pool))
         if reference is not None:
             items["reference"] = ocp.args.StandardSave(reference)
         # An async save fails in the background; its error comes up at the next call.
@@ -212,14 +212,19 @@ class Checkpointer:
                 f"lower train.keep (checkpoints kept) or move out_dir to a bigger disk, then run again with "
                 f"--resume ({newest})")
 
-    def restore(self, step: int | None, like_state, like_params, log=print) -> tuple[object, list, dict]:
+    def restore(self, step: int | None, like_state, like_params, log=print,
+                pool_keep: int | None = None) -> tuple[object, list, dict]:
         """(state, pool, meta) of `step`, shaped and sharded like the arguments. Without a step, the
         newest checkpoint that restores: an unreadable one (a truncated file, a half-copied folder) is
         reported, renamed to `<step>.unreadable` so the resumed run can write that step again, and
-        the next older one is tried."""
+        the next older one is tried. With `pool_keep`, only the newest that many pool snapshots are
+        read (the older ones never take memory) and meta["pool_steps"] lists just those."""
+        def read(s):
+            return self._restore(s, like_state, like_params, pool_keep)
+
         if step is not None:
-            return self._read_step(step, lambda s: self._restore(s, like_state, like_params))
-        return self._newest_readable(lambda s: self._restore(s, like_state, like_params), log, set_aside=True)
+            return self._read_step(step, read)
+        return self._newest_readable(read, log, set_aside=True)
 
     def restore_reference(self, step: int, like_params):
         """The KL reference saved with `step` (its meta says "reference": true), shaped and sharded
@@ -319,14 +324,21 @@ class Checkpointer:
         self._manager.reload()
         return name
 
-    def _restore(self, step: int, like_state, like_params) -> tuple[object, list, dict]:
+    def _restore(self, step: int, like_state, like_params, pool_keep: int | None) -> tuple[object, list, dict]:
         meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         check_layout(self.directory, step, meta, like_state)
         items = dict(state=ocp.args.StandardRestore(_abstract(like_state)))
-        if meta.get("pool_steps"):
-            items["pool"] = ocp.args.StandardRestore([_abstract(like_params)] * len(meta["pool_steps"]))
+        saved = len(meta.get("pool_steps") or [])
+        keep = saved if pool_keep is None else min(pool_keep, saved)
+        if keep:  # the older snapshots are placeholders, which orbax skips (PyTreeRestore, as saved)
+            snapshot = _abstract(like_params)
+            like = [jax.tree.map(lambda _: ocp.PLACEHOLDER, snapshot)] * (saved - keep) + [snapshot] * keep
+            items["pool"] = ocp.args.PyTreeRestore(item=like, restore_args=jax.tree.map(
+                lambda x: x if x is ocp.PLACEHOLDER else ocp.ArrayRestoreArgs(sharding=x.sharding, dtype=x.dtype),
+                like))
         restored = self._restore_items(step, items)
-        return restored["state"], list(restored.get("pool") or []), meta
+        meta["pool_steps"] = list(meta.get("pool_steps") or [])[saved - keep:]
+        return restored["state"], list(restored.get("pool") or [])[saved - keep:], meta
 
     def _restore_items(self, step: int, items: dict) -> dict:
         """The checkpoint's `items`. A parameter tree shaped unlike the saved one is a config that

@@ -144,14 +144,15 @@ class Trainer:
 
     def _restore(self, base_id: str | None) -> None:
         kl = bool(self.spec.train.kl_coef)
-        state = RunState.restore(self.ckpt, self.state, self.policy(self.state.train.params), self.log, reference=kl)
+        # Snapshots a pool of this size would not keep (none outside pool mode) are never read.
+        r = self.spec.rollout
+        state = RunState.restore(self.ckpt, self.state, self.policy(self.state.train.params), self.log, reference=kl,
+                                 pool_keep=r.pool_size if r.mode == "pool" else 0)
         if self.cfg.lora_rank:
             check_lora_alpha(state.config, self.cfg, f"the checkpoint of step {state.step} in {self.ckpt.directory}")
         check_lora_base(state.lora_base, base_id, state.config, self.spec,
                         f"the checkpoint of step {state.step} in {self.ckpt.directory}")
         self.state, self.saved_step = state, state.step
-        if self.spec.rollout.mode == "pool":  # resumed with a smaller pool_size: the newest snapshots
-            del state.pool[:-self.spec.rollout.pool_size], state.pool_steps[:-self.spec.rollout.pool_size]
         changes = config_changes(state.config, self.spec.config_json)
         if changes:
             self.log(f"resuming with {len(changes)} config value(s) other than the checkpoint's: "

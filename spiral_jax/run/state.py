@@ -62,10 +62,11 @@ class RunState:
 
     @classmethod
     def restore(cls, ckpt: Checkpointer, like: "RunState", like_policy, log=print,
-                reference: bool = True) -> "RunState":
+                reference: bool = True, pool_keep: int | None = None) -> "RunState":
         """The newest readable checkpoint, shaped and sharded like `like` (its pool's snapshots like
-        `like_policy`). With `reference`, the KL reference comes back when the checkpoint holds one."""
-        train, pool, meta = ckpt.restore(None, like.train, like_policy, log=log)
+        `like_policy`, the newest `pool_keep` of them). With `reference`, the KL reference comes back
+        when the checkpoint holds one."""
+        train, pool, meta = ckpt.restore(None, like.train, like_policy, log=log, pool_keep=pool_keep)
         phase = meta.get("phase", "rl")
         reference = ckpt.restore_reference(meta["step"], train.params) \
             if reference and meta.get("reference") and phase == "rl" else None

@@ -60,6 +60,24 @@ def test_a_run_state_round_trips_through_a_checkpoint(tmp_path, tiny_model):
     reader.close()
 
 
+def test_a_restore_reads_only_the_newest_pool_snapshots_it_keeps(tmp_path, tiny_model):
+    """A run resumed with a smaller rollout.pool_size, or outside pool mode, restores just the newest
+    snapshots it keeps (none outside pool mode), with their steps; the others are never read."""
+    saved = _state(tiny_model, 2.0)
+    snapshots = [jax.tree.map(lambda x, k=k: x + k, saved.pool[0]) for k in range(3)]
+    saved = dataclasses.replace(saved, pool=snapshots, pool_steps=[3, 4, 5])
+    ckpt = Checkpointer(tmp_path / "checkpoints", async_save=False)
+    saved.save(ckpt, seed=3, config_json="{}")
+    like = _state(tiny_model, 1.0)
+    for keep, steps in ((None, [3, 4, 5]), (5, [3, 4, 5]), (2, [4, 5]), (1, [5]), (0, [])):
+        restored = RunState.restore(ckpt, like, like.pool[0], log=lambda *_: None, pool_keep=keep)
+        assert restored.pool_steps == steps and len(restored.pool) == len(steps), keep
+        for got, want in zip(restored.pool, snapshots[3 - len(steps):]):
+            assert all(np.array_equal(a, b) for a, b in zip(_leaves(got), _leaves(want))), keep
+        _assert_equal(dataclasses.replace(saved, pool=restored.pool, pool_steps=steps, config="{}"), restored)
+    ckpt.close()
+
+
 def _damage(folder):
     for data in [p for p in (folder / "state").rglob("*") if p.is_file()]:  # every file cut short
         with open(data, "r+b") as f:

@@ -183,8 +183,8 @@ def test_resume_continues_exactly(tmp_path):
 
 
 def test_a_pool_resumed_with_a_smaller_pool_size_keeps_its_newest_snapshots(tmp_path):
-    """The pool holds the newest pool_size snapshots also after a resume that lowers it (it dropped one a
-    snapshot, so it stayed at the checkpoint's size, every snapshot drawn as an opponent)."""
+    """After a resume that lowers pool_size, the pool holds the newest pool_size snapshots, and only they
+    are drawn as opponents. Resumed in another mode, the run holds no snapshot."""
     pool = {"rollout.mode": "pool", "rollout.pool_every": 1, "rollout.pool_self_weight": 0.0}
     first = Trainer.from_config(tiny_config(tmp_path, **pool, **{"train.steps": 2, "rollout.pool_size": 2}),
                                 log=lambda *_: None)
@@ -196,6 +196,8 @@ def test_a_pool_resumed_with_a_smaller_pool_size_keeps_its_newest_snapshots(tmp_
     assert {g.seats[1 - g.seats.index("model")] for g in resumed.collect().games} == {"pool/2"}
     resumed.run()
     assert resumed.state.pool_steps == [3] and len(resumed.state.pool) == 1
+    self_play = Trainer.from_config(tiny_config(tmp_path, **{"train.steps": 3}), resume=True, log=lambda *_: None)
+    assert self_play.state.step == 3 and self_play.state.pool == [] and self_play.state.pool_steps == []
 
 
 def test_resume_on_another_mesh_restores_the_same_state_in_the_new_layout(tmp_path):
