@@ -447,6 +447,41 @@ def test_cross_origin_requests_only_when_allowed(tiny_ctx, sampler):
         assert status == 200 and headers["Access-Control-Allow-Origin"] == "https://ok.example"
         status, reply, _ = _post(server, {"messages": USER}, {"Origin": "https://evil.example"})
         assert status == 403 and "--allow_origin" in reply["error"]["message"]
+        # A browser's preflight: allowed for the listed origin, with the methods and headers it may send.
+        preflight = b"OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: %s\r\n\r\n"
+        head = _raw(server, preflight % b"https://ok.example").split(b"\r\n\r\n")[0]
+        assert head.startswith(b"HTTP/1.1 204") and b"Access-Control-Allow-Origin: https://ok.example" in head
+        assert b"Access-Control-Allow-Headers: Authorization, Content-Type" in head
+        assert b"POST" in next(h for h in head.split(b"\r\n") if h.startswith(b"Access-Control-Allow-Methods"))
+        head = _raw(server, preflight % b"https://evil.example").split(b"\r\n\r\n")[0]
+        assert head.startswith(b"HTTP/1.1 403") and b"Access-Control-Allow-Origin" not in head
+    finally:
+        server.close()
+
+
+def test_connections_past_the_limit_get_a_json_503_and_the_held_ones_go_on(tiny_ctx, sampler):
+    """With max_connections open (idle keep-alive clients, say), one more is answered 503 in JSON and
+    closed at once, not left to wait; once one closes, the next connection is served."""
+    server = ChatServer(sampler, tiny_ctx.tokenizer, tiny_ctx.params, "tiny", port=0, max_rows=8, max_tokens=4,
+                        max_connections=2)
+    server.start()
+    host, port = server.http.server_address[:2]
+    try:
+        held = [socket.create_connection((host, port), timeout=10) for _ in range(2)]
+        time.sleep(0.5)  # both accepted and in their handler threads
+        reply = _raw(server, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503") and b"Connection: close" in head
+        assert "too many connections" in json.loads(body)["error"]["message"]
+        held[0].sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert held[0].recv(65536).startswith(b"HTTP/1.1 200")  # a held connection is served as usual
+        held[0].close()
+        deadline = time.time() + 10
+        while (status := _raw(server, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+               .split(b" ", 2)[1]) == b"503" and time.time() < deadline:
+            time.sleep(0.1)  # the closed connection's thread ends
+        assert status == b"200"
+        held[1].close()
     finally:
         server.close()
 
