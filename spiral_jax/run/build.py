@@ -31,15 +31,33 @@ def build_model(spec: RunSpec, mesh=None) -> tuple[ModelConfig, dict]:
     return cfg, params
 
 
-def base_fingerprint(spec: RunSpec) -> str:
+def _base_files(spec: RunSpec) -> list[Path]:
+    folder = Path(spec.model_path)
+    return [folder / "config.json", *sorted(folder.glob("*.safetensors"))]
+
+
+def base_files(spec: RunSpec) -> list | None:
+    """[name, size, modification time in ns] of each file `base_fingerprint` hashes; None for a random
+    init. A checkpoint keeps them beside the fingerprint."""
+    if not spec.model_path:
+        return None
+    return [[f.name, (st := f.stat()).st_size, st.st_mtime_ns] for f in _base_files(spec)]
+
+
+def base_fingerprint(spec: RunSpec, known: tuple[str | None, list | None] = (None, None)) -> str:
     """What identifies the frozen weights LoRA adapters are trained on: a hash of model.path's
-    config.json and weight files (their bytes), or the random init's shape and seed."""
+    config.json and weight files (their bytes), or the random init's shape and seed. `known`: a
+    fingerprint and the `base_files` it was taken of (a checkpoint's record). While the files keep
+    those names, sizes and modification times (as rsync and make judge a file unchanged), that
+    fingerprint is the answer, and resume, eval, export and serve do not read every weight twice."""
     if not spec.model_path:
         return "random:" + hashlib.sha256(json.dumps([spec.random_shape, spec.seed], sort_keys=True)
                                           .encode()).hexdigest()[:16]
+    fingerprint, files = known
+    if fingerprint and files and files == base_files(spec):
+        return fingerprint
     digest = hashlib.sha256()
-    folder = Path(spec.model_path)
-    for f in [folder / "config.json", *sorted(folder.glob("*.safetensors"))]:
+    for f in _base_files(spec):
         digest.update(f.name.encode())
         with open(f, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 24), b""):
@@ -111,7 +129,9 @@ def load_policy(spec: RunSpec, mesh, what: str = "eval", log=print, adapters: bo
             source = f"the checkpoint of step {step} in {ckpt.directory}"
             if cfg.lora_rank:
                 check_lora_alpha(meta.get("config"), cfg, source)
-                check_lora_base(meta.get("lora_base"), base_fingerprint(spec), meta.get("config"), spec, source)
+                check_lora_base(meta.get("lora_base"), base_fingerprint(spec, (meta.get("lora_base"),
+                                                                               meta.get("lora_base_files"))),
+                                meta.get("config"), spec, source)
                 if adapters:
                     return cfg, params, source, step
                 params = lora.merge(lora.join(_base_weights(spec, mesh), params), cfg)

@@ -39,8 +39,8 @@ from spiral_jax.run.collect import Collected, collect
 from spiral_jax.run.evaluate import evaluate_math, evaluate_policy
 from spiral_jax.run.imitation import imitate
 from spiral_jax.run.metrics import StepTimes, step_scalars, trained_tokens
-from spiral_jax.run.build import (base_fingerprint, build_model, build_tokenizer, check_lora_alpha, check_lora_base,
-                                  eval_context)
+from spiral_jax.run.build import (base_files, base_fingerprint, build_model, build_tokenizer, check_lora_alpha,
+                                  check_lora_base, eval_context)
 from spiral_jax.run.setup import RunSpec, run_spec
 from spiral_jax.run.state import RunState
 from spiral_jax.run.summary import RunSummary
@@ -95,8 +95,10 @@ class Trainer:
                                      sampler=self.sampler)
         self.update = make_update(self.cfg, spec.train, self.mesh, ahead=self.sampler.ahead)
         self.frozen = self._frozen_opponent()
-        base_id = base_fingerprint(spec) if self.cfg.lora_rank else None
-        self.state = RunState(init_train_state(params, self.cfg, spec.train, self.mesh), lora_base=base_id,
+        new_lora = self.cfg.lora_rank and not resume  # a resume checks the checkpoint's LoRA base instead
+        files = base_files(spec) if new_lora else None  # taken before the files are hashed
+        self.state = RunState(init_train_state(params, self.cfg, spec.train, self.mesh),
+                              lora_base=base_fingerprint(spec) if new_lora else None, lora_base_files=files,
                               phase="bootstrap" if spec.bootstrap and bootstrap and not resume else "rl")
         self.summary = RunSummary(self.out / "summary.json", write=is_leader(), log=self.log, skeleton={
             "config": spec.config_file, "seed": spec.seed, "steps": 0, "wall_time_s": 0.0,
@@ -107,7 +109,7 @@ class Trainer:
                                  spec.cadence.async_checkpointing, writer=True)
         self._stop, self.stopped, self.skipped_in_a_row, self.saved_step = False, False, 0, None
         if resume:
-            self._restore(base_id)
+            self._restore()
             if is_leader():
                 pruned = prune_events(self.out / "tensorboard", self.state.logged_after, self.log)
                 if pruned:
@@ -142,7 +144,7 @@ class Trainer:
         """Trained params (train layout) -> what this host's sampler reads (SAMPLE layout, host-local)."""
         return to_host_local(self.policy(params), self.sample_mesh)
 
-    def _restore(self, base_id: str | None) -> None:
+    def _restore(self) -> None:
         kl = bool(self.spec.train.kl_coef)
         # Snapshots a pool of this size would not keep (none outside pool mode) are never read.
         r = self.spec.rollout
@@ -150,8 +152,11 @@ class Trainer:
                                  pool_keep=r.pool_size if r.mode == "pool" else 0)
         if self.cfg.lora_rank:
             check_lora_alpha(state.config, self.cfg, f"the checkpoint of step {state.step} in {self.ckpt.directory}")
+        files = base_files(self.spec) if self.cfg.lora_rank else None
+        base_id = base_fingerprint(self.spec, (state.lora_base, state.lora_base_files)) if self.cfg.lora_rank else None
         check_lora_base(state.lora_base, base_id, state.config, self.spec,
                         f"the checkpoint of step {state.step} in {self.ckpt.directory}")
+        state.lora_base_files = files  # as checked: the next checkpoint's record
         self.state, self.saved_step = state, state.step
         changes = config_changes(state.config, self.spec.config_json)
         if changes:

@@ -34,6 +34,7 @@ class RunState:
     reference: object = None  # the KL penalty's frozen policy (train layout), with optim.kl_coef
     totals: dict = dataclasses.field(default_factory=_no_totals)  # since step 0, resumes included
     lora_base: str | None = None  # the fingerprint of the weights LoRA adapters are trained on
+    lora_base_files: list | None = None  # the files of model.path it was taken of (`build.base_files`)
     config: str = ""  # the config (JSON) of the run that wrote the restored checkpoint; "" when new
     wall_time_s: float = 0.0  # the run's wall time up to this state's checkpoint, resumes included
 
@@ -45,7 +46,7 @@ class RunState:
         """The checkpoint's JSON record: everything but the arrays."""
         return dict(step=self.step, seed=seed, rae=self.rae, pool_steps=self.pool_steps, config=config_json,
                     totals=self.totals, phase=self.phase, bootstrap_step=self.bootstrap_step,
-                    lora_base=self.lora_base, wall_time_s=self.wall_time_s)
+                    lora_base=self.lora_base, lora_base_files=self.lora_base_files, wall_time_s=self.wall_time_s)
 
     def logged_after(self, tag: str, step: int) -> bool:
         """Whether a metric logged at `step` comes from past this state: a process stopped after its
@@ -72,4 +73,4 @@ class RunState:
             if reference and meta.get("reference") and phase == "rl" else None
         return cls(train, meta["step"], phase, meta.get("bootstrap_step", 0), meta["rae"], pool,
                    list(meta["pool_steps"]), reference, meta.get("totals", _no_totals()), meta.get("lora_base"),
-                   meta.get("config", ""), meta.get("wall_time_s", 0.0))
+                   meta.get("lora_base_files"), meta.get("config", ""), meta.get("wall_time_s", 0.0))

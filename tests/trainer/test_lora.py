@@ -2,6 +2,7 @@
 sampler plays the merged policy, a resume is exact and refuses other base weights, and export
 writes merged weights or a PEFT adapter folder."""
 import json
+import os
 
 import jax
 import numpy as np
@@ -11,6 +12,7 @@ from safetensors.numpy import load_file, save_file
 from spiral_jax.cli import main as cli_main
 from spiral_jax.models import CheckpointError, load_pretrained, lora
 from spiral_jax.run import Trainer
+from spiral_jax.run.build import base_files, base_fingerprint
 from tests.tiny_models import jit_forward
 from tests.trainer.test_trainer import _config_file, tiny_config
 
@@ -86,6 +88,7 @@ def test_export_merged_or_as_a_peft_adapter(tmp_path, capsys):
     assert cfg.lora_rank == 0
     trainer = Trainer.from_config(tiny_config(tmp_path, **LORA, **{"model.path": str(base), "train.steps": 2}),
                                   resume=True, log=lambda *_: None)
+    assert trainer.state.lora_base_files == base_files(trainer.spec)  # as checked: the next checkpoint keeps them
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 9))
     np.testing.assert_allclose(jit_forward(merged, cfg, ids),
                                jit_forward(lora.join(trainer.weights, trainer.state.train.params), trainer.cfg, ids), atol=1e-5)
@@ -111,6 +114,31 @@ def test_export_merged_or_as_a_peft_adapter(tmp_path, capsys):
     assert f"holds LoRA adapters trained on model.path={str(base)!r} (sha256:" in err, err
     assert f"give --config.model.path=FOLDER, where FOLDER holds the very files of {base}" in err
     assert not (tmp_path / "third").exists()
+
+
+def test_the_lora_base_is_read_again_only_when_its_files_change(tmp_path, monkeypatch):
+    """A checkpoint's fingerprint of model.path is taken as it is while the files keep their names, sizes
+    and modification times (a moved folder too); a touched or rewritten file is hashed again."""
+    from spiral_jax.run import build
+    from spiral_jax.run.setup import run_spec
+
+    base = _base_folder(tmp_path)
+    spec = run_spec(tiny_config(tmp_path, **LORA, **{"model.path": str(base)}))
+    files, fingerprint = base_files(spec), base_fingerprint(spec)
+    assert [f[0] for f in files] == ["config.json", "model.safetensors"]
+    reads, real_open = [], open
+    monkeypatch.setattr(build, "open", lambda f, *a, **k: reads.append(f.name) or real_open(f, *a, **k), raising=False)
+    assert base_fingerprint(spec, (fingerprint, files)) == fingerprint and reads == []
+    moved = run_spec(tiny_config(tmp_path, **LORA, **{"model.path": str(base.rename(tmp_path / "moved"))}))
+    assert base_fingerprint(moved, (fingerprint, files)) == fingerprint and reads == []
+    weights = tmp_path / "moved" / "model.safetensors"
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched, the same bytes
+    assert base_fingerprint(moved, (fingerprint, files)) == fingerprint and "model.safetensors" in reads
+    tensors = load_file(weights)
+    tensors["model.norm.weight"] = tensors["model.norm.weight"] + 1.0
+    save_file(tensors, weights)  # rewritten: other bytes
+    assert base_fingerprint(moved, (fingerprint, files)) != fingerprint
 
 
 def test_lora_settings_without_a_rank_are_refused(tmp_path):
