@@ -38,8 +38,8 @@ flags.DEFINE_bool("overwrite", False, "train: delete the run already in out_dir 
                   "lists) and start over; export: replace the earlier export in --out (what its "
                   "export_manifest.json lists).")
 flags.DEFINE_integer("games", 0, "eval: games per (game, opponent); default eval.final_games.")
-flags.DEFINE_integer("step", -1, "eval: the checkpoint of this training step (default: the newest); its games "
-                     "are the ones the run played when it evaluated that step.")
+flags.DEFINE_integer("step", -1, "eval, export: the checkpoint of this training step (default: the newest); eval's "
+                     "games are the ones the run played when it evaluated that step.")
 flags.DEFINE_string("out", "", "export: the folder to write the Hugging Face checkpoint to.")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "export: the dtype of the stored weights.")
 flags.DEFINE_bool("adapter", False, "export: a LoRA run's adapters as a PEFT adapter folder (adapter_config.json, "
@@ -99,9 +99,9 @@ COMMANDS = {
              "crossplay or bench.", ("config", "step", "games", "suite", "eval_out", "opponents", "env_ids", "players",
                            "crossplay_env", "kuhn_samples", "bench", "samples", "shots_file", "shots", "limit",
                            "protocol")),
-    "export": ("Write the newest checkpoint as a Hugging Face folder (safetensors, config, tokenizer; a LoRA "
-               "run's adapters merged in, or with --adapter as a PEFT adapter folder).",
-               ("config", "out", "overwrite", "dtype", "max_shard_gib", "adapter")),
+    "export": ("Write the newest checkpoint (or --step's) as a Hugging Face folder (safetensors, config, tokenizer; "
+               "a LoRA run's adapters merged in, or with --adapter as a PEFT adapter folder).",
+               ("config", "step", "out", "overwrite", "dtype", "max_shard_gib", "adapter")),
     "serve": ("Serve the newest checkpoint in out_dir (or model.path) behind an OpenAI-compatible endpoint "
               "(GET /v1/models, POST /v1/chat/completions and /v1/completions, streaming included), e.g. as "
               "an openai:NAME@URL opponent.",
@@ -361,7 +361,7 @@ def _run(command: str, c) -> int:
     if command == "export":  # before any weights are loaded: a folder that is unsafe to write fails now
         from spiral_jax.export import check_export_args
         check_export_args(spec, out, FLAGS.overwrite, FLAGS.adapter, FLAGS.max_shard_gib,
-                          [n for n in COMMANDS["export"][1] if FLAGS[n].present])
+                          [n for n in COMMANDS["export"][1] if FLAGS[n].present], FLAGS.step)
     if command == "serve":  # before any weights are loaded: settings that cannot work fail now
         from spiral_jax.serve.command import serve, serve_settings
         settings = serve_settings(FLAGS, spec)
@@ -374,7 +374,7 @@ def _run(command: str, c) -> int:
     tokenizer = build_tokenizer(spec)  # before the weights: a missing tokenizer fails at once
     cfg, params, source, step = load_policy(spec, mesh, what=command, log=lambda *a, **k: print(*a, **k, file=sys.stderr),
                                             adapters=command == "export" and FLAGS.adapter,
-                                            step=FLAGS.step if command == "eval" and FLAGS.step >= 0 else None)
+                                            step=FLAGS.step if command in ("eval", "export") and FLAGS.step >= 0 else None)
     print(f"[{command}] {source}", file=sys.stderr)
     if command == "eval":
         from spiral_jax.run.evaluate import run_eval

@@ -196,17 +196,27 @@ def _hf_array(spec: ParamSpec, value, layer: int | None, dtype) -> np.ndarray:
     return hf_tensor(spec, np.asarray(jax.device_get(ours), np.float32)).astype(dtype)
 
 
+def _finite(value) -> bool:
+    """No NaN or Inf in `value`, reduced where it lives (a device array is not copied to the host)."""
+    return bool(jnp.isfinite(value).all()) if isinstance(value, jax.Array) else bool(np.isfinite(value).all())
+
+
 def _tensors(cfg: ModelConfig, specs, params, np_dtype) -> list[_Tensor]:
     """The HF tensors of `params` (a tree shaped like `specs`), one per layer of a stacked array,
-    each made in `np_dtype` only when it is written."""
+    each made in `np_dtype` only when it is written. Checked first, before a file is touched: the
+    shapes, and that no array holds NaN or Inf (a model saved with them answers NaN wherever it loads)."""
     flat_specs, flat_params = jax.tree.leaves(specs, is_leaf=is_spec), jax.tree.leaves(params)
     if len(flat_specs) != len(flat_params):
         raise ValueError(f"params do not match the config: {len(flat_params)} arrays, "
                          f"expected {len(flat_specs)} for this {cfg.model_type} config")
-    tensors = []
     for spec, value in zip(flat_specs, flat_params):
         if tuple(value.shape) != tuple(spec.shape):
             raise ValueError(f"{spec.hf_name}: array shape {list(value.shape)} != {list(spec.shape)}")
+    if bad := [spec.hf_name for spec, value in zip(flat_specs, flat_params) if not _finite(value)]:
+        raise ValueError(f"{len(bad)} parameter array(s) hold NaN or Inf (first {bad[0]}), so the saved model would "
+                         f"answer NaN; save finite weights (of a run: an earlier checkpoint, with spiral-jax export --step N)")
+    tensors = []
+    for spec, value in zip(flat_specs, flat_params):
         stacked = "{i}" in spec.hf_name
         for i, s in enumerate(_per_layer(cfg, spec)):
             make = functools.partial(_hf_array, s, value, i if stacked else None, np_dtype)

@@ -82,3 +82,11 @@ def test_save_pretrained_refuses_before_writing_a_weight(params, tmp_path):
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     out = save_pretrained(TINY, params, tmp_path / "c", extra_config={"hidden_size": TINY.hidden_size, "note": 1})
     assert load_pretrained(out)[0].hidden_size == TINY.hidden_size
+    # Weights holding NaN or Inf (on the device, or as NumPy arrays) are named, and the earlier save is kept.
+    written = {f.name: f.read_bytes() for f in out.iterdir()}
+    for broken in (jax.tree.map(lambda x: x, params), jax.tree.map(np.asarray, params)):
+        broken["final_norm"] = broken["final_norm"].at[0].set(np.nan) if isinstance(broken["final_norm"], jax.Array) \
+            else np.where(np.arange(broken["final_norm"].size) == 0, np.inf, broken["final_norm"])
+        with pytest.raises(ValueError, match=r"1 parameter array\(s\) hold NaN or Inf \(first model.norm.weight\)"):
+            save_pretrained(TINY, broken, out)
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == written

@@ -278,7 +278,8 @@ def _config_file(tmp_path, **changes):
 
 def test_export_loads_in_transformers(tmp_path, capsys):
     config = _config_file(tmp_path)
-    assert cli_main(["spiral-jax", "train", f"--config={config}", "--config.train.steps=1"]) == 0
+    assert cli_main(["spiral-jax", "train", f"--config={config}", "--config.train.steps=2",
+                     "--config.train.checkpoint_every=1"]) == 0
     (tmp_path / "a_file").write_text("")
     assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={tmp_path / 'a_file'}"]) == 1
     assert "is a file; export writes a folder" in capsys.readouterr().err
@@ -295,6 +296,15 @@ def test_export_loads_in_transformers(tmp_path, capsys):
         theirs = model(torch.tensor(ids)).logits.numpy()
     np.testing.assert_allclose(theirs, ours, atol=1e-4)
     assert load_pretrained(out)[0] == trainer.cfg.replace(remat=True)  # strict: no tensor missing
+    # --step: an earlier checkpoint's weights (step 1's, before the last update); a step not saved is named.
+    assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={tmp_path / 'step1'}", "--step=1"]) == 0
+    assert "[export] the checkpoint of step 1 in" in capsys.readouterr().err
+    before = np.asarray(jit_forward(load_pretrained(tmp_path / "step1")[1], trainer.cfg, ids))
+    assert not np.allclose(before, ours, atol=1e-4)
+    assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={tmp_path / 'step7'}", "--step=7"]) == 1
+    assert "no checkpoint of step 7" in capsys.readouterr().err and not (tmp_path / "step7").exists()
+    assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={tmp_path / 'x'}", "--step=-2"]) == 1
+    assert "--step=-2: give the training step of a checkpoint" in capsys.readouterr().err
 
 
 @pytest.mark.slow
