@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -72,20 +72,24 @@ class GameStats:
         return out
 
     def summary(self) -> dict:
-        """Machine-readable rates, with the win rate's 95% interval (summary.json)."""
+        """Machine-readable rates, each with its 95% interval (summary.json)."""
         return {"games": self.games, **{w: round(self.rate(w), 4) for w in OUTCOMES},
-                "win_ci": [round(x, 4) for x in self.interval("win")]}
+                **{f"{w}_ci": [round(x, 4) for x in self.interval(w)] for w in OUTCOMES}}
 
     def row(self, name: str) -> str:
-        cells = []
-        for w in OUTCOMES:
-            lo, hi = self.interval(w)
-            cells.append(f"{100 * self.rate(w):5.1f}% [{100 * lo:4.1f}, {100 * hi:5.1f}]")
-        return f"| {name} | {self.games} | " + " | ".join(cells) + " |"
+        return table_row(name, self.summary())
 
 
 TABLE_HEADER = ("| opponent | games | win [95% CI] | draw | loss | invalid |\n"
                 "|---|---|---|---|---|---|")
+
+
+def table_row(name: str, summary: Mapping) -> str:
+    """A row of TABLE_HEADER from a `GameStats.summary()` (as summary.json keeps it); an outcome without
+    its interval (a summary.json that kept the win rate's alone) shows its rate alone."""
+    cells = [f"{100 * summary[w]:5.1f}%" + (f" [{100 * summary[f'{w}_ci'][0]:4.1f}, {100 * summary[f'{w}_ci'][1]:5.1f}]"
+                                            if f"{w}_ci" in summary else "") for w in OUTCOMES]
+    return f"| {name} | {summary['games']} | " + " | ".join(cells) + " |"
 
 
 def summarize(games: Sequence[PlayedGame], policy: str = "model") -> GameStats:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from spiral_jax.eval.games import TABLE_HEADER
+from spiral_jax.eval.games import TABLE_HEADER, table_row
 from spiral_jax.paths import replace_text
 
 _ROW = ("games", "win", "draw", "loss", "invalid")  # what `table` and the RL gain read of an evaluation
@@ -86,10 +86,7 @@ class RunSummary:
         for (env_id, opp), stats in results.items():
             before = start.get(f"{env_id}/{opp}") if step else None  # a run of 0 steps: one row
             if before:
-                lo, hi = before["win_ci"]
-                lines.append(f"| {env_id} vs {opp}, step 0 | {before['games']} | {100 * before['win']:5.1f}% "
-                             f"[{100 * lo:4.1f}, {100 * hi:5.1f}] | {100 * before['draw']:5.1f}% | "
-                             f"{100 * before['loss']:5.1f}% | {100 * before['invalid']:5.1f}% |")
+                lines.append(table_row(f"{env_id} vs {opp}, step 0", before))
             lines.append(stats.row(f"{env_id} vs {opp}, step {step}"))
         kuhn0 = summary.get("kuhn", {}).get("step0")
         if kuhn is not None:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from spiral_jax.envs import INFO_SETS
+from spiral_jax.eval.games import table_row
 from spiral_jax.eval.suite import run_kuhn
 from spiral_jax.metrics import read_scalars
 from spiral_jax.run import Trainer
@@ -46,7 +47,7 @@ def test_summary_json_has_step0_and_final(kuhn_run):
         row = summary["eval"][point]["KuhnPokerChips-v0/random"]
         assert row["games"] == 8
         assert row["win"] + row["draw"] + row["loss"] + row["invalid"] == pytest.approx(1.0, abs=1e-3)
-        assert row["win_ci"][0] <= row["win"] <= row["win_ci"][1]
+        assert all(row[f"{w}_ci"][0] <= row[w] <= row[f"{w}_ci"][1] for w in ("win", "draw", "loss", "invalid"))
         kuhn = summary["kuhn"][point]
         assert set(kuhn["policy"]) == set(INFO_SETS) and kuhn["exploitability"] > 0
     final = results["KuhnPokerChips-v0", "random"]
@@ -56,6 +57,11 @@ def test_summary_json_has_step0_and_final(kuhn_run):
         - summary["eval"]["step0"]["KuhnPokerChips-v0/random"]["win"], abs=1e-4)
     table = lines[-2]  # then the closing line
     assert "vs random, step 0" in table and "vs random, step 2" in table and "at step 0 ->" in table
+    step0, final_row = (next(r for r in table.splitlines() if f"vs random, step {n} |" in r) for n in (0, 2))
+    assert step0.count("[") == final_row.count("[") == 4  # every outcome's interval, in both rows
+    # A summary.json that kept the win rate's interval alone still prints its step-0 row.
+    older = {"games": 8, "win": 0.5, "draw": 0.0, "loss": 0.5, "invalid": 0.0, "win_ci": [0.2, 0.8]}
+    assert table_row("old", older) == "| old | 8 |  50.0% [20.0,  80.0] |   0.0% |  50.0% |   0.0% |"
     assert "after 2 steps (temperature 0.6, top-p 0.95, both seats" in table
     assert lines[-1].startswith("done: outputs are in")
 
