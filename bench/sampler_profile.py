@@ -53,7 +53,14 @@ def output_shapes() -> dict[str, str]:
     """HLO instruction name -> output shape, from the sampler program's optimised HLO."""
     paths = sorted(glob.glob(os.path.join(DUMP, "hlo", "*jit_program*after_optimizations.txt")))
     text = open(paths[-1]).read()
-    return dict(re.findall(r"^\s*%(\S+) = (\S+) ", text, re.M))
+    # A tuple's shape has spaces, "(s32[], f32[8,64]{1,0})", and may hold tuples one level down; one
+    # longer than a column (a while loop's whole state) is named by its number of arrays.
+    def short(shape: str) -> str:
+        shape = re.sub(r"/\*index=\d+\*/", "", shape)
+        return shape if len(shape) <= 60 else f"a tuple of {shape.count('[')} arrays"
+
+    return {name: short(shape) for name, shape in
+            re.findall(r"^\s*%(\S+) = (\((?:[^()]|\([^()]*\))*\)|\S+) ", text, re.M)}
 
 
 def report(events: list[dict], steps: int, top: int) -> None:
