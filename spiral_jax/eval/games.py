@@ -77,7 +77,8 @@ class GameStats:
                 **{f"{w}_ci": [round(x, 4) for x in self.interval(w)] for w in OUTCOMES}}
 
     def row(self, name: str) -> str:
-        return table_row(name, self.summary())
+        return table_row(name, {"games": self.games, **{w: self.rate(w) for w in OUTCOMES},
+                                **{f"{w}_ci": self.interval(w) for w in OUTCOMES}})
 
 
 TABLE_HEADER = ("| opponent | games | win [95% CI] | draw | loss | invalid |\n"
