@@ -38,8 +38,8 @@ flags.DEFINE_bool("overwrite", False, "train: delete the run already in out_dir 
                   "lists) and start over; export: replace the earlier export in --out (what its "
                   "export_manifest.json lists).")
 flags.DEFINE_integer("games", 0, "eval: games per (game, opponent); default eval.final_games.")
-flags.DEFINE_integer("step", -1, "eval, export: the checkpoint of this training step (default: the newest); eval's "
-                     "games are the ones the run played when it evaluated that step.")
+flags.DEFINE_integer("step", -1, "eval, export, serve: the checkpoint of this training step (default: the newest); "
+                     "eval's games are the ones the run played when it evaluated that step.")
 flags.DEFINE_string("out", "", "export: the folder to write the Hugging Face checkpoint to.")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "export: the dtype of the stored weights.")
 flags.DEFINE_bool("adapter", False, "export: a LoRA run's adapters as a PEFT adapter folder (adapter_config.json, "
@@ -102,11 +102,11 @@ COMMANDS = {
     "export": ("Write the newest checkpoint (or --step's) as a Hugging Face folder (safetensors, config, tokenizer; "
                "a LoRA run's adapters merged in, or with --adapter as a PEFT adapter folder).",
                ("config", "step", "out", "overwrite", "dtype", "max_shard_gib", "adapter")),
-    "serve": ("Serve the newest checkpoint in out_dir (or model.path) behind an OpenAI-compatible endpoint "
-              "(GET /v1/models, POST /v1/chat/completions and /v1/completions, streaming included), e.g. as "
-              "an openai:NAME@URL opponent.",
-              ("config", "host", "port", "served_name", "max_tokens", "api_key", "allow_origin", "max_body_mb",
-               "timeout_s", "shutdown_s")),
+    "serve": ("Serve the newest checkpoint in out_dir (or --step's, or model.path) behind an OpenAI-compatible "
+              "endpoint (GET /v1/models, POST /v1/chat/completions and /v1/completions, streaming included), e.g. "
+              "as an openai:NAME@URL opponent.",
+              ("config", "step", "host", "port", "served_name", "max_tokens", "api_key", "allow_origin",
+               "max_body_mb", "timeout_s", "shutdown_s")),
     "plan": ("Memory per device of a config on some hardware, before a run; exit status 1 if it does not fit.",
              ("config", "hardware", "devices", "hosts", "device_memory_gib", "compile")),
     "config": ("Print the resolved config: the file's values with the --config.a.b=v overrides applied.",
@@ -361,20 +361,20 @@ def _run(command: str, c) -> int:
     if command == "export":  # before any weights are loaded: a folder that is unsafe to write fails now
         from spiral_jax.export import check_export_args
         check_export_args(spec, out, FLAGS.overwrite, FLAGS.adapter, FLAGS.max_shard_gib,
-                          [n for n in COMMANDS["export"][1] if FLAGS[n].present], FLAGS.step)
+                          [n for n in COMMANDS["export"][1] if FLAGS[n].present])
     if command == "serve":  # before any weights are loaded: settings that cannot work fail now
         from spiral_jax.serve.command import serve, serve_settings
         settings = serve_settings(FLAGS, spec)
     # eval / export / serve: a checkpoint's parameters in out_dir, else the weights at model.path.
     from spiral_jax.distributed import host_local_mesh
-    from spiral_jax.run.build import build_tokenizer, eval_context, load_policy
+    from spiral_jax.run.build import build_tokenizer, checkpoint_step, eval_context, load_policy
     from spiral_jax.sharding import make_mesh
 
     mesh = host_local_mesh(make_mesh(**spec.mesh))
     tokenizer = build_tokenizer(spec)  # before the weights: a missing tokenizer fails at once
     cfg, params, source, step = load_policy(spec, mesh, what=command, log=lambda *a, **k: print(*a, **k, file=sys.stderr),
                                             adapters=command == "export" and FLAGS.adapter,
-                                            step=FLAGS.step if command in ("eval", "export") and FLAGS.step >= 0 else None)
+                                            step=checkpoint_step(FLAGS.step))
     print(f"[{command}] {source}", file=sys.stderr)
     if command == "eval":
         from spiral_jax.run.evaluate import run_eval

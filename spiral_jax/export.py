@@ -21,17 +21,13 @@ from spiral_jax.tokenizer import read_generation_config
 TOKENIZER_FILES = ("tokenizer", "special_tokens", "vocab", "merges", "added_tokens", "chat_template")
 
 
-def check_export_args(spec, out: str, overwrite: bool, adapter: bool, max_shard_gib: float, given=(),
-                      step: int = -1) -> None:
+def check_export_args(spec, out: str, overwrite: bool, adapter: bool, max_shard_gib: float, given=()) -> None:
     """Before any weights are loaded: a folder that is unsafe to write (`check_export_dir`), a shard size
-    that is no size, a --step that is no step (-1: the newest), --adapter on a run without LoRA adapters
-    or on one whose frozen weights no folder holds (a random init), and --adapter with the flags of
-    merged weights in `given` (those on the command line), which it would ignore."""
+    that is no size, --adapter on a run without LoRA adapters or on one whose frozen weights no folder
+    holds (a random init), and --adapter with the flags of merged weights in `given` (those on the
+    command line), which it would ignore."""
     check_export_dir(out, spec.out_dir, overwrite,
                      reads={"model.path": spec.model_path, "tokenizer.path": spec.tokenizer_path})
-    if step < -1:
-        raise ValueError(f"--step={step}: give the training step of a checkpoint (0 or more), or leave it out for "
-                         f"the newest")
     if not 0 < max_shard_gib < math.inf:
         raise ValueError(f"--max_shard_gib={max_shard_gib:g}: give the largest safetensors file in GiB, a number "
                          f"above 0 (default 5)")

@@ -106,6 +106,14 @@ def check_lora_base(saved: str | None, current: str | None, config_json: str | N
                           f"({current}), which they do not fit: give {fix}")
 
 
+def checkpoint_step(flag: int) -> int | None:
+    """The checkpoint a --step flag names for `load_policy`: None (the newest) for -1, the default."""
+    if flag < -1:
+        raise ValueError(f"--step={flag}: give the training step of a checkpoint (0 or more), or leave it out for "
+                         f"the newest")
+    return None if flag == -1 else flag
+
+
 def load_policy(spec: RunSpec, mesh, what: str = "eval", log=print, adapters: bool = False,
                 step: int | None = None) -> tuple[ModelConfig, dict, str, int]:
     """(cfg, params, where they came from, step) for eval, export and serving: the parameters of the

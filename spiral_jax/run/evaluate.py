@@ -22,6 +22,7 @@ from spiral_jax.models import CheckpointError, ModelConfig
 from spiral_jax.paths import file_in, is_remote, run_path
 from spiral_jax.policies import SCRIPTED, WEIGHTLESS, kind
 from spiral_jax.rollout import PlayedGame
+from spiral_jax.run.build import checkpoint_step
 from spiral_jax.run.setup import RunSpec
 
 SUITES = ("games", "transfer", "kuhn", "crossplay", "bench")
@@ -138,9 +139,7 @@ def check_eval_args(spec: RunSpec, args, given=()) -> None:
     if args.games % 2:
         raise ValueError(f"--games={args.games}: evaluation plays each matchup from both seats equally; give an even "
                          f"number")
-    if getattr(args, "step", -1) < -1:
-        raise ValueError(f"--step={args.step}: give the training step of a checkpoint (0 or more), or leave it out for "
-                         f"the newest")
+    checkpoint_step(getattr(args, "step", -1))
     for name in ("opponents", "env_ids", "players", "bench"):
         values = list(getattr(args, name))
         if twice := next((v for i, v in enumerate(values) if v in values[:i]), None):

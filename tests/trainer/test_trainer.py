@@ -305,6 +305,8 @@ def test_export_loads_in_transformers(tmp_path, capsys):
     assert "no checkpoint of step 7" in capsys.readouterr().err and not (tmp_path / "step7").exists()
     assert cli_main(["spiral-jax", "export", f"--config={config}", f"--out={tmp_path / 'x'}", "--step=-2"]) == 1
     assert "--step=-2: give the training step of a checkpoint" in capsys.readouterr().err
+    assert cli_main(["spiral-jax", "serve", f"--config={config}", "--port=0", "--step=7"]) == 1  # before serving
+    assert "no checkpoint of step 7" in capsys.readouterr().err
 
 
 @pytest.mark.slow
