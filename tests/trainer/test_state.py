@@ -78,6 +78,26 @@ def test_a_restore_reads_only_the_newest_pool_snapshots_it_keeps(tmp_path, tiny_
     ckpt.close()
 
 
+def test_a_pool_saved_as_a_standard_item_restores(tmp_path, tiny_model, monkeypatch):
+    """Checkpoints whose pool was written with orbax's StandardSave read back as the PyTree they are."""
+    import orbax.checkpoint as ocp
+
+    saved = _state(tiny_model, 2.0)
+    saved = dataclasses.replace(saved, pool=[saved.pool[0], jax.tree.map(lambda x: x * 3, saved.pool[0])],
+                                pool_steps=[4, 5])
+    with monkeypatch.context() as m:
+        m.setattr(ocp.args, "PyTreeSave", ocp.args.StandardSave)
+        ckpt = Checkpointer(tmp_path / "checkpoints", async_save=False)
+        saved.save(ckpt, seed=3, config_json="{}")
+        ckpt.close()
+    like = _state(tiny_model, 1.0)
+    for keep in (None, 1):
+        restored = RunState.restore(Checkpointer(tmp_path / "checkpoints"), like, like.pool[0],
+                                    log=lambda *_: None, pool_keep=keep)
+        n = 2 if keep is None else 1
+        _assert_equal(dataclasses.replace(saved, pool=saved.pool[-n:], pool_steps=[4, 5][-n:], config="{}"), restored)
+
+
 def _damage(folder):
     for data in [p for p in (folder / "state").rglob("*") if p.is_file()]:  # every file cut short
         with open(data, "r+b") as f:
