@@ -85,11 +85,14 @@ def check_lora_alpha(config_json: str | None, cfg: ModelConfig, source: str) -> 
                               f"--config.model.lora.alpha={alpha}")
 
 
-def check_lora_base(saved: str | None, current: str | None, config_json: str | None, spec: RunSpec,
+def check_lora_base(saved: str | None, saved_files: list | None, config_json: str | None, spec: RunSpec,
                     source: str) -> None:
     """Adapters trained on other frozen weights than this config's (another model.path, its files
     changed, another random init) would sit on the wrong weights: refused, naming the weights the run
-    that wrote them trained on (the config JSON a checkpoint keeps)."""
+    that wrote them trained on (the config JSON a checkpoint keeps). `saved`, `saved_files`: the
+    checkpoint's fingerprint and the files it was taken of (`base_fingerprint`); both None for a full
+    fine-tune."""
+    current = base_fingerprint(spec, (saved, saved_files)) if spec.model.lora_rank else None
     if saved == current:
         return
     if saved is None or current is None:
@@ -137,9 +140,7 @@ def load_policy(spec: RunSpec, mesh, what: str = "eval", log=print, adapters: bo
             source = f"the checkpoint of step {step} in {ckpt.directory}"
             if cfg.lora_rank:
                 check_lora_alpha(meta.get("config"), cfg, source)
-                check_lora_base(meta.get("lora_base"), base_fingerprint(spec, (meta.get("lora_base"),
-                                                                               meta.get("lora_base_files"))),
-                                meta.get("config"), spec, source)
+                check_lora_base(meta.get("lora_base"), meta.get("lora_base_files"), meta.get("config"), spec, source)
                 if adapters:
                     return cfg, params, source, step
                 params = lora.merge(lora.join(_base_weights(spec, mesh), params), cfg)

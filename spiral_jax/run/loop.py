@@ -152,9 +152,8 @@ class Trainer:
                                  pool_keep=r.pool_size if r.mode == "pool" else 0)
         if self.cfg.lora_rank:
             check_lora_alpha(state.config, self.cfg, f"the checkpoint of step {state.step} in {self.ckpt.directory}")
-        files = base_files(self.spec) if self.cfg.lora_rank else None
-        base_id = base_fingerprint(self.spec, (state.lora_base, state.lora_base_files)) if self.cfg.lora_rank else None
-        check_lora_base(state.lora_base, base_id, state.config, self.spec,
+        files = base_files(self.spec) if self.cfg.lora_rank else None  # taken before the files are hashed
+        check_lora_base(state.lora_base, state.lora_base_files, state.config, self.spec,
                         f"the checkpoint of step {state.step} in {self.ckpt.directory}")
         state.lora_base_files = files  # as checked: the next checkpoint's record
         self.state, self.saved_step = state, state.step
