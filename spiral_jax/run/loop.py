@@ -294,8 +294,10 @@ class Trainer:
                 f"({'step ' + str(newest) if newest is not None else 'none saved yet: start over'})")
 
     def run(self) -> dict:
-        """Evaluate at step 0 (fresh runs), train to `train.steps`, then print and return the final
-        evaluation table; both evaluations go to out_dir/summary.json."""
+        """Evaluate at step 0 (fresh runs), train to `train.steps`, then print the final evaluation
+        table and return its results ({(env id, opponent): GameStats}); both evaluations go to
+        out_dir/summary.json. A resume of a finished run whose final evaluation summary.json holds,
+        made under the same config, prints that table again and returns {}, as a stopped run does."""
         cad, e, s = self.spec.cadence, self.spec.evaluation, self.state
         handlers = {sig: signal.signal(sig, self.request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
         self._start_banner()
@@ -304,6 +306,11 @@ class Trainer:
                 imitate(self)
                 if self._stop:
                     return self._stopped()
+            if s.step >= cad.steps and self.summary.final_recorded(s.step, self.spec.config_json):
+                self.log(f"the run finished at step {s.step} and summary.json holds its final evaluation under "
+                         f"this config, so nothing is run again (`spiral-jax eval` evaluates a checkpoint anew)")
+                self.log(self.summary.table(s.step, e.sampling, self.out / "tensorboard"))
+                return {}
             if s.step == 0 and "step0" not in self.summary.read()["eval"]:
                 self.log(f"[eval] step 0, before any RL update: {e.final_games} games per opponent")
                 self.summary.record_games("step0", 0, *self.evaluate(e.final_games, cad.transcripts))
@@ -333,8 +340,9 @@ class Trainer:
                 self.save()
             results, kuhn = self.evaluate(e.final_games, cad.transcripts)
             self.summary.record_math("final", self.evaluate_math())
-            self.summary.record_games("final", s.step, results, kuhn, wall_time_s=self.wall_time())
-            self.log(self.summary.table(s.step, results, kuhn, e.sampling, self.out / "tensorboard"))
+            self.summary.record_games("final", s.step, results, kuhn, wall_time_s=self.wall_time(),
+                                      config_json=self.spec.config_json)
+            self.log(self.summary.table(s.step, e.sampling, self.out / "tensorboard"))
             self.log(f"done: outputs are in {self.out}: summary.json, checkpoints/ (step {s.step}), "
                      f"tensorboard/, eval/ (reports and transcripts of every evaluation), config.json")
             return results

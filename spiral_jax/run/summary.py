@@ -7,6 +7,7 @@ described in docs/learning.md.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -47,15 +48,20 @@ class RunSummary:
         if self.write:
             replace_text(self.path, json.dumps(summary, indent=1) + "\n")
 
-    def record_games(self, point: str, step: int, results: dict, kuhn, wall_time_s: float | None = None) -> None:
+    def record_games(self, point: str, step: int, results: dict, kuhn, wall_time_s: float | None = None,
+                     config_json: str | None = None) -> None:
         """The evaluation at `point` ("step0" or "final"): {(env id, opponent): GameStats} and the
         Kuhn estimate (or None); `wall_time_s`, when given, is the run's wall time so far, resumes
-        included."""
+        included; `config_json`, when given, is the config evaluated under, kept as its hash."""
         summary = self.read()
+        if config_json is not None:
+            summary[f"{point}_config_sha256"] = _sha256(config_json)
         summary["eval"][point] = {f"{env_id}/{opp}": stats.summary() for (env_id, opp), stats in results.items()}
         if kuhn is not None:
             summary.setdefault("kuhn", {})[point] = {"exploitability": kuhn.exploitability.exploitability,
                                                      "policy": dict(kuhn.aggression)}
+        else:  # not estimated this time: an earlier process's estimate is not this evaluation's
+            summary.get("kuhn", {}).pop(point, None)
         summary["steps"] = step
         if wall_time_s is not None:
             summary["wall_time_s"] = round(wall_time_s, 1)
@@ -75,26 +81,37 @@ class RunSummary:
                      "boxed": r.boxed_rate, "truncated": r.truncated_rate} for r in results}
         self._replace(summary)
 
-    def table(self, step: int, results: dict, kuhn, sampling, tensorboard: Path) -> str:
-        """The final evaluation, each row under its step-0 row (the RL gain), and where to look.
-        sampling: the evaluation's SamplingParams, named in the title."""
+    def final_recorded(self, step: int, config_json: str) -> bool:
+        """Whether the final evaluation of `step` is recorded, made under this very config."""
         summary = self.read()
-        start = summary["eval"].get("step0", {})
+        return ("final" in summary["eval"] and summary["steps"] == step
+                and summary.get("final_config_sha256") == _sha256(config_json))
+
+    def table(self, step: int, sampling, tensorboard: Path) -> str:
+        """The final evaluation as recorded, each row under its step-0 row (the RL gain), and where to
+        look. sampling: the evaluation's SamplingParams, named in the title."""
+        summary = self.read()
+        start, final = summary["eval"].get("step0", {}), summary["eval"]["final"]
         how = "greedy" if sampling.greedy else f"temperature {sampling.temperature}, top-p {sampling.top_p}"
         lines = [f"\nfinal evaluation after {step} steps ({how}, both "
                  f"seats; invalid = lost by an invalid move)", TABLE_HEADER]
-        for (env_id, opp), stats in results.items():
-            before = start.get(f"{env_id}/{opp}") if step else None  # a run of 0 steps: one row
+        for key, row in final.items():
+            name = key.replace("/", " vs ", 1)  # "<game>/<opponent>"; an opponent may be a path
+            before = start.get(key) if step else None  # a run of 0 steps: one row
             if before:
-                lines.append(table_row(f"{env_id} vs {opp}, step 0", before))
-            lines.append(stats.row(f"{env_id} vs {opp}, step {step}"))
-        kuhn0 = summary.get("kuhn", {}).get("step0")
-        if kuhn is not None:
-            was = f"{kuhn0['exploitability']:.3f} at step 0 -> " if kuhn0 else ""
+                lines.append(table_row(f"{name}, step 0", before))
+            lines.append(table_row(f"{name}, step {step}", row))
+        kuhn = summary.get("kuhn", {})
+        if "final" in kuhn:
+            was = f"{kuhn['step0']['exploitability']:.3f} at step 0 -> " if "step0" in kuhn else ""
             lines.append(f"\nKuhn exploitability (one round, chips/hand): {was}"
-                         f"{kuhn.exploitability.exploitability:.3f} at step {step}")
+                         f"{kuhn['final']['exploitability']:.3f} at step {step}")
         lines.append(f"\nsummary: {self.path}; curves: tensorboard --logdir {tensorboard}")
         return "\n".join(lines)
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _check(summary: dict) -> None:

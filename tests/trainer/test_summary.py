@@ -166,6 +166,27 @@ def test_a_run_of_no_steps_prints_each_evaluation_once(tmp_path):
     assert set(summary["eval"]) == {"step0", "final"} and summary["steps"] == 0
 
 
+def test_a_resume_of_a_finished_run_evaluates_again_only_under_another_config(tmp_path):
+    """`train --resume` of a run that finished: under the same config summary.json's final evaluation
+    stands (the table is printed from it, nothing is played); under another one it is made again."""
+    changes = {"train.steps": 0, "eval.final_games": 2, "eval.opponents": ("random",)}
+    first = []
+    Trainer.from_config(tiny_config(tmp_path, **changes), log=first.append).run()
+    path = tmp_path / "run" / "summary.json"
+    recorded = path.read_text()
+    again = []
+    assert Trainer.from_config(tiny_config(tmp_path, **changes), resume=True, log=again.append).run() == {}
+    assert path.read_text() == recorded and again[-1] == first[-2]  # the same table, from the file
+    assert "nothing is run again" in again[-2] and not any("[eval]" in line for line in again)
+    other = []
+    results = Trainer.from_config(tiny_config(tmp_path, **{**changes, "eval.final_games": 4}), resume=True,
+                                  log=other.append).run()
+    assert results["TicTacToe-v0", "random"].games == 4
+    summary = json.loads(path.read_text())
+    assert summary["eval"]["final"]["TicTacToe-v0/random"]["games"] == 4
+    assert summary["eval"]["step0"]["TicTacToe-v0/random"]["games"] == 2  # kept: step 0 is not evaluated again
+
+
 def test_a_summary_json_that_cannot_be_read_back_is_set_aside_not_a_crash(tmp_path):
     """A damaged summary.json (cut off, not UTF-8, a list, rows without rates) found by a resumed run
     at its final evaluation: the run does not stop over it; the file is set aside under a new name
@@ -186,5 +207,10 @@ def test_a_summary_json_that_cannot_be_read_back_is_set_aside_not_a_crash(tmp_pa
         assert json.loads(path.read_text())["eval"]["final"]["Nim-v0/random"]["win"] == 0.5
         aside = path.with_name("summary.json.unreadable" + (f"-{n}" if n > 1 else ""))
         assert aside.read_bytes() == data and len(logged) == n and "set aside as" in logged[-1]
-    assert "step 4" in summary.table(4, {("Nim-v0", "random"): stats}, None, type("S", (), {"greedy": True}),
-                                     tmp_path / "tensorboard")
+    assert "Nim-v0 vs random, step 4 |" in summary.table(4, type("S", (), {"greedy": True}), tmp_path / "tensorboard")
+    # An evaluation without a Kuhn estimate drops the one an earlier process recorded at its point.
+    on_file = json.loads(path.read_text())
+    path.write_text(json.dumps({**on_file, "kuhn": {"step0": {"exploitability": 0.3}, "final": {"exploitability": 0.2}}}))
+    summary.record_games("final", 4, {("Nim-v0", "random"): stats}, None)
+    assert json.loads(path.read_text())["kuhn"] == {"step0": {"exploitability": 0.3}}
+    assert "Kuhn" not in summary.table(4, type("S", (), {"greedy": True}), tmp_path / "tensorboard")
