@@ -139,6 +139,9 @@ def check_eval_args(spec: RunSpec, args, given=()) -> None:
     if args.games % 2:
         raise ValueError(f"--games={args.games}: evaluation plays each matchup from both seats equally; give an even "
                          f"number")
+    if suite in ("games", "transfer", "crossplay") and not args.games and not spec.evaluation.final_games:
+        raise ValueError(f"--suite {suite} plays eval.final_games games per matchup without --games, and the config "
+                         f"sets it to 0 (no final evaluation); give --games N (an even number)")
     checkpoint_step(getattr(args, "step", -1))
     for name in ("opponents", "env_ids", "players", "bench"):
         values = list(getattr(args, name))

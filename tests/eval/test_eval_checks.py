@@ -1,0 +1,31 @@
+"""`spiral-jax eval`'s flags checked against the config before any weights load (`check_eval_args`)."""
+from types import SimpleNamespace
+
+import pytest
+
+from spiral_jax.config import base_config
+from spiral_jax.run.evaluate import check_eval_args
+from spiral_jax.run.setup import run_spec
+
+
+def args(**kw):
+    base = dict(suite="games", games=0, eval_out="", opponents=[], env_ids=[], players=[], crossplay_env="Nim-v0",
+                kuhn_samples=0, bench=[], samples=1, shots_file="", shots=0, limit=0, protocol="", step=-1)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def spec(tmp_path, **evaluation):
+    c = base_config()
+    c.out_dir = str(tmp_path)
+    c.eval.update(evaluation)
+    return run_spec(c)
+
+
+@pytest.mark.parametrize("suite, more", [("games", {}), ("transfer", {}), ("crossplay", dict(opponents=["random"]))])
+def test_no_games_to_play_is_refused_before_the_weights_load(suite, more, tmp_path):
+    """Without --games a suite plays eval.final_games per matchup; a config that sets it to 0 (no final
+    evaluation) would leave nothing to play and fail only once the weights are loaded."""
+    with pytest.raises(ValueError, match=f"--suite {suite} plays eval.final_games .* 0 .*give --games N"):
+        check_eval_args(spec(tmp_path, final_games=0), args(suite=suite, **more))
+    check_eval_args(spec(tmp_path, final_games=0), args(suite=suite, games=2, **more))
+    check_eval_args(spec(tmp_path, final_games=0), args(suite="kuhn"))  # plays no games
