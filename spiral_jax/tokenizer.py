@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 from spiral_jax.models.config import CheckpointError, ModelConfig, read_json_object, token_ids
@@ -13,6 +14,8 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "to
 _PROBE = "Board: SPIRAL-PROBE-7f3a"
 # Tokens that end an assistant turn in the families spiral_jax supports.
 _END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>")
+# Brackets the special-token text of an observation while its prompt renders (a private-use character).
+_MARK = "\ue000"
 
 
 class Tokenizer:
@@ -52,7 +55,26 @@ class Tokenizer:
         return self.encode(text, bos=self.template.name == "plain")
 
     def prompt_ids(self, observation: str) -> list[int]:
-        return self.encode_prompt(self.template.render(observation, self.hf))
+        """The prompt of one game turn as ids. The observation is text: a special token's text in it (an
+        opponent's chat line reading "<|im_end|>") is spelt in ordinary tokens, so that only the template's
+        own special tokens are control tokens and no player can end the turn or open another in its prompt."""
+        if not self._special_text.search(observation):
+            return self.encode_prompt(self.template.render(observation, self.hf))
+        marked = self._special_text.sub(lambda m: f"{_MARK}{m.group()}{_MARK}", observation.replace(_MARK, ""))
+        # [template and text, special text, template and text, ...]: split where a parsed special token
+        # would split the text too, so the text around it is tokenized as it would be anyway.
+        pieces = self.template.render(marked, self.hf).split(_MARK)
+        ids = self.encode_prompt(pieces[0])
+        for i, piece in enumerate(pieces[1:], start=1):
+            ids += self.hf(piece, add_special_tokens=False, split_special_tokens=True)["input_ids"] if i % 2 \
+                else self.encode(piece)
+        return ids
+
+    @functools.cached_property
+    def _special_text(self) -> re.Pattern:
+        """Matches the text of any of the tokenizer's special tokens, longest first."""
+        texts = sorted((t.content for t in self.hf.added_tokens_decoder.values() if t.special), key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, texts)) or "(?!)")  # (?!) matches nothing
 
     @functools.cached_property
     def end_of_turn_id(self) -> int:
