@@ -124,17 +124,21 @@ def _event_files(folder) -> list:
 
 def _records(data: bytes) -> Iterator[bytes]:
     """The records of a TFRecord file (length, its CRC, data, its CRC); a last record cut off by a
-    crash mid-write is left out. A length that fails its CRC is a ValueError: past it, where each
-    record starts is unknown."""
+    crash mid-write is left out. A length or data that fails its CRC is a ValueError: past a bad length,
+    where each record starts is unknown, and bad data may still parse, as other values (TensorBoard
+    reads no further either)."""
     at = 0
     while at + 12 <= len(data):
         (length,) = struct.unpack_from("<Q", data, at)
         if struct.unpack_from("<I", data, at + 8)[0] != masked_crc32c(data[at:at + 8]):
             raise ValueError(f"the record at byte {at} is damaged")
-        if at + 12 + length + 4 > len(data):
+        end = at + 12 + length
+        if end + 4 > len(data):
             return
-        yield data[at + 12:at + 12 + length]
-        at += 12 + length + 4
+        if struct.unpack_from("<I", data, end)[0] != masked_crc32c(data[at + 12:end]):
+            raise ValueError(f"the data of the record at byte {at} is damaged")
+        yield data[at + 12:end]
+        at = end + 4
 
 
 def prune_events(logdir, stale: Callable[[str, int], bool], log=print) -> int:

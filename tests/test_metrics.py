@@ -124,3 +124,25 @@ def test_a_bootstrap_state_marks_its_own_later_steps_stale():
     assert [state.logged_after("bootstrap/loss", s) for s in (19, 20)] == [False, True]
     assert [state.logged_after("time/checkpoint", s) for s in (0, 1)] == [False, True]
     assert not RunState(train=None, step=7).logged_after("bootstrap/loss", 500)
+
+
+def test_an_event_whose_data_fails_its_crc_is_not_read_nor_rewritten(tmp_path):
+    """A flipped bit in a logged value still parses, as another value: the data's CRC catches it, so
+    reading stops before it (as TensorBoard does) and pruning does not write it back with a valid CRC."""
+    import struct
+
+    from spiral_jax.metrics import prune_events
+
+    writer = MetricsWriter(tmp_path)
+    for step in range(3):
+        writer.scalars(step, {"train/loss": 1.5})
+    writer.close()
+    (events,) = tmp_path.iterdir()
+    data = bytearray(events.read_bytes())
+    data[data.rfind(struct.pack("<f", 1.5)) + 3] ^= 0x01  # step 2's 1.5 would read as 0.375
+    events.write_bytes(bytes(data))
+    logged = []
+    assert read_scalars(tmp_path, logged.append)["train/loss"] == [(0, 1.5), (1, 1.5)]
+    assert prune_events(tmp_path, lambda tag, step: step == 0, logged.append) == 0
+    assert events.read_bytes() == bytes(data)
+    assert "data of the record at byte" in logged[0] and "is left as it is" in logged[1]
