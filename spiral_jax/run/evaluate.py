@@ -85,12 +85,17 @@ def evaluate_math(ctx: EvalContext, spec: RunSpec, files: dict, folder, writer=N
 
 def _named(spec: str, taken: set[str]) -> tuple[str, str]:
     """(label, folder) of a model given as "name=path" or "path" (labelled by its folder's name); a
-    label already in `taken` (added to it otherwise) would put one model's games under another's."""
+    label already in `taken` (added to it otherwise) would put one model's games under another's, and a
+    label that is itself a player's name (self, random, ...) would be played or reported as that player."""
     name, _, path = spec.partition("=")
-    label, path = (name, path) if path else (Path(spec).name, spec)
+    label, path = (name, path) if path else (Path(os.path.abspath(spec)).name, spec)
     if label in taken:
         raise ValueError(f"{spec!r}: the name {label!r} is taken by another player; label each model "
                          f"folder apart with name=path (e.g. {label}_2={path})")
+    if not label or kind(label) != "checkpoint":
+        what = "an empty name" if not label else f"the name of the player {label!r}"
+        raise ValueError(f"{spec!r}: a model folder labelled with {what}; label it with a name of its own, "
+                         f"NAME=path (e.g. {Path(os.path.abspath(path)).name or 'other'}_model={path})")
     taken.add(label)
     return label, path
 

@@ -1,4 +1,5 @@
 """`spiral-jax eval`'s flags checked against the config before any weights load (`check_eval_args`)."""
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -6,6 +7,7 @@ import pytest
 from spiral_jax.config import base_config
 from spiral_jax.run.evaluate import check_eval_args
 from spiral_jax.run.setup import run_spec
+from tests.tiny_models import TINY
 
 
 def args(**kw):
@@ -29,3 +31,24 @@ def test_no_games_to_play_is_refused_before_the_weights_load(suite, more, tmp_pa
         check_eval_args(spec(tmp_path, final_games=0), args(suite=suite, **more))
     check_eval_args(spec(tmp_path, final_games=0), args(suite=suite, games=2, **more))
     check_eval_args(spec(tmp_path, final_games=0), args(suite="kuhn"))  # plays no games
+
+
+@pytest.mark.parametrize("flag, given, said", [
+    ("opponents", "self={hf}", "the name of the player 'self'"),  # it played the evaluated model itself
+    ("opponents", "random={hf}", "the name of the player 'random'"),  # reported as the random player
+    ("players", "scripted={hf}", "the name of the player 'scripted'"),
+    ("opponents", "pool/3={hf}", "the name of the player 'pool/3'"),
+    ("opponents", "={hf}", "an empty name"),
+    ("opponents", "{tmp}/random", "the name of the player 'random'"),  # labelled by its folder's name
+])
+def test_a_model_folder_is_not_labelled_as_another_player(flag, given, said, tmp_path):
+    """A model folder's label names its games and weights: "self" would play the evaluated model in its
+    place, "random" would report its games as the random player's; both are refused, with a label to use."""
+    for folder in (tmp_path / "hf", tmp_path / "random"):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(TINY.to_hf_dict()))
+    suite = "crossplay" if flag == "players" else "games"
+    given = given.format(hf=tmp_path / "hf", tmp=tmp_path)
+    with pytest.raises(ValueError, match=f"{said}; label it with a name of its own, NAME=path"):
+        check_eval_args(spec(tmp_path), args(suite=suite, games=2, **{flag: [given]}))
+    check_eval_args(spec(tmp_path), args(suite=suite, games=2, **{flag: [f"other={tmp_path / 'hf'}"]}))
