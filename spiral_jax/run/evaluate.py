@@ -10,6 +10,7 @@ again plays the very games the run played at step N.
 from __future__ import annotations
 
 import os
+import textwrap
 import time
 from pathlib import Path
 
@@ -33,12 +34,14 @@ SUITE_FLAGS = {"games": ("games", "opponents", "env_ids"), "transfer": ("games",
 
 
 def transcript(game: PlayedGame) -> str:
-    """One game as markdown, for TensorBoard's text tab."""
+    """One game as markdown, for TensorBoard's text tab: each response as a code block, every line of it
+    indented, so that its later lines (a reasoning model's <think>, a "#") are shown as written rather
+    than rendered as markdown or HTML."""
     rec = game.record
     lines = [f"{rec.env_id} seed {rec.seed}, seats {game.seats}, rewards {rec.rewards}: {rec.reason}", ""]
     for t in rec.turns:
         lines.append(f"**player {t.player}** -> `{t.action}`{'' if t.valid else ' (invalid)'}\n\n"
-                     f"    {t.response.strip()[:500]}")
+                     + textwrap.indent(t.response.strip()[:500], "    ", lambda line: True))
     return "\n\n".join(lines)
 
 

@@ -109,3 +109,14 @@ def test_an_invalid_retry_cut_off_by_the_turn_limit_is_a_draw_for_both_seats():
     assert [outcome(PlayedGame(cut, ("model", "random"), []), seat) for seat in (0, 1)] == ["draw", "draw"]
     ended = GameRecord(0, "textarena:Free-v0", 1, turns, {0: -1.0, 1: 0.0}, "invalid move")
     assert [outcome(PlayedGame(ended, ("model", "random"), []), seat) for seat in (0, 1)] == ["invalid", "win"]
+
+
+def test_tensorboard_transcript_shows_every_line_of_a_response_as_written():
+    """Each line of a response is indented into the code block: unindented, the lines after the first
+    were rendered as markdown, a reasoning model's <think> as an HTML tag TensorBoard drops."""
+    from spiral_jax.run.evaluate import transcript
+
+    response = "<think>\nthe centre is free\n\n# best move\n</think>\n\\boxed{[4]}"
+    game = _game(0, ("model", "random"), [Turn(0, "obs", response, "[4]", True)], {0: 1.0, 1: -1.0}, [])
+    block = transcript(game).split("-> `[4]`\n\n")[1]
+    assert block.splitlines() == ["    " + line for line in response.splitlines()]
