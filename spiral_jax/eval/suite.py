@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from typing import Mapping, Sequence
 
 from spiral_jax.eval import benchmarks, crossplay, game_report, kuhn_policy
@@ -106,8 +107,13 @@ def run_kuhn(ctx: EvalContext, out_dir, k: int = 0, answer_template: str = "\\bo
     out = run_path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "kuhn.md").write_text(f"## Kuhn poker exploitability (one round, {env_id}; {how})\n\n"
-                                 + est.markdown())
+                                 + est.markdown() + _settings_line(ctx.settings(kuhn_samples=k)))
     return est
+
+
+def _settings_line(settings: dict) -> str:
+    """The closing line of a markdown report: the settings its numbers were read under."""
+    return f"\nSettings: {json.dumps(settings)}\n"
 
 
 def run_crossplay(ctx: EvalContext, out_dir, players: Mapping[str, object], env_id: str,
@@ -121,7 +127,8 @@ def run_crossplay(ctx: EvalContext, out_dir, players: Mapping[str, object], env_
     out = run_path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "crossplay.md").write_text(f"## Cross-play on {env_id} ({games_per_pair} games per pair)\n\n"
-                                      + crossplay.markdown(result, ratings))
+                                      + crossplay.markdown(result, ratings)
+                                      + _settings_line(ctx.settings(games_per_pair=games_per_pair)))
     try:
         crossplay.heatmap(result, out / "crossplay.png", f"{env_id}: score of row vs column")
     except ImportError:

@@ -22,7 +22,10 @@ def test_games_kuhn_and_benchmarks(ctx, tmp_path):
     with pytest.raises(ValueError, match="exact Kuhn scoring"):  # a random model never writes the answers
         run_kuhn(ctx, tmp_path)
     sampled = run_kuhn(ctx, tmp_path / "sampled", k=2)
-    assert "2 samples per information set" in (tmp_path / "sampled" / "kuhn.md").read_text()
+    report = (tmp_path / "sampled" / "kuhn.md").read_text()
+    assert "2 samples per information set" in report
+    settings = json.loads(report.split("\nSettings: ")[1])  # what the samples were drawn under
+    assert settings["temperature"] == 0.6 and settings["top_p"] == 0.95 and settings["kuhn_samples"] == 2
     assert all(sampled.samples[i] + round(2 * sampled.invalid_rate[i]) == 2 for i in sampled.samples)
 
     items = tmp_path / "items.jsonl"
@@ -47,5 +50,8 @@ def test_crossplay_with_a_model_folder(ctx, tmp_path):
     share = np.nansum(result.score, axis=1) / np.nansum(result.games, axis=1)
     assert all((ratings.elo[i] - ratings.elo[j]) * (share[i] - share[j]) >= 0
                for i in range(3) for j in range(3) if abs(share[i] - share[j]) > 1e-9)
-    assert "| model |" in (tmp_path / "crossplay.md").read_text()
+    report = (tmp_path / "crossplay.md").read_text()
+    assert "| model |" in report
+    settings = json.loads(report.split("\nSettings: ")[1])  # what the games were played under
+    assert settings["temperature"] == 0.6 and settings["games_per_pair"] == 2 and settings["step"] == ctx.step
 
