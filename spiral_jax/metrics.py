@@ -26,6 +26,10 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 
 from spiral_jax.paths import is_remote, replace_bytes, run_path
 
+# The x axis of every value mirrored to W&B. W&B's own step may only grow (it drops values logged at an
+# earlier one), while a run's steps start again: the bootstrap counts its own, then RL counts from 0.
+WANDB_STEP = "step"
+
 
 class MetricsWriter:
     """Scalars and text to `logdir`; a no-op on every process but 0 (or when logdir is None)."""
@@ -49,6 +53,8 @@ class MetricsWriter:
                 self._wandb = wandb_module.init(project=wandb.get("project") or None,
                                                 entity=wandb.get("entity") or None,
                                                 name=wandb.get("name") or None, config=dict(config or {}))
+                self._wandb.define_metric(WANDB_STEP)
+                self._wandb.define_metric("*", step_metric=WANDB_STEP)
 
     def _add(self, step: int, value: summary_pb2.Summary.Value) -> None:
         event = event_pb2.Event(wall_time=time.time(), step=int(step),
@@ -61,7 +67,7 @@ class MetricsWriter:
         for tag, v in values.items():
             self._add(step, summary_pb2.Summary.Value(tag=tag, simple_value=float(v)))
         if self._wandb is not None:
-            self._wandb.log({tag: float(v) for tag, v in values.items()}, step=int(step))
+            self._wandb.log({**{tag: float(v) for tag, v in values.items()}, WANDB_STEP: int(step)})
 
     def text(self, step: int, tag: str, text: str) -> None:
         if self._writer is None:
@@ -72,7 +78,7 @@ class MetricsWriter:
             plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="text"))
         self._add(step, summary_pb2.Summary.Value(tag=tag, metadata=meta, tensor=tensor))
         if self._wandb is not None:
-            self._wandb.log({tag: text}, step=int(step))
+            self._wandb.log({tag: text, WANDB_STEP: int(step)})
 
     def flush(self) -> None:
         if self._writer is not None:

@@ -9,11 +9,19 @@ from spiral_jax.metrics import MetricsWriter, read_scalars
 
 
 class FakeRun:
-    def __init__(self, **init):
-        self.init, self.logged, self.finished = init, [], False
+    """Keeps what W&B keeps: a value logged at a step below W&B's current one is dropped."""
 
-    def log(self, values, step):
-        self.logged.append((step, values))
+    def __init__(self, **init):
+        self.init, self.logged, self.finished, self.axes, self.step = init, [], False, {}, 0
+
+    def define_metric(self, name, step_metric=None):
+        self.axes[name] = step_metric
+
+    def log(self, values, step=None):
+        if step is not None and step < self.step:
+            return
+        self.step = self.step + 1 if step is None else step
+        self.logged.append(values)
 
     def finish(self):
         self.finished = True
@@ -36,8 +44,21 @@ def test_scalars_go_to_tensorboard_and_wandb(tmp_path, fake_wandb):
     assert read_scalars(tmp_path)["train/loss"] == [(5, 0.25)]
     (run,) = fake_wandb
     assert run.init == {"project": "p", "entity": None, "name": "run1", "config": {"seed": 3}}
-    assert run.logged == [(5, {"train/loss": 0.25, "rollout/games": 64.0}), (5, {"config": "{}"})]
-    assert run.finished
+    assert run.logged == [{"train/loss": 0.25, "rollout/games": 64.0, "step": 5}, {"config": "{}", "step": 5}]
+    assert run.axes == {"step": None, "*": "step"} and run.finished
+
+
+def test_wandb_keeps_the_steps_of_a_run_that_counts_from_0_again(tmp_path, fake_wandb):
+    """The bootstrap logs its own steps, then RL counts from 0: W&B drops values logged below its own
+    step, so every value goes at W&B's next step with the run's step as its x axis."""
+    writer = MetricsWriter(tmp_path, wandb={"enabled": True})
+    for step in (0, 10, 20):
+        writer.scalars(step, {"bootstrap/loss": 1.0})
+    for step in (0, 1):
+        writer.scalars(step, {"train/loss": 0.5})
+    writer.close()
+    (run,) = fake_wandb
+    assert run.logged[3:] == [{"train/loss": 0.5, "step": 0}, {"train/loss": 0.5, "step": 1}]
 
 
 def test_wandb_off_by_default_and_a_clear_error_without_the_package(tmp_path, fake_wandb, monkeypatch):
