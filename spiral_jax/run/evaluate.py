@@ -150,6 +150,9 @@ def check_eval_args(spec: RunSpec, args, given=()) -> None:
     if suite in ("games", "transfer", "crossplay") and not args.games and not spec.evaluation.final_games:
         raise ValueError(f"--suite {suite} plays eval.final_games games per matchup without --games, and the config "
                          f"sets it to 0 (no final evaluation); give --games N (an even number)")
+    if suite == "games" and not args.opponents and not spec.evaluation.opponents:
+        raise ValueError("--suite games plays eval.opponents without --opponents, and the config lists none; give "
+                         "--opponents (random, scripted, self, openai:MODEL@URL or NAME=HF_FOLDER)")
     checkpoint_step(getattr(args, "step", -1))
     for name in ("opponents", "env_ids", "players", "bench"):
         values = list(getattr(args, name))

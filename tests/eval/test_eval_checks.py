@@ -52,3 +52,11 @@ def test_a_model_folder_is_not_labelled_as_another_player(flag, given, said, tmp
     with pytest.raises(ValueError, match=f"{said}; label it with a name of its own, NAME=path"):
         check_eval_args(spec(tmp_path), args(suite=suite, games=2, **{flag: [given]}))
     check_eval_args(spec(tmp_path), args(suite=suite, games=2, **{flag: [f"other={tmp_path / 'hf'}"]}))
+
+
+def test_no_opponents_to_play_is_refused_before_the_weights_load(tmp_path):
+    """A config evaluated against model players only (eval.opponents=()) gave an empty report and exit
+    status 0 when `spiral-jax eval` named no --opponents either."""
+    with pytest.raises(ValueError, match="--suite games plays eval.opponents .* lists none; give --opponents"):
+        check_eval_args(spec(tmp_path, opponents=()), args(games=2))
+    check_eval_args(spec(tmp_path, opponents=()), args(games=2, opponents=["self"]))
