@@ -54,7 +54,8 @@ flags.DEFINE_list("opponents", [], "eval: random, scripted, self, openai:MODEL@U
                   "default eval.opponents.")
 flags.DEFINE_list("env_ids", [], "eval games: the games (default eval.env_ids, else games.env_ids).")
 flags.DEFINE_list("players", [], "eval crossplay: HF model folders (name=path) to play the model and each other.")
-flags.DEFINE_string("crossplay_env", "TicTacToe-v0", "eval crossplay: the game.")
+flags.DEFINE_string("crossplay_env", "", "eval crossplay: the game (default the first of eval.env_ids, else of "
+                    "games.env_ids).")
 flags.DEFINE_integer("kuhn_samples", 0, "eval kuhn: responses per information set (default eval.kuhn_samples "
                      "where above 0, else 0: exact scoring of the answers, for templates without reasoning).")
 flags.DEFINE_list("bench", [], "eval bench: NAME=items.jsonl, items.jsonl (named after the file), or NAME "

@@ -110,6 +110,11 @@ def _kind(flag: str, name: str) -> str:
         raise ValueError(f"--{flag}: {e}") from None
 
 
+def _crossplay_env(spec: RunSpec, args) -> str:
+    """The game cross-play plays: --crossplay_env, else the first game the run evaluates."""
+    return args.crossplay_env or spec.evaluation.env_ids[0]
+
+
 def _local_bench(name: str) -> bool:
     """Whether a --bench entry names a local JSONL file (else a benchmark to download from the hub)."""
     return "=" in name or name.endswith(".jsonl") or Path(name).is_file()
@@ -160,7 +165,7 @@ def check_eval_args(spec: RunSpec, args, given=()) -> None:
             raise ValueError(f"--{name} lists {twice!r} twice; give each once")
     if args.eval_out and not is_remote(args.eval_out):
         _check_eval_out(args.eval_out, spec.out_dir)
-    for flag, env_id in [("env_ids", e) for e in args.env_ids] + [("crossplay_env", args.crossplay_env)] * (
+    for flag, env_id in [("env_ids", e) for e in args.env_ids] + [("crossplay_env", _crossplay_env(spec, args))] * (
             suite == "crossplay"):
         try:
             make(env_id)
@@ -245,8 +250,8 @@ def run_eval(ctx: EvalContext, spec: RunSpec, args, checked: bool = False) -> st
 
     Options come as attributes of `args` (the CLI's flags, or any namespace in tests): suite, games
     (per pair; 0: eval.final_games), eval_out (default <out_dir>/eval/<suite>), opponents and env_ids
-    (default the config's), players (crossplay: "name=path" or "path"), crossplay_env, kuhn_samples
-    (0: eval.kuhn_samples where above 0, else exact scoring), bench ("NAME=file.jsonl", "file.jsonl",
+    (default the config's), players (crossplay: "name=path" or "path"), crossplay_env (default the first
+    evaluated game), kuhn_samples (0: eval.kuhn_samples where above 0, else exact scoring), bench ("NAME=file.jsonl", "file.jsonl",
     or "NAME" from the hub), samples, shots_file, shots, limit. Checked first (`check_eval_args`, `check_endpoints`) unless `checked` says
     the caller did, as the CLI does before it loads the weights."""
     if not checked:
@@ -278,7 +283,7 @@ def run_eval(ctx: EvalContext, spec: RunSpec, args, checked: bool = False) -> st
         scripted = [o for o in args.opponents if kind(o) == "scripted"]
         players, taken = {"model": ctx.params}, {"model", *scripted}
         players.update({name: ctx.load_weights(path) for name, path in (_named(p, taken) for p in args.players)})
-        run_crossplay(ctx, out, players, args.crossplay_env, n, scripted)
+        run_crossplay(ctx, out, players, _crossplay_env(spec, args), n, scripted)
         return (out / "crossplay.md").read_text()
     m = e.math
     names = args.bench or m.files

@@ -60,3 +60,21 @@ def test_no_opponents_to_play_is_refused_before_the_weights_load(tmp_path):
     with pytest.raises(ValueError, match="--suite games plays eval.opponents .* lists none; give --opponents"):
         check_eval_args(spec(tmp_path, opponents=()), args(games=2))
     check_eval_args(spec(tmp_path, opponents=()), args(games=2, opponents=["self"]))
+
+
+def test_crossplay_plays_the_runs_game_unless_told_otherwise(tiny_ctx, tmp_path, monkeypatch):
+    """Without --crossplay_env, cross-play plays the first game the run evaluates (a Kuhn run's
+    checkpoints played TicTacToe, a game they never learned)."""
+    import spiral_jax.run.evaluate as evaluate
+    from spiral_jax.cli import FLAGS
+
+    assert FLAGS["crossplay_env"].default == ""  # what the command passes without the flag
+    played = []
+    monkeypatch.setattr(evaluate, "run_crossplay", lambda ctx, out, players, env_id, *a: played.append(env_id)
+                        or (out.mkdir(parents=True, exist_ok=True), (out / "crossplay.md").write_text("")))
+    kuhn = spec(tmp_path, env_ids=("KuhnPoker-v1",))
+    evaluate.run_eval(tiny_ctx, kuhn, args(suite="crossplay", games=2, opponents=["random"], crossplay_env=""))
+    evaluate.run_eval(tiny_ctx, kuhn, args(suite="crossplay", games=2, opponents=["random"]))
+    assert played == ["KuhnPoker-v1", "Nim-v0"]
+    with pytest.raises(ValueError, match="--crossplay_env: unknown env id"):
+        check_eval_args(kuhn, args(suite="crossplay", opponents=["random"], crossplay_env="Nope-v0"))
