@@ -66,7 +66,8 @@ def to_json(results: Mapping[tuple[str, str], GameStats], settings: dict | None 
         rows.append({"env_id": env_id, "opponent": opponent, "games": s.games, "counts": s.counts,
                      "overall": _rates(s, None), "seat0": _rates(s, 0), "seat1": _rates(s, 1),
                      "mean_game_length": s.mean_turns, "mean_response_tokens": s.mean_response_tokens,
-                     "truncated_responses": s.truncated_responses, "summary": s.summary()})
+                     "truncated_responses": s.truncated_responses, "summary": s.summary(),
+                     **({"api_failures": s.api_failures} if s.api_failures is not None else {})})
     return {"settings": settings or {}, "results": rows}
 
 
@@ -87,7 +88,11 @@ def to_markdown(results: Mapping[tuple[str, str], GameStats], settings: dict | N
             lines.append(f"| {env_id} | {opponent} | {label} | {sum(counts.values())} | "
                          + " | ".join(cells) + f" | {tail} |")
     lines += ["", "invalid = lost by an invalid move (no box, illegal move, cut at the token limit); "
-              "every game counts.", f"Settings: {json.dumps(settings or {})}", ""]
+              "every game counts."]
+    lines += [f"{opponent} on {env_id}: {s.api_failures} moves got no usable reply from the API; each is that "
+              f"player's invalid move, so the rates against it overstate the model." for (env_id, opponent), s
+              in results.items() if s.api_failures]
+    lines += [f"Settings: {json.dumps(settings or {})}", ""]
     return "\n".join(lines)
 
 

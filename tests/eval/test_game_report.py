@@ -70,3 +70,23 @@ def test_only_the_leader_writes_the_transfer_report(tmp_path, monkeypatch):
     monkeypatch.setattr(game_report, "is_leader", lambda: True)
     transfer_report(None, None, tmp_path, n_games=2, seed=0)
     assert (tmp_path / "transfer.md").is_file()
+
+
+def test_moves_an_api_opponent_did_not_answer_are_in_the_report(tmp_path):
+    """Each such move is the API player's invalid move, a game the model wins: games.json and games.md
+    say how many there were (they were in TensorBoard alone, which `spiral-jax eval` does not write)."""
+    from spiral_jax.eval.games import GameStats
+
+    def stats(failures):
+        return GameStats(2, {"win": 2, "draw": 0, "loss": 0, "invalid": 0},
+                         {0: {"win": 1, "draw": 0, "loss": 0, "invalid": 0},
+                          1: {"win": 1, "draw": 0, "loss": 0, "invalid": 0}}, 3.0, 8.0, 0.0, failures)
+
+    api = "openai:m@http://h/v1"
+    write_report({("Nim-v0", api): stats(5), ("Nim-v0", "random"): stats(None)}, tmp_path, SETTINGS)
+    rows = json.loads((tmp_path / "games.json").read_text())["results"]
+    assert rows[0]["api_failures"] == 5 and "api_failures" not in rows[1]
+    text = (tmp_path / "games.md").read_text()
+    assert f"{api} on Nim-v0: 5 moves got no usable reply from the API" in text and text.count("no usable") == 1
+    write_report({("Nim-v0", api): stats(0)}, tmp_path, SETTINGS)  # every move answered: nothing to say
+    assert "no usable reply" not in (tmp_path / "games.md").read_text()
