@@ -5,10 +5,21 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Sequence
 
 from spiral_jax.eval.transcripts import TranscriptError, read_transcripts, to_markdown
+from spiral_jax.paths import run_path
+
+
+def _is_report(path) -> bool:
+    """Whether `path` holds a games.json / transfer.json report: one JSON document of settings and results."""
+    try:
+        report = json.loads(run_path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(report, dict) and "results" in report and "settings" in report
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -25,6 +36,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except OSError as e:
         p.exit(2, f"show: cannot read {args.path}: {e.strerror or e}; {hint}\n")
     except TranscriptError as e:  # a damaged file, or not one an evaluation wrote
+        if _is_report(args.path):
+            p.exit(2, f"show: {args.path} is an evaluation report (rates), not transcripts; pass one of the "
+                      f"<game>_vs_<opponent>.jsonl files beside it\n")
         p.exit(2, f"show: {args.path}: {e}; {hint}, or write it again with spiral-jax eval --step STEP\n")
     if not lines:
         p.exit(0, f"show: no games in {args.path}\n")

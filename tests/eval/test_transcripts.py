@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from spiral_jax.envs import GameRecord, Turn
+from spiral_jax.eval.game_report import write_report
 from spiral_jax.eval.games import outcome, summarize
 from spiral_jax.eval.transcripts import read_transcripts, write_transcripts
 from spiral_jax.rollout import ModelTurn, PlayedGame
@@ -65,18 +66,21 @@ def test_markdown_names_each_seat_of_a_game_between_two_llms(tmp_path):
 
 
 def test_show_says_what_is_wrong_with_its_file(tmp_path, capsys):
-    """A missing file, an empty one, a damaged line, a line that is not a game and --games below 1 are
-    one line each, not a traceback or a blank page."""
+    """A missing file, an empty one, a damaged line, a line that is not a game, the games.json report
+    (said to be "not JSON text") and --games below 1 are one line each, not a traceback or a blank page."""
     from spiral_jax.eval.show import main
 
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "bytes.jsonl").write_bytes(b'\xff\xfe{}\n')
     (tmp_path / "list.jsonl").write_text('[1, 2]\n')
     (tmp_path / "shape.jsonl").write_text('{"env_id": "Nim-v0", "seats": null}\n')
+    write_report({}, tmp_path)  # games.json, the report beside the transcripts
     for args, code, said in [([str(tmp_path / "nope.jsonl")], 2, "cannot read"),
                              ([str(tmp_path / "bytes.jsonl")], 2, "line 1 is not JSON text"),
                              ([str(tmp_path / "list.jsonl")], 2, "line 1 is not a JSON object"),
                              ([str(tmp_path / "shape.jsonl")], 2, "game 1 is not a transcript"),
+                             ([str(tmp_path / "games.json")], 2, "is an evaluation report (rates), not transcripts; "
+                                                                 "pass one of the <game>_vs_<opponent>.jsonl files"),
                              ([str(tmp_path / "empty.jsonl")], 0, "no games in"),
                              ([str(tmp_path / "empty.jsonl"), "--games", "-1"], 2, "--games -1: give how many")]:
         with pytest.raises(SystemExit) as exit_:
