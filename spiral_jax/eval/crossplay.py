@@ -9,6 +9,7 @@ relation is non-transitive, as with rock-paper-scissors.
 from __future__ import annotations
 
 import dataclasses
+import io
 import itertools
 from typing import Callable, Sequence
 
@@ -16,6 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from spiral_jax.eval.games import outcome
+from spiral_jax.paths import run_path
 
 # play(first, second, n) -> n outcomes ("win"/"draw"/"loss"/"invalid") for the player in seat 0.
 PlayFn = Callable[[str, str, int], Sequence[str]]
@@ -162,7 +164,8 @@ def markdown(result: CrossPlay, ratings: Ratings) -> str:
 
 
 def heatmap(result: CrossPlay, path, title: str = "cross-play score (row vs column)"):
-    """Save the score matrix as a PNG (needs matplotlib, the `eval` extra)."""
+    """Save the score matrix as a PNG at `path`, a local path or a URI such as gs://b/x.png (needs
+    matplotlib, the `eval` extra)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -180,8 +183,10 @@ def heatmap(result: CrossPlay, path, title: str = "cross-play score (row vs colu
     fig.colorbar(im, ax=ax)
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    png = io.BytesIO()  # matplotlib writes local files only; the bytes go through run_path (gs:// too)
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
+    run_path(path).write_bytes(png.getvalue())
     return path
 
 

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from spiral_jax.eval.crossplay import bradley_terry, cross_play, heatmap, markdown, predicted, rate
+from tests.test_paths import out  # noqa: F401 (the out_dir fixture: a local folder, then a gs:// one)
 
 BEATS = {"rock": "scissors", "paper": "rock", "scissors": "paper"}
 
@@ -83,11 +84,17 @@ def test_cross_play_needs_two_distinct_players(names):
         cross_play(names, rps, 2)
 
 
-def test_heatmap_png(tmp_path):
+def test_heatmap_png(out):  # noqa: F811 (the fixture imported above)
+    """In the out_dir, local or gs:// (matplotlib alone opened "gs://..." as a local file and failed
+    once every game was played)."""
     pytest.importorskip("matplotlib", reason="matplotlib is the optional `eval` extra; heatmap untested")
+    from spiral_jax.paths import run_path
+
+    given, local = out
+    run_path(given).mkdir(parents=True)  # run_crossplay makes the report folder
     result = cross_play(["rock", "paper", "scissors"], rps, 2)
-    path = heatmap(result, tmp_path / "crossplay.png")
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    heatmap(result, f"{given}/crossplay.png")
+    assert (local / "crossplay.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_rollout_play_scripted_players():
