@@ -10,6 +10,7 @@ again plays the very games the run played at step N.
 from __future__ import annotations
 
 import os
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -251,9 +252,10 @@ def run_eval(ctx: EvalContext, spec: RunSpec, args, checked: bool = False) -> st
     Options come as attributes of `args` (the CLI's flags, or any namespace in tests): suite, games
     (per pair; 0: eval.final_games), eval_out (default <out_dir>/eval/<suite>), opponents and env_ids
     (default the config's), players (crossplay: "name=path" or "path"), crossplay_env (default the first
-    evaluated game), kuhn_samples (0: eval.kuhn_samples where above 0, else exact scoring), bench ("NAME=file.jsonl", "file.jsonl",
-    or "NAME" from the hub), samples, shots_file, shots, limit. Checked first (`check_eval_args`, `check_endpoints`) unless `checked` says
-    the caller did, as the CLI does before it loads the weights."""
+    evaluated game), kuhn_samples (0: eval.kuhn_samples where above 0, else exact scoring), bench
+    ("NAME=file.jsonl", "file.jsonl", or "NAME" from the hub), samples, shots_file, shots, limit. Checked
+    first (`check_eval_args`, `check_endpoints`) unless `checked` says the caller did, as the CLI does before
+    it loads the weights."""
     if not checked:
         check_eval_args(spec, args)
         check_endpoints(spec, args)
@@ -288,8 +290,10 @@ def run_eval(ctx: EvalContext, spec: RunSpec, args, checked: bool = False) -> st
     m = e.math
     names = args.bench or m.files
     local = iter(benchmarks.local_files([n for n in names if _local_bench(n)]).items())  # in the order given
-    files = dict(next(local) if _local_bench(n) else (n, hub.download(n, file_in(out / "data", n, ".jsonl")))
-                 for n in names)
-    results = run_benchmarks(ctx, out, files, args.samples or m.samples, args.shots_file or None, args.shots,
-                             args.limit or m.limit, instruction_first=m.instruction_first)
+    with tempfile.TemporaryDirectory(prefix="spiral_jax_bench_") as tmp:
+        data = Path(tmp) if is_remote(out) else out / "data"  # downloads are read as local files
+        files = dict(next(local) if _local_bench(n) else (n, hub.download(n, file_in(data, n, ".jsonl")))
+                     for n in names)
+        results = run_benchmarks(ctx, out, files, args.samples or m.samples, args.shots_file or None, args.shots,
+                                 args.limit or m.limit, instruction_first=m.instruction_first)
     return benchmarks.markdown(results)

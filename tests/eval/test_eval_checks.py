@@ -1,12 +1,15 @@
-"""`spiral-jax eval`'s flags checked against the config before any weights load (`check_eval_args`)."""
+"""`spiral-jax eval`: its flags checked against the config before any weights load (`check_eval_args`),
+and what the suites then play, read and write."""
 import json
 from types import SimpleNamespace
 
 import pytest
 
 from spiral_jax.config import base_config
+from spiral_jax.eval.benchmarks import load_items
 from spiral_jax.run.evaluate import check_eval_args
 from spiral_jax.run.setup import run_spec
+from tests.test_paths import out  # noqa: F401 (the out_dir fixture: a local folder, then a gs:// one)
 from tests.tiny_models import TINY
 
 
@@ -70,11 +73,43 @@ def test_crossplay_plays_the_runs_game_unless_told_otherwise(tiny_ctx, tmp_path,
 
     assert FLAGS["crossplay_env"].default == ""  # what the command passes without the flag
     played = []
-    monkeypatch.setattr(evaluate, "run_crossplay", lambda ctx, out, players, env_id, *a: played.append(env_id)
-                        or (out.mkdir(parents=True, exist_ok=True), (out / "crossplay.md").write_text("")))
+    monkeypatch.setattr(evaluate, "run_crossplay", lambda ctx, folder, players, env_id, *a: played.append(env_id)
+                        or (folder.mkdir(parents=True, exist_ok=True), (folder / "crossplay.md").write_text("")))
     kuhn = spec(tmp_path, env_ids=("KuhnPoker-v1",))
     evaluate.run_eval(tiny_ctx, kuhn, args(suite="crossplay", games=2, opponents=["random"], crossplay_env=""))
     evaluate.run_eval(tiny_ctx, kuhn, args(suite="crossplay", games=2, opponents=["random"]))
     assert played == ["KuhnPoker-v1", "Nim-v0"]
     with pytest.raises(ValueError, match="--crossplay_env: unknown env id"):
         check_eval_args(kuhn, args(suite="crossplay", opponents=["random"], crossplay_env="Nope-v0"))
+
+
+def test_a_benchmark_downloaded_for_a_gs_out_dir_is_read_from_a_local_file(out, tmp_path, monkeypatch):  # noqa: F811
+    """The hub's items are written where `benchmarks.load_items` reads them: beside the reports of a local
+    out_dir, in a temporary local folder for a gs:// one (pathlib made gs://b/x the local /gs/b/x)."""
+    import sys
+    import types
+
+    import spiral_jax.run.evaluate as evaluate
+    from spiral_jax.eval import hub
+    from spiral_jax.paths import is_remote
+
+    given, local = out
+    rows = [{"problem": "1+1?", "answer": "2"}]
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=lambda *a, **k: rows))
+    targets, read, real = [], [], hub.download
+
+    def download(name, path):
+        targets.append(path)
+        assert not is_remote(path), f"{path}: hub.download writes a local file"
+        return real(name, path)
+
+    monkeypatch.setattr(evaluate.hub, "download", download)
+    monkeypatch.setattr(evaluate, "run_benchmarks", lambda ctx, out, files, *a, **k: read.extend(
+        item.problem for path in files.values() for item in load_items(path)) or [])
+    monkeypatch.setattr(evaluate.benchmarks, "markdown", lambda results: "")
+    c = base_config()
+    c.out_dir = given
+    evaluate.run_eval(None, run_spec(c), args(suite="bench", bench=["MATH500"]), checked=True)
+    assert read == ["1+1?"] and len(targets) == 1
+    if not is_remote(given):  # kept beside the reports
+        assert (local / "eval" / "bench" / "data" / "MATH500.jsonl").is_file()
