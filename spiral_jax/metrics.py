@@ -7,6 +7,7 @@ Optionally the same scalars and texts also go to Weights & Biases (`wandb.enable
 """
 from __future__ import annotations
 
+import importlib
 import io
 import shutil
 import struct
@@ -31,6 +32,17 @@ from spiral_jax.paths import is_remote, replace_bytes, run_path
 WANDB_STEP = "step"
 
 
+def check_wandb(wandb: Mapping | None) -> None:
+    """Raise where the W&B mirror is on (the config's `wandb` section) but its package is missing; a run
+    checks this before it loads any weights."""
+    if wandb and wandb.get("enabled"):
+        try:
+            importlib.import_module("wandb")
+        except ImportError:
+            raise ValueError("wandb.enabled needs the wandb package: pip install spiral-jax[wandb], or turn the "
+                             "mirror off with --config.wandb.enabled=false") from None
+
+
 class MetricsWriter:
     """Scalars and text to `logdir`; a no-op on every process but 0 (or when logdir is None)."""
 
@@ -46,13 +58,18 @@ class MetricsWriter:
                 Path(logdir).mkdir(parents=True, exist_ok=True)
             self._writer = EventFileWriter(self._local or str(logdir))
             if wandb and wandb.get("enabled"):
+                check_wandb(wandb)
+                import wandb as wandb_module
+
                 try:
-                    import wandb as wandb_module
-                except ImportError:
-                    raise ImportError("wandb.enabled needs the wandb package: pip install spiral-jax[wandb]") from None
-                self._wandb = wandb_module.init(project=wandb.get("project") or None,
-                                                entity=wandb.get("entity") or None,
-                                                name=wandb.get("name") or None, config=dict(config or {}))
+                    self._wandb = wandb_module.init(project=wandb.get("project") or None,
+                                                    entity=wandb.get("entity") or None,
+                                                    name=wandb.get("name") or None, config=dict(config or {}))
+                except Exception as e:  # not logged in, no network, a project refused: the mirror is optional
+                    raise ConnectionError(
+                        f"W&B did not start a run ({type(e).__name__}: {e}); log in with `wandb login`, set "
+                        f"WANDB_MODE=offline to sync later, or turn the mirror off with "
+                        f"--config.wandb.enabled=false") from e
                 self._wandb.define_metric(WANDB_STEP)
                 self._wandb.define_metric("*", step_metric=WANDB_STEP)
 

@@ -65,8 +65,30 @@ def test_wandb_off_by_default_and_a_clear_error_without_the_package(tmp_path, fa
     MetricsWriter(tmp_path / "a", wandb={"enabled": False}).scalars(1, {"x": 1.0})
     assert not fake_wandb
     monkeypatch.setitem(sys.modules, "wandb", None)  # not installed
-    with pytest.raises(ImportError, match=r"pip install spiral-jax\[wandb\]"):
+    with pytest.raises(ValueError, match=r"pip install spiral-jax\[wandb\], or turn the mirror off"):
         MetricsWriter(tmp_path / "b", wandb={"enabled": True})
+
+
+def test_a_wandb_run_that_does_not_start_is_a_clear_error(tmp_path, fake_wandb):
+    """wandb.init failing (not logged in, no network) is said in one line with the ways out, which the
+    command line prints as it does any dead endpoint."""
+    def refused(**_):
+        raise RuntimeError("api_key not configured (no-tty)")
+
+    sys.modules["wandb"].init = refused
+    with pytest.raises(ConnectionError, match=r"W&B did not start a run \(RuntimeError: api_key not configured "
+                                              r"\(no-tty\)\); log in with `wandb login`, set WANDB_MODE=offline"):
+        MetricsWriter(tmp_path, wandb={"enabled": True})
+
+
+def test_a_run_without_the_wandb_package_is_refused_before_its_weights_load(tmp_path, monkeypatch):
+    from spiral_jax.run import Trainer, loop
+    from tests.trainer.test_trainer import tiny_config
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # not installed
+    monkeypatch.setattr(loop, "build_model", lambda *a, **k: pytest.fail("the weights were loaded"))
+    with pytest.raises(ValueError, match="wandb.enabled needs the wandb package"):
+        Trainer.from_config(tiny_config(tmp_path, **{"wandb.enabled": True}), log=lambda *_: None)
 
 
 def test_prune_events_removes_what_a_stopped_run_logged_past_its_checkpoint(tmp_path):

@@ -27,7 +27,7 @@ from spiral_jax.compilation import compile_count
 from spiral_jax.config import config_changes
 from spiral_jax.distributed import host_local_mesh, initialize, is_leader, to_host_local
 from spiral_jax.eval.benchmarks import local_files
-from spiral_jax.metrics import MetricsWriter, prune_events
+from spiral_jax.metrics import MetricsWriter, check_wandb, prune_events
 from spiral_jax.models import load_policy_weights, lora
 from spiral_jax.paths import replace_text, run_path
 from spiral_jax.policies import PolicySpec, kind
@@ -70,6 +70,8 @@ class Trainer:
         m = spec.evaluation.math
         self.math_files = local_files(m.files) if m.every else {}  # checked now, not mid-run
         initialize(spec.distributed)
+        if is_leader():  # the one process that mirrors to W&B
+            check_wandb(spec.wandb)
         self.started = time.perf_counter()  # the run's wall time counts setup and bootstrap too
         self.log = log if is_leader() else (lambda *a, **k: None)
         self.out = run_path(spec.out_dir)  # local or gs://, for every file the run writes
