@@ -136,7 +136,8 @@ def estimate_exact(probs: ProbFn, env_id: str = ENV_ID, min_coverage: float = 0.
     if coverage < min_coverage:
         raise ValueError(f"exact Kuhn scoring: the scored answers hold only {coverage:.3g} of the model's "
                          f"probability (need {min_coverage}); the model answers in another format or ends "
-                         "its turns with another token. Use sampled scoring (eval.kuhn_samples > 0)")
+                         "its turns with another token. Use sampled scoring: eval.kuhn_samples > 0 in a run, "
+                         "--kuhn_samples N with spiral-jax eval")
     exact = {i: (a, a) for i, a in aggression.items()}
     return KuhnPolicyEstimate(aggression, exact, {i: 0 for i in INFO_SETS}, invalid,
                               kuhn_exploitability(aggression))
