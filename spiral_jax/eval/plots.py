@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-from pathlib import Path
+import io
 from typing import Sequence
 
+from etils import epath
+
 from spiral_jax.metrics import read_scalars
+from spiral_jax.paths import run_path
 
 # A game's evaluation tags are eval/GAME/OPPONENT/...: two parts, so the Kuhn policy estimate's
 # eval/kuhn/invalid_rate (a share of answers, not of games) is not drawn as a game's.
@@ -67,8 +70,9 @@ def panel_tags(tags, panels: Sequence[str]) -> list[tuple[str, list[str]]]:
     return [(p, matched) for p, matched in found if matched]
 
 
-def learning_curves(logdir, path, panels: Sequence[str] = DEFAULT_PANELS) -> Path:
-    """One panel per pattern; patterns that match nothing are left out (an error if all are)."""
+def learning_curves(logdir, path, panels: Sequence[str] = DEFAULT_PANELS) -> epath.Path:
+    """One panel per pattern; patterns that match nothing are left out (an error if all are). `logdir`
+    and `path` are local paths or URIs such as gs://b/run (read and written through run_path)."""
     scalars = read_scalars(logdir)
     found = panel_tags(scalars, panels)
     if not found:
@@ -90,21 +94,23 @@ def learning_curves(logdir, path, panels: Sequence[str] = DEFAULT_PANELS) -> Pat
             ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     axes[-1, 0].set_xlabel("step")
     fig.tight_layout()
-    path = Path(path)  # a folder gets curves.png; a name without a suffix gets .png, as matplotlib writes it
+    path = run_path(path)  # a folder gets curves.png; a name without a suffix gets .png, as matplotlib writes it
     path = path / "curves.png" if path.is_dir() else path if path.suffix else path.with_suffix(".png")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100, bbox_inches="tight")
+    image = io.BytesIO()  # matplotlib writes local files only; the bytes go through run_path (gs:// too)
+    fig.savefig(image, format=path.suffix[1:], dpi=100, bbox_inches="tight")
     plt.close(fig)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(image.getvalue())
     return path
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="Learning curves of a run as one PNG.")
-    p.add_argument("run", help="the run's out_dir (or its tensorboard/ folder)")
+    p.add_argument("run", help="the run's out_dir (or its tensorboard/ folder), a local folder or gs://")
     p.add_argument("--out", default="", help="the PNG to write (default <run>/curves.png)")
     p.add_argument("--panel", action="append", default=[], help="a tag pattern per panel (repeatable)")
     args = p.parse_args(argv)
-    run = Path(args.run)
+    run = run_path(args.run)  # a gs:// out_dir stays one (pathlib makes gs://b/x the local gs:/b/x)
     logdir = run / "tensorboard" if (run / "tensorboard").is_dir() else run
     if not logdir.is_dir():
         p.exit(2, f"plots: {run} is not a folder; pass a run's out_dir\n")
