@@ -327,13 +327,16 @@ def _guarded_by(real: Path, guarded: dict[str, Path]) -> str | None:
 
 
 def check_export_dir(out: str, out_dir: str, overwrite: bool, reads: dict[str, str] | None = None) -> None:
-    """Refuse an export folder that is not safe to write (and, with --overwrite, to clear): the
-    current folder or a parent of it, the home folder or a parent of it, the run's out_dir or a parent
-    of it, a folder the export reads (`reads`: model.path and tokenizer.path, by config key) or a
-    parent of it, a run file inside out_dir, a file, a non-empty folder without --overwrite, and a
-    non-empty folder that no export wrote."""
+    """Refuse an export folder that is not safe to write (and, with --overwrite, to clear): a URI
+    (gs://...; export writes local files), the current folder or a parent of it, the home folder or a
+    parent of it, the run's out_dir or a parent of it, a folder the export reads (`reads`: model.path
+    and tokenizer.path, by config key) or a parent of it, a run file inside out_dir, a file, a
+    non-empty folder without --overwrite, and a non-empty folder that no export wrote."""
     if not out:
         raise ValueError("--out is required (the folder to write the Hugging Face checkpoint to)")
+    if is_remote(out):  # safetensors and transformers write local files; pathlib would make gs://b/x gs:/b/x here
+        raise ValueError(f"--out {out}: export writes a local folder, not a URI; export to one, e.g. --out "
+                         f"exported/NAME, then copy it there: gcloud storage rsync -r exported/NAME {out}")
     target = _resolved(out)
     guarded = _shared_folders()
     if not is_remote(out_dir):

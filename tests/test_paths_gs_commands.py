@@ -21,3 +21,20 @@ def test_plots_read_and_write_the_out_dir(out, tmp_path, monkeypatch):  # noqa: 
     assert (files / "curves.png").read_bytes()[:4] == b"\x89PNG"
     assert (files / "plots" / "loss.png").read_bytes()[:4] == b"\x89PNG"
     assert not (tmp_path / "gs:").exists()
+
+
+def test_export_to_a_uri_is_refused_before_the_weights_load(tmp_path, capsys, monkeypatch):
+    """export writes local files (safetensors, the tokenizer through transformers): --out gs://... is one
+    line naming the local export and the copy to make, and no local folder named gs: appears."""
+    import spiral_jax.run.build
+    from spiral_jax.cli import main
+    from tests.test_cli import TINY
+
+    monkeypatch.setattr(spiral_jax.run.build, "load_policy", lambda *a, **k: pytest.fail("the weights loaded"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["spiral-jax", "export", f"--config={TINY}", f"--config.out_dir={tmp_path / 'run'}",
+                 "--out=gs://models/exported"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "--out gs://models/exported: export writes a local folder" in err and "\n" not in err, err
+    assert "gcloud storage rsync -r exported/NAME gs://models/exported" in err
+    assert not (tmp_path / "gs:").exists()
