@@ -38,3 +38,27 @@ def test_export_to_a_uri_is_refused_before_the_weights_load(tmp_path, capsys, mo
     assert "--out gs://models/exported: export writes a local folder" in err and "\n" not in err, err
     assert "gcloud storage rsync -r exported/NAME gs://models/exported" in err
     assert not (tmp_path / "gs:").exists()
+
+
+def test_benchmark_and_example_files_are_read_from_the_bucket(out, tmp_path):  # noqa: F811
+    """--bench NAME=gs://..., eval.math.files and --shots_file in a bucket are read from there, as local
+    files are (pathlib said a file in the bucket did not exist)."""
+    from spiral_jax.config import base_config
+    from spiral_jax.eval.benchmarks import load_items, local_files
+    from spiral_jax.paths import run_path
+    from spiral_jax.run.evaluate import check_eval_args
+    from spiral_jax.run.setup import run_spec
+    from tests.eval.test_eval_checks import args
+
+    given, files = out
+    items = run_path(given) / "data" / "toy.jsonl"
+    items.parent.mkdir(parents=True, exist_ok=True)
+    items.write_text('\ufeff{"problem": "1+1", "answer": "2", "solution": "1+1=2"}\n{"problem": "2+2", "answer": "4"}\n')
+    assert (files / "data" / "toy.jsonl").is_file()
+    assert local_files([str(items), f"mine={items}"]) == {"toy": str(items), "mine": str(items)}
+    assert [i.answer for i in load_items(str(items))] == ["2", "4"]
+    c = base_config()
+    c.out_dir = str(tmp_path / "run")
+    check_eval_args(run_spec(c), args(suite="bench", bench=[str(items)], shots_file=str(items), shots=2))
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        local_files([f"toy={given}/data/none.jsonl"])

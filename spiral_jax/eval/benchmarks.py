@@ -80,14 +80,14 @@ def _choice_answer(choices, answer, where: str) -> tuple[tuple[str, ...], str]:
 
 
 def load_items(path, limit: int | None = None) -> list[Item]:
-    """Read benchmark items from a JSONL file (see the module docstring for the fields); a malformed
-    line, a bad answer, a repeated id or a file without items raises ValueError naming the file (and
-    the line)."""
+    """Read benchmark items from a JSONL file, local or gs:// (see the module docstring for the fields);
+    a malformed line, a bad answer, a repeated id or a file without items raises ValueError naming the
+    file (and the line)."""
     items, lines = [], {}
-    if Path(path).is_dir():
+    if run_path(path).is_dir():
         raise ValueError(f"{path}: a folder, not a JSONL file; give the file of items in it")
     try:
-        text = Path(path).read_text(encoding="utf-8-sig")
+        text = run_path(path).read_bytes().decode("utf-8-sig")  # epath's read_text ignores its encoding
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text ({e}); save it as UTF-8") from None
     for n, line in enumerate(text.split("\n"), 1):
@@ -147,16 +147,17 @@ def prompt_text(item: Item, shots: Sequence[Item] = (), instruction_first: bool 
 
 
 def local_files(specs: Sequence[str]) -> dict[str, str]:
-    """{name: path} from "NAME=items.jsonl" or "items.jsonl" (named after the file), each checked to
-    exist and every name to be given once (one benchmark's results would replace another's), so a typo
-    fails before any model runs."""
+    """{name: path} from "NAME=items.jsonl" or "items.jsonl" (named after the file; a local path or
+    gs://, as opposed to a benchmark downloaded from the hub), each checked to exist and every name to
+    be given once (one benchmark's results would replace another's), so a typo fails before any model
+    runs."""
     files = {}
     for spec in specs:
         name, _, path = spec.partition("=")
         name, path = (name, path) if path else (Path(spec).stem, spec)
-        if Path(path).is_dir():
+        if run_path(path).is_dir():
             raise FileNotFoundError(f"benchmark {spec!r}: {path} is a folder; give the JSONL file of items in it")
-        if not Path(path).is_file():
+        if not run_path(path).is_file():
             raise FileNotFoundError(f"benchmark {spec!r}: no such file {path} (give NAME=items.jsonl)")
         if not name or name in files:
             raise ValueError(f"benchmark {spec!r}: " + (f"the name {name!r} is given twice" if name else "no name")

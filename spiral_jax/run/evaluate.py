@@ -117,8 +117,8 @@ def _crossplay_env(spec: RunSpec, args) -> str:
 
 
 def _local_bench(name: str) -> bool:
-    """Whether a --bench entry names a local JSONL file (else a benchmark to download from the hub)."""
-    return "=" in name or name.endswith(".jsonl") or Path(name).is_file()
+    """Whether a --bench entry names a JSONL file, local or gs:// (else a benchmark to download from the hub)."""
+    return "=" in name or name.endswith(".jsonl") or run_path(name).is_file()
 
 
 def _check_eval_out(folder: str, out_dir: str) -> None:
@@ -229,7 +229,7 @@ def _check_bench(spec: RunSpec, args) -> None:
         raise ValueError("--shots N and --shots_file FILE go together: N worked examples from FILE (give both, or "
                          "neither for zero-shot prompts)")
     if args.shots_file:
-        if not Path(args.shots_file).is_file():
+        if not run_path(args.shots_file).is_file():
             raise FileNotFoundError(f"--shots_file {args.shots_file}: no such file (JSONL of worked examples)")
         if len(shots := benchmarks.load_items(args.shots_file, args.shots)) < args.shots:
             raise ValueError(f"--shots {args.shots}: {args.shots_file} holds {len(shots)} examples; give at most "
