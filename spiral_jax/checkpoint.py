@@ -28,6 +28,7 @@ from spiral_jax.checkpoint_layout import (TREE_MISMATCHES, LayoutError, check_la
                                           saved_layers_stacked, unlike)
 from spiral_jax.models.config import CheckpointError
 from spiral_jax.models.params import PARAM_LAYOUT
+from spiral_jax.paths import is_remote, run_path
 
 
 class DiskFullError(OSError):
@@ -95,8 +96,9 @@ class Checkpointer:
     def __init__(self, directory: str | Path, keep: int = 3, async_save: bool = True, writer: bool = False):
         """writer: the run's own checkpointer, under out_dir's lock, which repairs what a save killed
         part-way left; readers (eval, export, serve) touch nothing, as the run may be saving."""
-        # Cloud storage (gs://...) as it is: multi-host jobs need a directory every host can reach.
-        self.directory = str(directory) if "://" in str(directory) else Path(directory).absolute()
+        # Cloud storage (gs://...) as it is: multi-host jobs need a directory every host can reach. A URI
+        # of a scheme with no file system (gcs://, https://) is refused by run_path, in one line.
+        self.directory = str(run_path(directory)) if is_remote(directory) else Path(directory).absolute()
         if writer:
             self._recover_replaced()
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,

@@ -21,8 +21,14 @@ from etils import epath
 
 
 def run_path(path: str | os.PathLike) -> epath.Path:
-    """The path a run reads and writes `path` through (a local folder or a URI such as gs://b/run)."""
-    return epath.Path(path)
+    """The path a run reads and writes `path` through (a local folder or a URI such as gs://b/run). A URI
+    of a scheme epath has no file system for (https://, gcsfs's alias gcs://) is a ValueError."""
+    try:
+        return epath.Path(path)
+    except KeyError:  # epath's registry of URI schemes
+        scheme = os.fspath(path).split("://", 1)[0]
+        raise ValueError(f"{os.fspath(path)}: a {scheme}:// URI is not a place spiral-jax reads or writes files; "
+                         f"give a local path or a Cloud Storage one, gs://BUCKET/PATH") from None
 
 
 def replace_text(path: epath.Path, text: str) -> None:

@@ -62,3 +62,24 @@ def test_benchmark_and_example_files_are_read_from_the_bucket(out, tmp_path):  #
     check_eval_args(run_spec(c), args(suite="bench", bench=[str(items)], shots_file=str(items), shots=2))
     with pytest.raises(FileNotFoundError, match="no such file"):
         local_files([f"toy={given}/data/none.jsonl"])
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+@pytest.mark.parametrize("out_dir", ["gcs://runs/run", "https://host/run"])
+def test_an_out_dir_of_a_scheme_with_no_file_system_is_one_line(command, out_dir, tmp_path, capsys, monkeypatch):
+    """gcsfs's alias gcs:// and https:// are no schemes epath serves: the command names the URI and
+    gs://, and does not end in a KeyError traceback."""
+    import spiral_jax.run
+    from spiral_jax.cli import main
+    from spiral_jax.paths import run_path
+    from tests.test_cli import TINY
+
+    monkeypatch.setattr(spiral_jax.run, "Trainer", lambda *a, **k: pytest.fail("training started"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["spiral-jax", command, f"--config={TINY}", f"--config.out_dir={out_dir}"]) == 1
+    err = capsys.readouterr().err.strip()
+    scheme = out_dir.split(":")[0]
+    assert f"{out_dir}/checkpoints: a {scheme}:// URI is not a place spiral-jax reads or writes files" in err, err
+    assert "gs://BUCKET/PATH" in err and "\n" not in err
+    with pytest.raises(ValueError, match="give a local path or a Cloud Storage one"):
+        run_path(f"{out_dir}/eval/games")
