@@ -15,7 +15,7 @@ to a temporary file, then hard-linked into place, which fails if a lock exists).
 process that died on this host (kill -9, a crash) is stale: it is reported and taken over, by one run
 only: a run deletes a stale lock only after creating `run.lock.takeover-<hash of that lock>` with
 O_EXCL and re-reading the lock unchanged, so two runs taking over at once cannot both hold it. On a
-remote out_dir (gs://...) only the leftover-run check applies: object stores have no atomic create,
+remote out_dir (gs://...) only the leftover-run and resume checks apply: object stores have no atomic create,
 so locking them is left to the scheduler. On several hosts every host checks for a leftover run, and
 only the leader locks and deletes.
 """
@@ -64,19 +64,25 @@ def _present(root, names) -> list[str]:
     return found
 
 
+def newest_checkpoint(out_dir: str) -> int | None:
+    """The newest step orbax finds in out_dir/checkpoints (in a bucket too), or None; a local folder
+    without checkpoints/ is left as it is."""
+    from spiral_jax.checkpoint import Checkpointer
+
+    ckpt_dir = f"{out_dir.rstrip('/')}/checkpoints"
+    if not is_remote(out_dir) and not Path(ckpt_dir).is_dir():
+        return None
+    ckpt = Checkpointer(ckpt_dir)
+    step = ckpt.latest_step()
+    ckpt.close()
+    return step
+
+
 def leftover_run(out_dir: str) -> str | None:
     """A description of the run already in `out_dir` ("checkpoints up to step 25, summary.json"), or
     None when the folder holds none of a run's files."""
-    from spiral_jax.checkpoint import Checkpointer
-
-    found = []
-    ckpt_dir = f"{out_dir.rstrip('/')}/checkpoints"
-    if is_remote(out_dir) or Path(ckpt_dir).is_dir():
-        ckpt = Checkpointer(ckpt_dir)
-        step = ckpt.latest_step()
-        ckpt.close()
-        if step is not None:
-            found.append(f"checkpoints up to step {step}")
+    step = newest_checkpoint(out_dir)
+    found = [] if step is None else [f"checkpoints up to step {step}"]
     found += _present(run_path(out_dir), RUN_FILES[1:])
     return ", ".join(found) or None
 
@@ -154,13 +160,9 @@ class RunDir:
         self.token = uuid.uuid4().hex  # tells this claim's lock from any other, in this process too
 
     def __enter__(self) -> "RunDir":
-        checkpoints = Path(self.out_dir) / "checkpoints"
-        # A step's folder, or its previous version kept while it was saved again (the Checkpointer
-        # restores that one when the new save never completed).
-        if self.resume and self.lock is not None and not (checkpoints.is_dir() and any(
-                p.name.removesuffix(".replaced").isdigit() for p in checkpoints.iterdir())):  # before the model
-            raise RunDirError(f"no checkpoint to resume from in {checkpoints}; leave out --resume to start a new "
-                              f"run, or give the run's folder as --config.out_dir")
+        if self.resume and not self._resumable():  # before the model is built and its weights load
+            raise RunDirError(f"no checkpoint to resume from in {self.out_dir.rstrip('/')}/checkpoints; leave out "
+                              f"--resume to start a new run, or give the run's folder as --config.out_dir")
         if self.lock is not None:
             try:
                 self.acquire()
@@ -188,6 +190,16 @@ class RunDir:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+    def _resumable(self) -> bool:
+        """Whether out_dir holds a checkpoint to resume from: in a bucket, a step orbax lists (every host
+        reads it); in a local folder, checked by the leader, a step's folder or its previous version kept
+        while it was saved again (the Checkpointer restores that one when the new save never completed)."""
+        if is_remote(self.out_dir):
+            return newest_checkpoint(self.out_dir) is not None
+        checkpoints = Path(self.out_dir) / "checkpoints"
+        return self.lock is None or checkpoints.is_dir() and any(
+            p.name.removesuffix(".replaced").isdigit() for p in checkpoints.iterdir())
 
     def _check_leftover(self) -> None:
         if self.resume:

@@ -83,3 +83,34 @@ def test_an_out_dir_of_a_scheme_with_no_file_system_is_one_line(command, out_dir
     assert "gs://BUCKET/PATH" in err and "\n" not in err
     with pytest.raises(ValueError, match="give a local path or a Cloud Storage one"):
         run_path(f"{out_dir}/eval/games")
+
+
+def test_resume_without_a_checkpoint_in_the_out_dir_fails_before_the_model_is_built(out, capsys, monkeypatch):  # noqa: F811
+    """train --resume on an out_dir with no checkpoint is refused before any weights load, in a bucket
+    as in a local folder (a bucket's run built its model first, then found nothing to restore)."""
+    import spiral_jax.run
+    from spiral_jax import checkpoint
+    from spiral_jax.cli import main
+    from tests.test_cli import TINY
+
+    given, files = out
+
+    class Started(Exception):
+        pass
+
+    def trainer(*args, **kwargs):
+        raise Started
+
+    # orbax reads a bucket through Google's client, which the fake bucket does not serve: a step is a folder
+    monkeypatch.setattr(checkpoint, "Checkpointer", lambda _: type("Steps", (), dict(
+        latest_step=lambda self: 5 if (files / "checkpoints" / "5").is_dir() else None,
+        close=lambda self: None))())
+    monkeypatch.setattr(spiral_jax.run, "Trainer", trainer)
+    command = ["spiral-jax", "train", f"--config={TINY}", f"--config.out_dir={given}", "--resume"]
+    assert main(command) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"spiral-jax train: RunDirError: no checkpoint to resume from in {given}/checkpoints; leave out --resume "
+        f"to start a new run, or give the run's folder as --config.out_dir")
+    (files / "checkpoints" / "5").mkdir(parents=True)
+    with pytest.raises(Started):
+        main(command)
