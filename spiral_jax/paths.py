@@ -16,6 +16,7 @@ import errno
 import hashlib
 import os
 import re
+from pathlib import Path
 
 from etils import epath
 
@@ -50,6 +51,15 @@ def replace_bytes(path: epath.Path, data: bytes) -> None:
 def is_remote(path: str | os.PathLike) -> bool:
     """Whether `path` is a URI (gs://...) rather than a local path."""
     return "://" in os.fspath(path)
+
+
+def local_folder(path: str | os.PathLike, what: str) -> Path:
+    """`path`, a folder of model weights or a tokenizer, as a local path: those load from local files
+    (safetensors, transformers), so a URI (gs://...) is a ValueError naming `what` and the copy to make."""
+    if is_remote(path):
+        raise ValueError(f"{what}: {os.fspath(path)} is a URI, and weights and tokenizers load from a local folder; "
+                         f"copy it to one (gcloud storage rsync -r {os.fspath(path)} /ckpt/NAME) and give that folder")
+    return Path(path)
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+=@-]")

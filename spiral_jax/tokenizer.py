@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from spiral_jax.models.config import CheckpointError, ModelConfig, read_json_object, token_ids
+from spiral_jax.paths import local_folder
 from spiral_jax.templates import Template
 
 # A folder holds a tokenizer when it has one of these (fast, slow BPE, or sentencepiece).
@@ -139,7 +140,7 @@ def load_tokenizer(path, cfg: ModelConfig, template: Template | None = None, mod
     transformers and vLLM do), else of the tokenizer folder (`stop_ids_for`)."""
     from transformers import AutoTokenizer
 
-    path = Path(path)
+    path = local_folder(path, "the tokenizer folder (tokenizer.path, else model.path)")
     if not path.is_dir():
         raise CheckpointError(f"tokenizer folder {path} {'is a file' if path.exists() else 'does not exist'}; "
                               f"point tokenizer.path at the folder holding tokenizer.json / tokenizer_config.json")

@@ -114,3 +114,27 @@ def test_resume_without_a_checkpoint_in_the_out_dir_fails_before_the_model_is_bu
     (files / "checkpoints" / "5").mkdir(parents=True)
     with pytest.raises(Started):
         main(command)
+
+
+@pytest.mark.parametrize("command, extra, what", [
+    ("train", ["--config.model.path=gs://models/Qwen3"], "model.path"),
+    ("train", ["--config.rollout.mode=fixed_opponent", "--config.rollout.opponent=gs://models/Qwen3"],
+     "rollout.opponent"),
+    ("eval", ["--config.tokenizer.path=gs://models/Qwen3"], "the tokenizer folder (tokenizer.path, else model.path)"),
+    ("eval", ["--opponents=other=gs://models/Qwen3"], "--opponents other=gs://models/Qwen3"),
+    ("eval", ["--suite=crossplay", "--players=other=gs://models/Qwen3"], "--players other=gs://models/Qwen3"),
+])
+def test_a_model_folder_in_a_bucket_names_the_local_copy_to_make(command, extra, what, tmp_path, capsys, monkeypatch):
+    """Weights and tokenizers load from local files: a gs:// model folder is one line that says so and
+    how to copy it (it said the folder did not exist, or showed it as the local gs:/models/...)."""
+    import spiral_jax.run
+    import spiral_jax.run.build
+    from spiral_jax.cli import main
+    from tests.test_cli import TINY
+
+    monkeypatch.setattr(spiral_jax.run, "Trainer", lambda *a, **k: pytest.fail("training started"))
+    monkeypatch.setattr(spiral_jax.run.build, "load_policy", lambda *a, **k: pytest.fail("the weights loaded"))
+    assert main(["spiral-jax", command, f"--config={TINY}", f"--config.out_dir={tmp_path / 'run'}", *extra]) == 1
+    err = capsys.readouterr().err.strip()
+    assert f"{what}: gs://models/Qwen3 is a URI, and weights and tokenizers load from a local folder; copy it to " \
+           f"one (gcloud storage rsync -r gs://models/Qwen3 /ckpt/NAME)" in err and "\n" not in err, err

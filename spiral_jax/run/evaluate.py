@@ -21,7 +21,7 @@ from spiral_jax.envs import make
 from spiral_jax.eval import benchmarks, game_report, hub
 from spiral_jax.eval.suite import EvalContext, run_benchmarks, run_crossplay, run_games, run_kuhn, run_transfer
 from spiral_jax.models import CheckpointError, ModelConfig
-from spiral_jax.paths import file_in, is_remote, run_path
+from spiral_jax.paths import file_in, is_remote, local_folder, run_path
 from spiral_jax.policies import SCRIPTED, WEIGHTLESS, kind
 from spiral_jax.rollout import PlayedGame
 from spiral_jax.run.build import checkpoint_step
@@ -186,12 +186,12 @@ def check_eval_args(spec: RunSpec, args, given=()) -> None:
                          f"(random, scripted); give a model folder to --players")
     taken = {"model", *(o for o in args.opponents if kinds[o] in WEIGHTLESS)}
     for name in [o for o in args.opponents if kinds[o] not in WEIGHTLESS] if suite == "games" else ():
-        if not Path(path := _named(name, taken)[1]).is_dir():
+        if not local_folder(path := _named(name, taken)[1], f"--opponents {name}").is_dir():
             raise FileNotFoundError(f"--opponents {name}: not random, scripted, self or openai:MODEL@URL, and no "
                                     f"model folder {path} exists (name=path/to/hf_folder for a model)")
         _check_model_folder("opponents", name, path)
     for name in args.players if suite == "crossplay" else ():
-        if not Path(path := _named(name, taken)[1]).is_dir():
+        if not local_folder(path := _named(name, taken)[1], f"--players {name}").is_dir():
             raise FileNotFoundError(f"--players {name}: no model folder {path} exists (name=path/to/hf_folder)")
         _check_model_folder("players", name, path)
     if suite == "crossplay" and not args.players and not args.opponents:

@@ -22,6 +22,7 @@ from spiral_jax.distributed import DistributedSetup
 from spiral_jax.envs import make, registered_ids
 from spiral_jax.eval.kuhn_policy import ENV_ID as KUHN_ENV_ID
 from spiral_jax.models import CheckpointError, ModelConfig
+from spiral_jax.paths import local_folder
 from spiral_jax.policies import WEIGHTLESS, PolicySpec, kind
 from spiral_jax.rl.rae import RAEConfig
 from spiral_jax.rl.train_step import TrainConfig
@@ -221,7 +222,7 @@ def _with_lora(c: ConfigDict, cfg: ModelConfig) -> ModelConfig:
 
 def model_config(c: ConfigDict) -> ModelConfig:
     """The architecture (model.path's config.json, else model.random), with model.lora's adapters."""
-    if c.model.path and not Path(c.model.path).exists():
+    if c.model.path and not local_folder(c.model.path, "model.path").exists():
         raise CheckpointError(f"model.path={c.model.path!r} does not exist; give the Hugging Face checkpoint folder "
                               f"(moved: --config.model.path=WHERE_IT_IS_NOW; a LoRA run's adapters need the very "
                               f"files they were trained on)")
@@ -298,7 +299,7 @@ def _check_together(c: ConfigDict, model: ModelConfig, model_source: str, planni
             raise ValueError(f"{key}={(mover, other)} pays the player who moves invalidly more than the other; give "
                              f"(the invalid mover's reward, the other player's), e.g. {(other, mover)}")
     if r.mode == "fixed_opponent" and (opponent not in ("scripted", "api", "checkpoint") or (
-            opponent == "checkpoint" and not planning and not Path(r.opponent).is_dir())):
+            opponent == "checkpoint" and not planning and not local_folder(r.opponent, "rollout.opponent").is_dir())):
         raise FileNotFoundError(f"rollout.opponent={r.opponent!r} is neither 'random', 'scripted', an API model "
                                 f"(openai:MODEL@URL) nor a model folder; give a Hugging Face checkpoint folder with "
                                 f"the model's architecture (e.g. one written by spiral-jax export)")
