@@ -299,7 +299,7 @@ class Checkpointer:
                 reason = _reason(e)
                 failures.append(f"step {step}: {reason}")
                 older = [s for s in steps if s < step]
-                aside = f"set aside as {self._set_aside(step)}; " if set_aside else ""
+                aside = f"{self._set_aside(step)}; " if set_aside else ""
                 log(f"checkpoint step {step} in {self.directory} cannot be read ({reason}); {aside}"
                     + (f"trying step {older[0]}" if older else "no older one to try"))
                 gc.collect()  # the failed read's coroutines end now, under the filter, not mid-run
@@ -312,10 +312,12 @@ class Checkpointer:
 
     def _set_aside(self, step: int) -> str:
         """Rename an unreadable step folder out of orbax's way (kept for inspection, not deleted), to
-        `<step>.unreadable`, or `<step>.unreadable-2`, ... when the step was set aside before; the
-        name it took."""
+        `<step>.unreadable`, or `<step>.unreadable-2`, ... when the step was set aside before; says
+        what was done. In a bucket, where a rename is a copy, the step stays: a save of it replaces it."""
+        if not isinstance(self.directory, Path):
+            return "left where it is (a bucket has no rename; a later save of that step replaces it)"
         name = f"{step}.unreadable"
-        if isinstance(self.directory, Path) and jax.process_index() == 0:
+        if jax.process_index() == 0:
             src = self.directory / str(step)
             n = 1
             while (self.directory / name).exists():
@@ -324,7 +326,7 @@ class Checkpointer:
             if src.is_dir():
                 src.rename(self.directory / name)
         self._manager.reload()
-        return name
+        return f"set aside as {name}"
 
     def _restore(self, step: int, like_state, like_params, pool_keep: int | None) -> tuple[object, list, dict]:
         meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]

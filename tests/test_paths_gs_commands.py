@@ -138,3 +138,24 @@ def test_a_model_folder_in_a_bucket_names_the_local_copy_to_make(command, extra,
     err = capsys.readouterr().err.strip()
     assert f"{what}: gs://models/Qwen3 is a URI, and weights and tokenizers load from a local folder; copy it to " \
            f"one (gcloud storage rsync -r gs://models/Qwen3 /ckpt/NAME)" in err and "\n" not in err, err
+
+
+def test_an_unreadable_checkpoint_in_a_bucket_is_said_to_stay_where_it_is():
+    """A resumed run passes over an unreadable step: locally it is renamed <step>.unreadable; in a bucket
+    (no rename) it stays, and the line says so rather than naming a folder that was never made."""
+    from spiral_jax.checkpoint import Checkpointer
+
+    ckpt = Checkpointer.__new__(Checkpointer)  # orbax does not serve the fake bucket: its steps are given
+    ckpt.directory = "gs://runs/run/checkpoints"
+    ckpt._manager = type("Manager", (), dict(all_steps=lambda self: [1, 2], reload=lambda self: None))()
+    said = []
+
+    def restore(step):
+        if step == 2:
+            raise ValueError("a truncated manifest")
+        return "step 1"
+
+    assert ckpt._newest_readable(restore, said.append, set_aside=True) == "step 1"
+    assert said[0].startswith("checkpoint step 2 in gs://runs/run/checkpoints cannot be read (")
+    assert said[0].endswith("; left where it is (a bucket has no rename; a later save of that step replaces it); "
+                            "trying step 1"), said
