@@ -189,11 +189,11 @@ def check_eval_args(spec: RunSpec, args, given=()) -> None:
         if not local_folder(path := _named(name, taken)[1], f"--opponents {name}").is_dir():
             raise FileNotFoundError(f"--opponents {name}: not random, scripted, self or openai:MODEL@URL, and no "
                                     f"model folder {path} exists (name=path/to/hf_folder for a model)")
-        _check_model_folder("opponents", name, path)
+        _check_model_folder("opponents", name, path, spec.model)
     for name in args.players if suite == "crossplay" else ():
         if not local_folder(path := _named(name, taken)[1], f"--players {name}").is_dir():
             raise FileNotFoundError(f"--players {name}: no model folder {path} exists (name=path/to/hf_folder)")
-        _check_model_folder("players", name, path)
+        _check_model_folder("players", name, path, spec.model)
     if suite == "crossplay" and not args.players and not args.opponents:
         raise ValueError("--suite crossplay needs players besides the model: --players NAME=HF_FOLDER,... and/or "
                          "--opponents random,scripted")
@@ -201,13 +201,24 @@ def check_eval_args(spec: RunSpec, args, given=()) -> None:
         _check_bench(spec, args)
 
 
-def _check_model_folder(flag: str, name: str, path: str) -> None:
+# What a model opponent or cross-play player must share with the evaluated model: they all run in the
+# evaluated model's sampler programs (`load_policy_weights` compares the whole architecture as it loads).
+_SHAPE = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+          "head_dim")
+
+
+def _check_model_folder(flag: str, name: str, path: str, model: ModelConfig) -> None:
     """A model folder's config.json is read before the evaluated model's weights load: an adapter or a
-    run's folder, or a config no model is built from, is named now rather than after that wait."""
+    run's folder, a config no model is built from, or another shape than `model`'s is named now rather
+    than after that wait."""
     try:
-        ModelConfig.from_pretrained(path)
+        other = ModelConfig.from_pretrained(path)
     except CheckpointError as e:
         raise CheckpointError(f"--{flag} {name}: {e}") from None
+    if differ := [f"{f} {getattr(other, f)} (evaluated: {getattr(model, f)})" for f in _SHAPE
+                  if getattr(other, f) != getattr(model, f)]:
+        raise ValueError(f"--{flag} {name}: the model in {path} has another architecture than the evaluated one: "
+                         f"{', '.join(differ)}; model opponents and cross-play players need the same one")
 
 
 def _check_bench(spec: RunSpec, args) -> None:

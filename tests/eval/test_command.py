@@ -7,7 +7,6 @@ import pytest
 from spiral_jax.config import EVAL_PROTOCOLS, base_config, with_protocol
 from spiral_jax.run.evaluate import check_eval_args, run_eval
 from spiral_jax.run.setup import run_spec
-from tests.tiny_models import TINY
 
 
 @pytest.fixture
@@ -54,7 +53,7 @@ def test_two_model_folders_of_one_name_are_refused_before_any_game(ctx, tmp_path
     c = run_spec(c)
     for run in ("a", "b"):
         (tmp_path / run / "hf").mkdir(parents=True)
-        (tmp_path / run / "hf" / "config.json").write_text(json.dumps(TINY.to_hf_dict()))
+        (tmp_path / run / "hf" / "config.json").write_text(json.dumps(c.model.to_hf_dict()))
     folders = [str(tmp_path / "a" / "hf"), str(tmp_path / "b" / "hf")]
     monkeypatch.setattr(ctx, "load_weights", lambda path: f"weights of {path}")
     with pytest.raises(ValueError, match="the name 'hf' is taken by another player; .*name=path"):

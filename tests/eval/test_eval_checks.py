@@ -49,7 +49,7 @@ def test_a_model_folder_is_not_labelled_as_another_player(flag, given, said, tmp
     place, "random" would report its games as the random player's; both are refused, with a label to use."""
     for folder in (tmp_path / "hf", tmp_path / "random"):
         folder.mkdir()
-        (folder / "config.json").write_text(json.dumps(TINY.to_hf_dict()))
+        (folder / "config.json").write_text(json.dumps(spec(tmp_path).model.to_hf_dict()))
     suite = "crossplay" if flag == "players" else "games"
     given = given.format(hf=tmp_path / "hf", tmp=tmp_path)
     with pytest.raises(ValueError, match=f"{said}; label it with a name of its own, NAME=path"):
@@ -113,3 +113,14 @@ def test_a_benchmark_downloaded_for_a_gs_out_dir_is_read_from_a_local_file(out, 
     assert read == ["1+1?"] and len(targets) == 1
     if not is_remote(given):  # kept beside the reports
         assert (local / "eval" / "bench" / "data" / "MATH500.jsonl").is_file()
+
+
+@pytest.mark.parametrize("flag, suite", [("opponents", "games"), ("players", "crossplay")])
+def test_a_model_folder_of_another_architecture_is_refused_before_the_weights_load(flag, suite, tmp_path):
+    """Model opponents and cross-play players run in the evaluated model's programs; one of another
+    shape is named from its config.json, not after the evaluated weights have loaded."""
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(TINY.to_hf_dict()))
+    with pytest.raises(ValueError, match=rf"--{flag} other=.*another architecture than the evaluated one: "
+                                         r"vocab_size 64 \(evaluated: 1024\), hidden_size 32 \(evaluated: 64\)"):
+        check_eval_args(spec(tmp_path), args(suite=suite, games=2, **{flag: [f"other={tmp_path / 'hf'}"]}))
