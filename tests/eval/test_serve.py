@@ -11,6 +11,7 @@ import numpy as np
 import openai
 import pytest
 
+from spiral_jax import api_player
 from spiral_jax.eval.suite import run_games
 from spiral_jax.eval.transcripts import read_transcripts
 from spiral_jax.sampling import Sampler, SamplingParams
@@ -517,12 +518,15 @@ def test_shutdown_refuses_waiting_work_and_bounds_running_work(tiny_ctx, sampler
     assert {reply["error"]["message"].split(" before")[0] for _, reply in replies} == {"the server shut down"}
 
 
-def test_eval_games_against_the_served_model(served, tiny_ctx, tmp_path):
+def test_eval_games_against_the_served_model(served, tiny_ctx, tmp_path, monkeypatch):
     """An openai:NAME@URL opponent plays evaluation games through the server: every game ends, and
     the opponent's responses are the server's answers (the tiny model's text, not empty)."""
+    # The embedded tokenizer has tokens of whole rule sentences (up to 344 characters), past the bound
+    # the API player puts on a real vocabulary's tokens to catch a server that ignores max_tokens.
+    monkeypatch.setattr(api_player, "_MAX_CHARS_PER_TOKEN", 400)
     spec = f"openai:tiny@{served.url}"
     results = run_games(tiny_ctx, tmp_path, ["TicTacToe-v0"], [spec], 4)
-    assert results["TicTacToe-v0", spec].games == 4
+    assert results["TicTacToe-v0", spec].games == 4 and results["TicTacToe-v0", spec].api_failures == 0
     games = read_transcripts(next(tmp_path.glob("*.jsonl")))
     api_turns = [t for g in games for t in g["turns"] if t["policy"] == spec]
     assert api_turns and all(t["response"] for t in api_turns)
