@@ -92,8 +92,13 @@ def to_markdown(results: Mapping[tuple[str, str], GameStats], settings: dict | N
     lines += [f"{opponent} on {env_id}: {s.api_failures} moves got no usable reply from the API; each is that "
               f"player's invalid move, so the rates against it overstate the model." for (env_id, opponent), s
               in results.items() if s.api_failures]
-    lines += [f"Settings: {json.dumps(settings or {})}", ""]
+    lines += [settings_line(settings), ""]
     return "\n".join(lines)
+
+
+def settings_line(settings: dict | None) -> str:
+    """The closing line of a markdown report: the settings its numbers were read under."""
+    return f"Settings: {json.dumps(settings or {})}"
 
 
 def write_report(results: Mapping[tuple[str, str], GameStats], out_dir, settings: dict | None = None,

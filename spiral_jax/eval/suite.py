@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from typing import Mapping, Sequence
 
 from spiral_jax.eval import benchmarks, crossplay, game_report, kuhn_policy
@@ -107,13 +106,8 @@ def run_kuhn(ctx: EvalContext, out_dir, k: int = 0, answer_template: str = "\\bo
     out = run_path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "kuhn.md").write_text(f"## Kuhn poker exploitability (one round, {env_id}; {how})\n\n"
-                                 + est.markdown() + _settings_line(ctx.settings(kuhn_samples=k)))
+                                 + est.markdown() + f"\n{game_report.settings_line(ctx.settings(kuhn_samples=k))}\n")
     return est
-
-
-def _settings_line(settings: dict) -> str:
-    """The closing line of a markdown report: the settings its numbers were read under."""
-    return f"\nSettings: {json.dumps(settings)}\n"
 
 
 def run_crossplay(ctx: EvalContext, out_dir, players: Mapping[str, object], env_id: str,
@@ -128,7 +122,7 @@ def run_crossplay(ctx: EvalContext, out_dir, players: Mapping[str, object], env_
     out.mkdir(parents=True, exist_ok=True)
     (out / "crossplay.md").write_text(f"## Cross-play on {env_id} ({games_per_pair} games per pair)\n\n"
                                       + crossplay.markdown(result, ratings)
-                                      + _settings_line(ctx.settings(games_per_pair=games_per_pair)))
+                                      + f"\n{game_report.settings_line(ctx.settings(games_per_pair=games_per_pair))}\n")
     try:
         crossplay.heatmap(result, out / "crossplay.png", f"{env_id}: score of row vs column")
     except ImportError:

@@ -141,6 +141,11 @@ def float_dtype(name: str, value):
     return dtype
 
 
+# ModelConfig fields a checkpoint's weights do not depend on: its token ids and the runtime choices.
+_NOT_ARCHITECTURE = ("bos_token_id", "eos_token_id", "compute_dtype", "scan_layers", "remat", "remat_saves",
+                     "attention", "decode_attention")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Architecture plus runtime choices. Frozen and hashable, so it can be a static jit argument."""
@@ -233,6 +238,12 @@ class ModelConfig:
     @property
     def lora_scale(self) -> float:
         return self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
+
+    def architecture_differences(self, other: "ModelConfig") -> list[str]:
+        """The fields in which `other` is another architecture than this model, whose programs its weights
+        would not run in; token ids and the runtime choices (dtype, remat, kernels) are no part of it."""
+        return [f.name for f in dataclasses.fields(self) if f.name not in _NOT_ARCHITECTURE
+                and getattr(self, f.name) != getattr(other, f.name)]
 
     def base(self) -> "ModelConfig":
         """This model without adapters: what merged weights, the sampler and HF checkpoints hold. Its

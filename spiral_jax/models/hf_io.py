@@ -337,8 +337,7 @@ def load_policy_weights(source: str, cfg, mesh):
     other, params = load_pretrained(source, mesh=mesh, rules="sample", compute_dtype=cfg.compute_dtype,
                                     scan_layers=cfg.scan_layers, remat=cfg.remat, remat_saves=cfg.remat_saves,
                                     attention=cfg.attention, decode_attention=cfg.decode_attention)
-    arch = lambda m: dataclasses.replace(m, bos_token_id=None, eos_token_id=None)  # noqa: E731
-    if arch(other) != arch(cfg):
+    if cfg.architecture_differences(other):
         raise ValueError(f"{source} has another architecture than the evaluated model; "
                          "cross-play and model opponents need the same one")
     return params

@@ -201,12 +201,6 @@ def check_eval_args(spec: RunSpec, args, given=()) -> None:
         _check_bench(spec, args)
 
 
-# What a model opponent or cross-play player must share with the evaluated model: they all run in the
-# evaluated model's sampler programs (`load_policy_weights` compares the whole architecture as it loads).
-_SHAPE = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-          "head_dim")
-
-
 def _check_model_folder(flag: str, name: str, path: str, model: ModelConfig) -> None:
     """A model folder's config.json is read before the evaluated model's weights load: an adapter or a
     run's folder, a config no model is built from, or another shape than `model`'s is named now rather
@@ -215,10 +209,10 @@ def _check_model_folder(flag: str, name: str, path: str, model: ModelConfig) -> 
         other = ModelConfig.from_pretrained(path)
     except CheckpointError as e:
         raise CheckpointError(f"--{flag} {name}: {e}") from None
-    if differ := [f"{f} {getattr(other, f)} (evaluated: {getattr(model, f)})" for f in _SHAPE
-                  if getattr(other, f) != getattr(model, f)]:
+    if differ := model.base().architecture_differences(other):  # they run in the evaluated model's programs
         raise ValueError(f"--{flag} {name}: the model in {path} has another architecture than the evaluated one: "
-                         f"{', '.join(differ)}; model opponents and cross-play players need the same one")
+                         + ", ".join(f"{f} {getattr(other, f)} (evaluated: {getattr(model, f)})" for f in differ)
+                         + "; model opponents and cross-play players need the same one")
 
 
 def _check_bench(spec: RunSpec, args) -> None:
