@@ -11,13 +11,12 @@
     spiral-jax launch tpu|gpu --config configs/X.py ...   # start on a TPU slice / GPU hosts (launch -h)
 
 `spiral-jax COMMAND --help` lists a command's flags. A run stopped by SIGTERM or SIGINT saves a
-checkpoint and exits with status 75 (requeue it with --resume); a bad command line or config file
-exits with 2, any other error with 1.
+checkpoint and exits with status 75 (requeue it with --resume); Ctrl-C anywhere else exits with 130,
+a bad command line or config file with 2, any other error with 1.
 """
 from __future__ import annotations
 
 import difflib
-import errno
 import os
 import sys
 from pathlib import Path
@@ -25,8 +24,7 @@ from pathlib import Path
 from absl import flags
 from ml_collections import ConfigDict, config_flags
 
-from spiral_jax.models.config import CheckpointError
-from spiral_jax.sharding import MeshError
+from spiral_jax.cli_errors import EXPLAINED, explain, interrupted
 
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # "PyTorch was not found": not needed here
 
@@ -234,55 +232,14 @@ def main(argv: list[str] | None = None) -> int:
         return _unreadable_config(command, vars(FLAGS.config).get("_error"))
     try:
         return _run(command, FLAGS.config)
-    except FloatingPointError as e:  # a diverged training (run.TrainingDiverged), NaN logits
-        print(f"spiral-jax {command}: {e}", file=sys.stderr)
-        return 1
-    except (CheckpointError, MeshError, ValueError, OSError) as e:
-        from spiral_jax.checkpoint import DiskFullError, is_disk_full
-
-        if isinstance(e, DiskFullError):
-            reason = e.strerror
-        elif is_disk_full(e):  # metrics, transcripts, an export
-            alt, how = {"train": ("move out_dir", " with --resume"),
-                        "export": ("choose an --out", " (into the same --out with --overwrite, which clears what "
-                                                      "this export wrote)")}.get(command, ("move out_dir", ""))
-            reason = f"the disk is full ({e}); free space or {alt} on a bigger disk, then run again{how}"
-        elif isinstance(e, OSError) and e.errno in (errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.EISDIR):
-            reason = (f"cannot write {e.filename or 'a file'}: {e.strerror}; choose a folder you can write "
-                      f"(train: --config.out_dir=NEW_FOLDER)")
-        elif isinstance(e, OSError) and not isinstance(e, (FileNotFoundError, ConnectionError, PermissionError)):
-            raise  # an unexpected system error keeps its traceback; a missing file or dead endpoint is said
-        else:
-            reason = f"{type(e).__name__}: {e}"
-        print(f"spiral-jax {command}: {reason}", file=sys.stderr)
-        return 1
-    except RuntimeError as e:
-        from spiral_jax.aot import CompileError  # `plan --compile`: no compiler for the slice, or a refusal
-
-        if isinstance(e, CompileError):
-            print(f"spiral-jax {command}: {e}", file=sys.stderr)
-        elif str(e).startswith(_BACKEND_FAILED):
-            print(f"spiral-jax {command}: {_backend_failure(str(e))}", file=sys.stderr)
-        else:
+    except KeyboardInterrupt:  # train's loop saves and exits 75 itself; this is Ctrl-C anywhere else
+        print(f"spiral-jax {command}: {interrupted(command)}", file=sys.stderr)
+        return 130
+    except EXPLAINED as e:
+        if (message := explain(command, e)) is None:
             raise
+        print(f"spiral-jax {command}: {message}", file=sys.stderr)
         return 1
-
-
-_BACKEND_FAILED = "Unable to initialize backend"  # the start of JAX's error when a platform fails to start
-
-
-def _backend_failure(message: str) -> str:
-    """JAX's error for an accelerator that did not start, with what to do about it: most often another
-    process holds the chips (a run still going, a notebook's kernel)."""
-    message = message.split(" (set JAX_PLATFORMS")[0].split(" (you may need")[0].rstrip(".")
-    if "'tpu'" in message:
-        hint = ("on a TPU VM another process may hold the chips (a run still going, a notebook): stop it, or "
-                "find it with `sudo lsof -w /dev/accel* /dev/vfio/*`")
-    elif "'cuda'" in message or "'gpu'" in message:
-        hint = "check `nvidia-smi`, and that JAX's CUDA plugin suits the driver (pip install -e '.[cuda]')"
-    else:
-        hint = "check that the accelerator is attached and free"
-    return f"{message}; {hint}; or set JAX_PLATFORMS=cpu to run on the CPU"
 
 
 def _config_paths(argv: list[str]) -> list[str]:

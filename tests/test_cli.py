@@ -210,3 +210,24 @@ def test_other_runtime_errors_keep_their_traceback(tmp_path, monkeypatch):
     _devices_fail_to_start(monkeypatch, "something else went wrong")
     with pytest.raises(RuntimeError, match="something else"):
         main(["spiral-jax", "train", f"--config={TINY}", f"--config.out_dir={tmp_path / 'run'}"])
+
+
+@pytest.mark.parametrize("command, extra, said", [
+    ("eval", [], "the report was not written"),
+    ("export", ["--out={tmp}/hf"], "--out holds a partial export: run the command again with --overwrite"),
+    ("train", [], "before the first step"),
+    ("serve", [], "")])
+def test_ctrl_c_while_the_weights_load_is_one_line_and_status_130(command, extra, said, tmp_path, capsys, monkeypatch):
+    """Ctrl-C outside train's loop (which saves and exits 75 itself): no traceback, what is left behind."""
+    import spiral_jax.run
+    import spiral_jax.run.build
+
+    def load(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(spiral_jax.run.build, "load_policy", load)
+    monkeypatch.setattr(spiral_jax.run, "Trainer", load)
+    extra = [arg.format(tmp=tmp_path) for arg in extra]
+    assert main(["spiral-jax", command, f"--config={TINY}", f"--config.out_dir={tmp_path / 'run'}", *extra]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"spiral-jax {command}: interrupted") and said in err and "\n" not in err, err
