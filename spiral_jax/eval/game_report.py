@@ -3,7 +3,8 @@
 One run plays `n_games` per (game, opponent) with the model in each seat for half of them, and
 writes per (game, opponent) a JSONL transcript, plus `games.json` (rates with 95% Wilson intervals,
 overall and per seat, mean game length and response tokens) and `games.md`, under the sampling
-settings it records in both.  Opponents: "random", "scripted" (the game's strongest script), "self"
+settings it records in both; transcripts of matchups no report in the folder lists any more (an
+earlier run's against other opponents) are removed.  Opponents: "random", "scripted" (the game's strongest script), "self"
 (the same weights in the other seat) or any name given weights in `opponent_params` (another
 checkpoint or model folder, loaded by the caller).  The transfer report is the same run on SPIRAL's
 out-of-distribution games.
@@ -108,11 +109,26 @@ def write_report(results: Mapping[tuple[str, str], GameStats], out_dir, settings
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}.json").write_text(json.dumps(to_json(results, settings), indent=1))
     (out_dir / f"{name}.md").write_text(to_markdown(results, settings, title))
+    for path in _stale_transcripts(out_dir):
+        path.unlink()
     if writer is not None:
         for (env_id, opponent), s in results.items():
             writer.scalars(step, s.scalars(f"{name}/{env_id}/{opponent}"))
         writer.flush()
     return out_dir / f"{name}.md"
+
+
+def _stale_transcripts(out_dir) -> list:
+    """The `<game>_vs_<opponent>.jsonl` files in `out_dir` of matchups no report there lists: an
+    earlier evaluation's, whose report was replaced by one against other opponents or games."""
+    listed = set()
+    for report in out_dir.glob("*.json"):
+        try:
+            rows = json.loads(report.read_text()).get("results", [])
+            listed |= {transcript_path(out_dir, r["env_id"], r["opponent"]).name for r in rows}
+        except (ValueError, AttributeError, TypeError, KeyError):
+            continue  # not a game report (results.json of benchmarks, a user's file)
+    return [path for path in out_dir.glob("*_vs_*.jsonl") if path.name not in listed]
 
 
 def transfer_report(rollout, params, out_dir, n_games: int, seed: int,

@@ -90,3 +90,27 @@ def test_moves_an_api_opponent_did_not_answer_are_in_the_report(tmp_path):
     assert f"{api} on Nim-v0: 5 moves got no usable reply from the API" in text and text.count("no usable") == 1
     write_report({("Nim-v0", api): stats(0)}, tmp_path, SETTINGS)  # every move answered: nothing to say
     assert "no usable reply" not in (tmp_path / "games.md").read_text()
+
+
+def test_a_new_report_removes_the_transcripts_of_matchups_no_report_lists(tmp_path):
+    """Evaluating again into the same folder against other opponents replaces games.json; the old
+    matchups' transcripts go with it, and those another report there (transfer.json) lists stay."""
+    from spiral_jax.eval.games import GameStats
+    from spiral_jax.paths import transcript_path
+
+    stats = GameStats(2, {"win": 2, "draw": 0, "loss": 0, "invalid": 0},
+                      {0: {"win": 1, "draw": 0, "loss": 0, "invalid": 0},
+                       1: {"win": 1, "draw": 0, "loss": 0, "invalid": 0}}, 3.0, 8.0, 0.0)
+    def evaluated(matchups, name="games"):  # as evaluate_games does: the transcripts, then the report
+        for env_id, opponent in matchups:
+            transcript_path(tmp_path, env_id, opponent).write_text("{}\n")
+        write_report({matchup: stats for matchup in matchups}, tmp_path, SETTINGS, name=name)
+
+    (tmp_path / "notes_vs_me.txt").write_text("a user's file")
+    (tmp_path / "results.json").write_text("[]")  # benchmarks' results: not a game report
+    evaluated([("Nim-v0", "random"), ("Nim-v0", "scripted")])
+    evaluated([("Snake-v0", "scripted")], name="transfer")
+    assert len(list(tmp_path.glob("*.jsonl"))) == 3
+    evaluated([("Nim-v0", "scripted")])
+    assert sorted(p.name for p in tmp_path.glob("*_vs_*")) == [
+        "Nim-v0_vs_scripted.jsonl", "Snake-v0_vs_scripted.jsonl", "notes_vs_me.txt"]
