@@ -103,10 +103,8 @@ def run_kuhn(ctx: EvalContext, out_dir, k: int = 0, answer_template: str = "\\bo
         example = kuhn_policy.answer_text("[bet]", answer_template)
         est = kuhn_policy.estimate_exact(probs, env_id, min_coverage=0.5)
         how = f"exact scoring of answers like {example!r}"
-    out = run_path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "kuhn.md").write_text(f"## Kuhn poker exploitability (one round, {env_id}; {how})\n\n"
-                                 + est.markdown() + f"\n{game_report.settings_line(ctx.settings(kuhn_samples=k))}\n")
+    _write_leader(out_dir, "kuhn.md", f"## Kuhn poker exploitability (one round, {env_id}; {how})\n\n"
+                  + est.markdown() + f"\n{game_report.settings_line(ctx.settings(kuhn_samples=k))}\n")
     return est
 
 
@@ -118,16 +116,26 @@ def run_crossplay(ctx: EvalContext, out_dir, players: Mapping[str, object], env_
     play = crossplay.rollout_play(ctx.rollout, dict(players), env_id, ctx.seed)
     result = crossplay.cross_play(names, play, games_per_pair)
     ratings = crossplay.rate(result)
-    out = run_path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "crossplay.md").write_text(f"## Cross-play on {env_id} ({games_per_pair} games per pair)\n\n"
-                                      + crossplay.markdown(result, ratings)
-                                      + f"\n{game_report.settings_line(ctx.settings(games_per_pair=games_per_pair))}\n")
+    out = _write_leader(out_dir, "crossplay.md", f"## Cross-play on {env_id} ({games_per_pair} games per pair)\n\n"
+                        + crossplay.markdown(result, ratings)
+                        + f"\n{game_report.settings_line(ctx.settings(games_per_pair=games_per_pair))}\n")
     try:
-        crossplay.heatmap(result, out / "crossplay.png", f"{env_id}: score of row vs column")
+        if out is not None:
+            crossplay.heatmap(result, out / "crossplay.png", f"{env_id}: score of row vs column")
     except ImportError:
         pass  # the markdown table holds the same numbers
     return result, ratings
+
+
+def _write_leader(out_dir, name: str, text: str):
+    """`text` to `out_dir`/`name` on the leader (every host holds the same results; one writes them, as
+    to a shared bucket); the folder there, None on the other hosts."""
+    if not is_leader():
+        return None
+    out = run_path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(text)
+    return out
 
 
 def run_benchmarks(ctx: EvalContext, out_dir, files: Mapping[str, str], k: int = 4,

@@ -55,3 +55,15 @@ def test_crossplay_with_a_model_folder(ctx, tmp_path):
     settings = json.loads(report.split("\nSettings: ")[1])  # what the games were played under
     assert settings["temperature"] == 0.6 and settings["games_per_pair"] == 2 and settings["step"] == ctx.step
 
+
+
+def test_only_the_leader_writes_the_crossplay_report(ctx, tmp_path, monkeypatch):
+    """Every host of a multi-host run holds the same results; one writes them to the shared folder."""
+    from spiral_jax.eval import suite
+
+    monkeypatch.setattr(suite, "is_leader", lambda: False)
+    result, _ = run_crossplay(ctx, tmp_path / "other", {}, "Nim-v0", 2, scripted=("random", "scripted"))
+    assert result.games[0, 1] == 2 and not (tmp_path / "other").exists()
+    monkeypatch.setattr(suite, "is_leader", lambda: True)
+    run_crossplay(ctx, tmp_path / "leader", {}, "Nim-v0", 2, scripted=("random", "scripted"))
+    assert (tmp_path / "leader" / "crossplay.md").is_file()
