@@ -232,7 +232,7 @@ def run_benchmark(name: str, items: Sequence[Item], generate: GenerateFn, k: int
             every += [ok for _, ok, _ in graded]
             boxed += [pred is not None for pred, _, _ in graded]
             tokens += [r.tokens for r in responses]
-            cut += [r.finish_reason != "stop" for r in responses]
+            cut += [r.finish_reason == "length" for r in responses]
             f.write(json.dumps({"id": item.id, "prompt": prompt, "answer": item.answer,
                                 "responses": [r.text for r in responses],
                                 "finish_reasons": [r.finish_reason for r in responses],

@@ -108,7 +108,7 @@ def summarize(games: Sequence[PlayedGame], policy: str = "model") -> GameStats:
         for t in game.model_turns:
             if t.policy == policy:
                 tokens.append(len(t.response_ids))
-                cut.append(t.finish_reason != "stop")
+                cut.append(t.finish_reason == "length")
     mean = lambda xs: float(np.mean(xs)) if xs else 0.0  # noqa: E731
     return GameStats(len(games), counts, seat_counts, mean(lengths), mean(tokens), mean(cut))
 

@@ -46,7 +46,7 @@ def step_scalars(collected: Collected, trained: int, update: dict, times: StepTi
         metrics.update(summarize([g for g in games if g.record.env_id == env_id]).scalars(f"rollout/{env_id}"))
     model_turns = [t for g in games for t in g.model_turns if t.policy == "model"]
     metrics.update({
-        "rollout/truncation_rate": float(np.mean([t.finish_reason != "stop" for t in model_turns]))
+        "rollout/truncation_rate": float(np.mean([t.finish_reason == "length" for t in model_turns]))
         if model_turns else 0.0,
         "rollout/games": len(games), "rollout/samples": len(samples),
         "rollout/samples_before_selection": collected.candidates,
