@@ -1,7 +1,8 @@
 """TensorBoard event files without TensorFlow, written by process 0 only.
 
-Uses tensorboard's own event writer and protos: scalars for numbers, text for game transcripts. The
-writer only writes local files: for a remote log folder (gs://) the events go to a local folder first
+Uses tensorboard's record format and protos: scalars for numbers, text for game transcripts. Events
+are written on the calling thread, so that a full disk is one OSError where a value is logged (the
+command says it in one line), not a background thread's traceback. The writer only writes local files: for a remote log folder (gs://) the events go to a local folder first
 and each flush uploads them (`spiral_jax.paths`).
 Optionally the same scalars and texts also go to Weights & Biases (`wandb.enabled`, the `wandb` extra).
 """
@@ -9,7 +10,10 @@ from __future__ import annotations
 
 import importlib
 import io
+import itertools
+import os
 import shutil
+import socket
 import struct
 import tempfile
 import time
@@ -22,7 +26,6 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.compat.proto.tensor_pb2 import TensorProto
 from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
-from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from tensorboard.summary.writer.record_writer import RecordWriter
 
 from spiral_jax.paths import is_remote, replace_bytes, run_path
@@ -43,6 +46,28 @@ def check_wandb(wandb: Mapping | None) -> None:
                              "mirror off with --config.wandb.enabled=false") from None
 
 
+_FILE_IDS = itertools.count()
+
+
+class _EventFile:
+    """One TensorBoard event file, named as TensorBoard names them, opened with its version record."""
+
+    def __init__(self, folder: str):
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_FILE_IDS)}"
+        self._records = RecordWriter(open(os.path.join(folder, name), "wb"))
+        self.add_event(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+        self.flush()
+
+    def add_event(self, event: event_pb2.Event) -> None:
+        self._records.write(event.SerializeToString())
+
+    def flush(self) -> None:
+        self._records.flush()
+
+    def close(self) -> None:
+        self._records.close()
+
+
 class MetricsWriter:
     """Scalars and text to `logdir`; a no-op on every process but 0 (or when logdir is None)."""
 
@@ -56,7 +81,7 @@ class MetricsWriter:
                 self._remote.mkdir(parents=True, exist_ok=True)
             else:
                 Path(logdir).mkdir(parents=True, exist_ok=True)
-            self._writer = EventFileWriter(self._local or str(logdir))
+            self._writer = _EventFile(self._local or str(logdir))
             if wandb and wandb.get("enabled"):
                 check_wandb(wandb)
                 import wandb as wandb_module

@@ -189,3 +189,27 @@ def test_an_event_whose_data_fails_its_crc_is_not_read_nor_rewritten(tmp_path):
     assert prune_events(tmp_path, lambda tag, step: step == 0, logged.append) == 0
     assert events.read_bytes() == bytes(data)
     assert "data of the record at byte" in logged[0] and "is left as it is" in logged[1]
+
+
+def test_a_full_disk_is_an_error_where_values_are_logged_not_a_thread_traceback(tmp_path, monkeypatch):
+    """The event file is written on the calling thread: the command turns ENOSPC into its one line,
+    and no background thread prints a traceback of its own first."""
+    import builtins
+    import errno
+    import threading
+
+    from spiral_jax import metrics
+
+    writer = MetricsWriter(tmp_path / "tb")
+    writer.scalars(1, {"a": 1.0})
+    writer.flush()
+    assert read_scalars(tmp_path / "tb") == {"a": [(1, 1.0)]}
+    monkeypatch.setattr(metrics, "open", lambda path, mode: builtins.open("/dev/full", mode), raising=False)
+    hooked = []
+    monkeypatch.setattr(threading, "excepthook", hooked.append)
+    with pytest.raises(OSError) as e:
+        full = MetricsWriter(tmp_path / "full")
+        for step in range(4):
+            full.scalars(step, {"a": float(step)})
+        full.flush()
+    assert e.value.errno == errno.ENOSPC and not hooked
