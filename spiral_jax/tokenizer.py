@@ -162,25 +162,29 @@ def load_tokenizer(path, cfg: ModelConfig, template: Template | None = None, mod
 
 
 def check_vocabulary(hf_tokenizer, cfg: ModelConfig, path) -> None:
-    """The tokenizer must belong to the model: no more tokens than embedding rows, not far fewer
-    (checkpoints pad their embedding by a little, never by half), and the BOS and EOS ids of the
-    model's config.json must be tokens of it (a Llama 3 tokenizer on a Qwen model passes the size
-    checks, but Qwen's <|endoftext|> is id 151643, past its 128256 tokens)."""
+    """The tokenizer must belong to the model: no more tokens than embedding rows, no id past them (a
+    vocabulary may skip ids), not far fewer (checkpoints pad their embedding by a little, never by
+    half), and the BOS and EOS ids of the model's config.json must be tokens of it (a Llama 3 tokenizer
+    on a Qwen model passes the size checks, but Qwen's <|endoftext|> is id 151643, past its 128256 tokens)."""
     n, rows = len(hf_tokenizer), cfg.vocab_size
+    top = max(hf_tokenizer.get_vocab().values(), default=-1)
     fix = "this tokenizer does not belong to this model (point tokenizer.path at the model's own tokenizer)"
     if n > rows:
         raise CheckpointError(f"the tokenizer at {path} has {n} tokens but the model's embedding has only "
                               f"{rows} rows; {fix}")
+    if top >= rows:
+        raise CheckpointError(f"the tokenizer at {path} has a token of id {top} but the model's embedding has "
+                              f"only {rows} rows (ids 0-{rows - 1}); {fix}")
     if n < rows // 2:
         raise CheckpointError(f"the tokenizer at {path} has {n} tokens but the model's embedding has "
                               f"{rows} rows; {fix}")
     eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, tuple) else (cfg.eos_token_id,)
     named = {"bos_token_id": (cfg.bos_token_id,), "eos_token_id": eos}
     for key, ids in named.items():
-        outside = [i for i in ids if i is not None and not 0 <= i < n]
+        outside = [i for i in ids if i is not None and not 0 <= i <= top]
         if outside:
             raise CheckpointError(f"the model's config.json has {key}={outside[0]}, but the tokenizer at "
-                                  f"{path} has only {n} tokens; {fix}")
+                                  f"{path} has only {n} tokens (ids 0-{top}); {fix}")
 
 
 def check_template_tokens(hf_tokenizer, template: Template, path) -> None:

@@ -112,11 +112,31 @@ def test_a_tokenizer_short_of_the_models_special_ids_is_refused(llama_style):
     n = len(vocab)
     bigger = dataclasses.replace(_cfg(n + 4), bos_token_id=0, eos_token_id=(1, n + 2))
     with pytest.raises(CheckpointError, match=rf"config.json has eos_token_id={n + 2}, but the tokenizer .* "
-                                              rf"only {n} tokens; .*model's own tokenizer"):
+                                              rf"only {n} tokens \(ids 0-{n - 1}\); .*model's own tokenizer"):
         load_tokenizer(path, bigger, Template("chat"))
     with pytest.raises(CheckpointError, match=rf"bos_token_id={n}, but"):
         load_tokenizer(path, dataclasses.replace(bigger, bos_token_id=n, eos_token_id=1), Template("chat"))
     assert load_tokenizer(path, dataclasses.replace(bigger, eos_token_id=(1, n - 1)), Template("chat"))
+
+
+def test_a_vocabulary_that_skips_ids_is_checked_by_its_largest_id():
+    """Fewer tokens than rows, but one id past the last row: it would fail at the first prompt."""
+    from spiral_jax.tokenizer import check_vocabulary
+
+    class Gapped:
+        def __init__(self, ids):
+            self.ids = ids
+
+        def __len__(self):
+            return len(self.ids)
+
+        def get_vocab(self):
+            return {f"t{i}": i for i in self.ids}
+
+    cfg = dataclasses.replace(_cfg(100), bos_token_id=0, eos_token_id=150)
+    with pytest.raises(CheckpointError, match=r"a token of id 150 but the model's embedding has only 100 rows"):
+        check_vocabulary(Gapped([*range(90), 150]), cfg, "tok")
+    check_vocabulary(Gapped([*range(90), 99]), dataclasses.replace(cfg, eos_token_id=99), "tok")  # a gap, in range
 
 
 def test_stop_ids_read_the_model_folders_generation_config(llama_style, tmp_path):
