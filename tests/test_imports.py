@@ -18,7 +18,7 @@ LAYERS = {
     "rl": 2, "eval": 2, "serve": 2,
     "config": 1,
     "run": 3, "run_dir": 3, "plan": 3, "aot": 3, "export": 3,
-    "cli": 4, "launch": 4,
+    "cli": 4, "cli_errors": 4, "launch": 4,
 }
 
 
