@@ -122,18 +122,22 @@ def _local_bench(name: str) -> bool:
 
 
 def _check_eval_out(folder: str, out_dir: str) -> None:
-    """A report folder that can be one: not below a file, writable, not inside the run's checkpoints or
-    TensorBoard folders (orbax and TensorBoard read every entry there)."""
-    target = Path(os.path.realpath(os.path.expanduser(folder)))
-    existing = next(p for p in (target, *target.parents) if p.exists())
-    if not existing.is_dir() or not os.access(existing, os.W_OK):
-        raise ValueError(f"--eval_out {folder}: {existing} is {'a file' if not existing.is_dir() else 'not writable'}; "
-                         f"give a folder for the reports you can write")
-    run = Path(os.path.realpath(os.path.expanduser(out_dir)))
-    if not is_remote(out_dir) and run in target.parents and target.relative_to(run).parts[0] in ("checkpoints",
-                                                                                                  "tensorboard"):
-        raise ValueError(f"--eval_out {folder} is inside the run's {target.relative_to(run).parts[0]} folder; give a "
-                         f"folder of its own, e.g. --eval_out {run / 'eval' / 'NAME'}")
+    """A report folder that can be one: not below a file, writable (a local one), not inside the run's
+    checkpoints or TensorBoard folders (orbax and TensorBoard read every entry there)."""
+    if is_remote(folder):
+        target, run = folder.rstrip("/"), out_dir.rstrip("/")
+        inside = target[len(run) + 1:].split("/") if target.startswith(run + "/") else [""]
+    else:
+        target = Path(os.path.realpath(os.path.expanduser(folder)))
+        existing = next(p for p in (target, *target.parents) if p.exists())
+        if not existing.is_dir() or not os.access(existing, os.W_OK):
+            raise ValueError(f"--eval_out {folder}: {existing} is {'a file' if not existing.is_dir() else 'not writable'}"
+                             f"; give a folder for the reports you can write")
+        run = Path(os.path.realpath(os.path.expanduser(out_dir)))
+        inside = list(target.relative_to(run).parts) if not is_remote(out_dir) and run in target.parents else [""]
+    if inside[0] in ("checkpoints", "tensorboard"):
+        raise ValueError(f"--eval_out {folder} is inside the run's {inside[0]} folder; give a folder of its own, "
+                         f"e.g. --eval_out {run}/eval/NAME")
 
 
 def check_eval_args(spec: RunSpec, args, given=()) -> None:
@@ -164,7 +168,7 @@ def check_eval_args(spec: RunSpec, args, given=()) -> None:
         values = list(getattr(args, name))
         if twice := next((v for i, v in enumerate(values) if v in values[:i]), None):
             raise ValueError(f"--{name} lists {twice!r} twice; give each once")
-    if args.eval_out and not is_remote(args.eval_out):
+    if args.eval_out:
         _check_eval_out(args.eval_out, spec.out_dir)
     for flag, env_id in [("env_ids", e) for e in args.env_ids] + [("crossplay_env", _crossplay_env(spec, args))] * (
             suite == "crossplay"):

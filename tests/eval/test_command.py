@@ -113,6 +113,16 @@ def test_flags_that_cannot_work_are_refused_before_anything_loads(changes, given
     check_eval_args(run_spec(c), args(step=-1))  # the defaults pass
 
 
+def test_a_report_folder_in_a_bucket_is_not_taken_inside_the_runs_own_folders():
+    c = base_config()
+    c.out_dir = "gs://bucket/run/"
+    for inside in ("gs://bucket/run/checkpoints/x", "gs://bucket/run/tensorboard"):
+        with pytest.raises(ValueError, match=f"--eval_out {inside} is inside the run's .* gs://bucket/run/eval/NAME"):
+            check_eval_args(run_spec(c), args(step=-1, eval_out=inside))
+    for fine in ("gs://bucket/run/eval/x", "gs://bucket/run-checkpoints", "gs://other/run/checkpoints"):
+        check_eval_args(run_spec(c), args(step=-1, eval_out=fine))
+
+
 @pytest.mark.parametrize("out_dir, eval_out, folder", [
     ("gs://bucket/run", "", "gs://bucket/run/eval/games"), ("{tmp}/run", "~/report", "{tmp}/home/report")])
 def test_the_report_folder_is_the_one_given(out_dir, eval_out, folder, tmp_path, monkeypatch):
