@@ -1,7 +1,8 @@
 """`spiral-jax export` once the weights are loaded: a Hugging Face folder (safetensors, config,
 generation_config, tokenizer) or, for a LoRA run, a PEFT adapter folder, listed in the folder's
-export manifest so that a later --overwrite removes exactly what this export wrote. Takes plain
-values, so the command line's flags and config stay in cli.py."""
+export manifest so that a later --overwrite removes exactly what this export wrote; before the weights
+load, the folder is checked to be safe to write and to clear. Takes plain values, so the command line's
+flags and config stay in cli.py."""
 from __future__ import annotations
 
 import math
@@ -9,7 +10,9 @@ import shutil
 from pathlib import Path
 
 from spiral_jax.models import save_adapter, save_pretrained
-from spiral_jax.run_dir import check_export_dir, clear_export_dir, record_export
+from spiral_jax.paths import is_remote
+from spiral_jax.run_dir import (LOCK_NAME, RUN_FILES, delete_listed, guarded_by, read_manifest, resolved,
+                                 shared_folders, write_manifest)
 from spiral_jax.tokenizer import read_generation_config
 
 
@@ -19,6 +22,7 @@ from spiral_jax.tokenizer import read_generation_config
 # whatever transformers release the model's own tokenizer loads in; saving them anew would write the
 # installed release's format (transformers 5's does not load in 4.x).
 TOKENIZER_FILES = ("tokenizer", "special_tokens", "vocab", "merges", "added_tokens", "chat_template")
+EXPORT_MANIFEST_NAME = "export_manifest.json"
 
 
 def check_export_args(spec, out: str, overwrite: bool, adapter: bool, max_shard_gib: float, given=()) -> None:
@@ -93,3 +97,59 @@ def _write(cfg, params, tokenizer, out: Path, model_path, tokenizer_path, dtype,
     print(f"wrote a Hugging Face checkpoint ({dtype} safetensors, config, generation_config, tokenizer) "
           f"to {out}")
     return 0
+
+
+def check_export_dir(out: str, out_dir: str, overwrite: bool, reads: dict[str, str] | None = None) -> None:
+    """Refuse an export folder that is not safe to write (and, with --overwrite, to clear): a URI
+    (gs://...; export writes local files), the current folder or a parent of it, the home folder or a
+    parent of it, the run's out_dir or a parent of it, a folder the export reads (`reads`: model.path
+    and tokenizer.path, by config key) or a parent of it, a run file inside out_dir, a file, a
+    non-empty folder without --overwrite, and a non-empty folder that no export wrote."""
+    if not out:
+        raise ValueError("--out is required (the folder to write the Hugging Face checkpoint to)")
+    if is_remote(out):  # safetensors and transformers write local files; pathlib would make gs://b/x gs:/b/x here
+        raise ValueError(f"--out {out}: export writes a local folder, not a URI; export to one, e.g. --out "
+                         f"exported/NAME, then copy it there: gcloud storage rsync -r exported/NAME {out}")
+    target = resolved(out)
+    guarded = shared_folders()
+    if not is_remote(out_dir):
+        guarded["the run's out_dir"] = resolved(out_dir).resolve()
+    for key, folder in (reads or {}).items():
+        if folder and not is_remote(folder):  # an earlier export as the model: --overwrite would delete it
+            guarded[f"{key}, a folder the export reads"] = resolved(folder).resolve()
+    real = target.resolve()
+    if taken := guarded_by(real, guarded):
+        raise ValueError(f"--out {out} is {taken}; export into a new folder of its own, e.g. --out exported/NAME")
+    run = guarded.get("the run's out_dir")
+    if run is not None and run in real.parents and real.relative_to(run).parts[0] in (*RUN_FILES, LOCK_NAME):
+        raise ValueError(f"--out {out} is inside the run's {real.relative_to(run).parts[0]}; export into a "
+                         f"folder of its own, e.g. --out {run / 'hf'}")
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"--out {out} is a file; export writes a folder (config, safetensors, tokenizer)")
+    blocker = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise ValueError(f"cannot write to --out {out}: {blocker} is a file, not a folder; choose a folder "
+                         f"you can write")
+    if not target.is_dir() or not any(target.iterdir()):
+        return
+    if not overwrite:
+        raise ValueError(f"--out {out} is not empty; pass an empty or new folder, or --overwrite to replace "
+                         f"an earlier export there")
+    if read_manifest(target, EXPORT_MANIFEST_NAME) is None:
+        raise ValueError(f"--out {out} is not empty and holds no {EXPORT_MANIFEST_NAME}, so it is not an "
+                         f"earlier export; --overwrite deletes only what an export listed, and nothing was "
+                         f"deleted. Pass an empty or new folder")
+
+
+def clear_export_dir(out: str) -> list[str]:
+    """Delete what the earlier export in `out` listed (and its manifest); other files stay."""
+    listed = read_manifest(out, EXPORT_MANIFEST_NAME)
+    if listed is None:
+        return []
+    return delete_listed(out, [*listed, EXPORT_MANIFEST_NAME])
+
+
+def record_export(out: str, before: set[str]) -> None:
+    """List in `out`'s manifest what the export wrote: the entries that were not there `before`."""
+    written = {p.name for p in Path(out).iterdir()} - set(before) - {EXPORT_MANIFEST_NAME}
+    write_manifest(out, written, EXPORT_MANIFEST_NAME, written_by="spiral-jax export")

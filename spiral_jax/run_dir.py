@@ -6,8 +6,7 @@ and summaries of two runs never mix (`--resume` continues that run; `--overwrite
 A fresh run writes `out_dir/run_manifest.json`, the entries it owns; `--overwrite` deletes exactly
 those, and refuses a folder without a manifest (files that merely have a run's names, such as a
 user's config.json, are never deleted). `spiral-jax export` does the same with `export_manifest.json`
-in its --out folder, and refuses the current folder, its parents, the home folder and the run's own
-out_dir.
+in its --out folder (export.py), and refuses the folders this module guards, as a run does.
 
 While a run trains, `out_dir/run.lock` names its process, host, start time and a token of its own;
 a second run on the same folder refuses, naming the first. The lock appears whole and at once (written
@@ -35,7 +34,6 @@ from spiral_jax.paths import is_remote, replace_text, run_path
 
 LOCK_NAME = "run.lock"
 MANIFEST_NAME = "run_manifest.json"
-EXPORT_MANIFEST_NAME = "export_manifest.json"
 # What a run writes into out_dir, which its manifest lists.
 RUN_FILES = ("checkpoints", "tensorboard", "eval", "summary.json", "config.json")
 
@@ -152,7 +150,7 @@ class RunDir:
         if resume and overwrite:
             raise RunDirError(RESUME_AND_OVERWRITE)
         if not is_remote(out_dir):
-            if taken := _guarded_by(_resolved(out_dir).resolve(), _shared_folders()):
+            if taken := guarded_by(resolved(out_dir).resolve(), shared_folders()):
                 raise RunDirError(f"out_dir {out_dir} is {taken}; give the run a folder of its own, e.g. "
                                   f"--config.out_dir=runs/NAME")
         self.out_dir, self.resume, self.overwrite, self.leader, self.log = out_dir, resume, overwrite, leader, log
@@ -317,78 +315,21 @@ class RunDir:
             pass
 
 
-# ---------------------------------------------------------------------------------------- export
-
-def _resolved(path) -> Path:
+def resolved(path) -> Path:
+    """`path` made absolute, `~` expanded, links left as they are."""
     return Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
 
 
-def _shared_folders() -> dict[str, Path]:
+def shared_folders() -> dict[str, Path]:
     """Folders no run or export may take as its own (it writes and, with --overwrite, clears files
     there): the current folder and the home folder, and by that their parents."""
-    return {"the current folder": Path.cwd().resolve(), "the home folder": _resolved("~").resolve()}
+    return {"the current folder": Path.cwd().resolve(), "the home folder": resolved("~").resolve()}
 
 
-def _guarded_by(real: Path, guarded: dict[str, Path]) -> str | None:
+def guarded_by(real: Path, guarded: dict[str, Path]) -> str | None:
     """How the resolved folder `real` is one of `guarded` or a parent of one ("a parent of the home
     folder (/home/me)"), or None when it is neither."""
     for what, folder in guarded.items():
         if real == folder or real in folder.parents:
             return f"{'' if real == folder else 'a parent of '}{what} ({folder})"
     return None
-
-
-def check_export_dir(out: str, out_dir: str, overwrite: bool, reads: dict[str, str] | None = None) -> None:
-    """Refuse an export folder that is not safe to write (and, with --overwrite, to clear): a URI
-    (gs://...; export writes local files), the current folder or a parent of it, the home folder or a
-    parent of it, the run's out_dir or a parent of it, a folder the export reads (`reads`: model.path
-    and tokenizer.path, by config key) or a parent of it, a run file inside out_dir, a file, a
-    non-empty folder without --overwrite, and a non-empty folder that no export wrote."""
-    if not out:
-        raise ValueError("--out is required (the folder to write the Hugging Face checkpoint to)")
-    if is_remote(out):  # safetensors and transformers write local files; pathlib would make gs://b/x gs:/b/x here
-        raise ValueError(f"--out {out}: export writes a local folder, not a URI; export to one, e.g. --out "
-                         f"exported/NAME, then copy it there: gcloud storage rsync -r exported/NAME {out}")
-    target = _resolved(out)
-    guarded = _shared_folders()
-    if not is_remote(out_dir):
-        guarded["the run's out_dir"] = _resolved(out_dir).resolve()
-    for key, folder in (reads or {}).items():
-        if folder and not is_remote(folder):  # an earlier export as the model: --overwrite would delete it
-            guarded[f"{key}, a folder the export reads"] = _resolved(folder).resolve()
-    real = target.resolve()
-    if taken := _guarded_by(real, guarded):
-        raise ValueError(f"--out {out} is {taken}; export into a new folder of its own, e.g. --out exported/NAME")
-    run = guarded.get("the run's out_dir")
-    if run is not None and run in real.parents and real.relative_to(run).parts[0] in (*RUN_FILES, LOCK_NAME):
-        raise ValueError(f"--out {out} is inside the run's {real.relative_to(run).parts[0]}; export into a "
-                         f"folder of its own, e.g. --out {run / 'hf'}")
-    if target.exists() and not target.is_dir():
-        raise ValueError(f"--out {out} is a file; export writes a folder (config, safetensors, tokenizer)")
-    blocker = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
-    if blocker is not None:
-        raise ValueError(f"cannot write to --out {out}: {blocker} is a file, not a folder; choose a folder "
-                         f"you can write")
-    if not target.is_dir() or not any(target.iterdir()):
-        return
-    if not overwrite:
-        raise ValueError(f"--out {out} is not empty; pass an empty or new folder, or --overwrite to replace "
-                         f"an earlier export there")
-    if read_manifest(target, EXPORT_MANIFEST_NAME) is None:
-        raise ValueError(f"--out {out} is not empty and holds no {EXPORT_MANIFEST_NAME}, so it is not an "
-                         f"earlier export; --overwrite deletes only what an export listed, and nothing was "
-                         f"deleted. Pass an empty or new folder")
-
-
-def clear_export_dir(out: str) -> list[str]:
-    """Delete what the earlier export in `out` listed (and its manifest); other files stay."""
-    listed = read_manifest(out, EXPORT_MANIFEST_NAME)
-    if listed is None:
-        return []
-    return delete_listed(out, [*listed, EXPORT_MANIFEST_NAME])
-
-
-def record_export(out: str, before: set[str]) -> None:
-    """List in `out`'s manifest what the export wrote: the entries that were not there `before`."""
-    written = {p.name for p in Path(out).iterdir()} - set(before) - {EXPORT_MANIFEST_NAME}
-    write_manifest(out, written, EXPORT_MANIFEST_NAME, written_by="spiral-jax export")
