@@ -118,7 +118,9 @@ def test_sampling_a_mixed_policy_intervals_cover():
 @pytest.mark.slow
 def test_llm_exact_scoring_matches_token_by_token(tiny_model):
     cfg, params, tok = tiny_model
-    from spiral_jax.models import forward
+    # The reference logits from one compiled forward pass per sequence: run eagerly, every primitive
+    # compiled anew for each of the sequences' lengths took most of the test's time.
+    from tests.tiny_models import jit_forward as forward
 
     prompt = tok.encode("Your card is K.")
     conts = [tok.encode("\\boxed{bet}"), tok.encode("\\boxed{check}")]
