@@ -703,10 +703,12 @@ def test_bf16_greedy_decode_follows_the_bf16_forward(qwen3):
     of a random model's output are clear enough for the test to say something."""
     cfg, params = qwen3
     cfg = cfg.replace(compute_dtype="bfloat16")  # the same fp32 master weights, bf16 compute
+    # The forward pass is compiled (`_forward`), as the sampler's decode is: run eagerly, each of its
+    # primitives compiled anew for every sequence length took most of the test's time.
     out = Sampler(cfg).generate(params, PROMPTS, SamplingParams(max_new_tokens=24, greedy=True))
     checked = 0
     for prompt, tokens in zip(PROMPTS, out.tokens):
-        logits = np.asarray(forward(params, cfg, jnp.asarray([prompt + tokens]))[0], np.float32)
+        logits = np.asarray(_forward(params, cfg, np.asarray([prompt + tokens]))[0], np.float32)
         for t, token in enumerate(tokens):
             top2 = np.sort(logits[len(prompt) + t - 1])[-2:]
             if top2[1] - top2[0] < 0.1:
