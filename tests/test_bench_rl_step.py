@@ -81,8 +81,11 @@ def test_tiny_step_prints_its_breakdown_and_the_summary_line():
 def test_rollout_only_counts_what_decoding_reads_and_its_floor_at_another_shape():
     """--rollout_only plays one rollout and prices its reads at Qwen3-4B's sizes: the floor printed is
     the steps' weights plus the cache's slot-tokens over the bandwidth given."""
+    # Answers up to 512 tokens, long enough beside the prompts to share rows; a mean of 64 (not the default
+    # 128, a quarter of the cap) still gives the long answers that set the rows' length, and halves the
+    # decoding the test sits through (it prices the reads, whatever their count).
     result = _run_tiny_bench("--rollout_only", "4b", "--bandwidth_tbs", "4.8", "--micro_batch", "2",
-                             "--max_new_tokens", "512")  # answers long enough beside the prompts to share rows
+                             "--max_new_tokens", "512", "--mean_tokens", "64")
     assert "step 1 of" not in result.stdout and "rl step" not in result.stdout, result.stdout  # no training
     # The rollout's time less its program making, and that making, counted apart: both positive.
     played = re.search(r"^rollout \(rounds, \d+ calls\): \d+ games, \d+ moves, [\d,]+ tokens in (-?\d+\.\d) s "
