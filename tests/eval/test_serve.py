@@ -557,7 +557,8 @@ def test_the_serve_command_lets_running_answers_finish_on_sigterm(tmp_path):
     from spiral_jax.cli import main as cli_main
     from tests.trainer.test_trainer import REPO, _config_file
 
-    config = _config_file(tmp_path, **{"train.steps": 1})
+    # A trained checkpoint is what serve needs; the run's evaluations would only add their programs.
+    config = _config_file(tmp_path, **{"train.steps": 1, "eval.games": 0, "eval.final_games": 0})
     assert cli_main(["spiral-jax", "train", f"--config={config}"]) == 0
 
     cli = "import sys; from spiral_jax.cli import main; sys.exit(main())"
