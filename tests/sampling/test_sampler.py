@@ -703,8 +703,8 @@ def test_bf16_greedy_decode_follows_the_bf16_forward(qwen3):
     of a random model's output are clear enough for the test to say something."""
     cfg, params = qwen3
     cfg = cfg.replace(compute_dtype="bfloat16")  # the same fp32 master weights, bf16 compute
-    # The forward pass is compiled (`_forward`), as the sampler's decode is: run eagerly, each of its
-    # primitives compiled anew for every sequence length took most of the test's time.
+    # The reference forward is compiled (`_forward`), as the sampler's decode is; run eagerly, each of
+    # its primitives would compile anew for every sequence length.
     out = Sampler(cfg).generate(params, PROMPTS, SamplingParams(max_new_tokens=24, greedy=True))
     checked = 0
     for prompt, tokens in zip(PROMPTS, out.tokens):
