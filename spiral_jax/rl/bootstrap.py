@@ -40,8 +40,23 @@ def imitation_teacher(env_id: str, seed: int):
     return scripted_opponent(env_id, seed)
 
 
-TEACHERS = ("random", "hashed", "legal", "scripted")
+# The bootstrap's teachers (config `bootstrap.teacher`), each with what its imitation teaches.
+TEACHERS = {"random": "uniformly random legal moves (the answer format, no strategy)",
+            "hashed": "a random move distribution fixed per observation (no strategy)",
+            "legal": "any legal move, the model's own choice (the answer format, no strategy)",
+            "scripted": "the scripted players (imitation of a strategic teacher)"}
 TARGETS = ("sampled", "distribution")
+
+
+def check_teacher(teacher: str, targets: str) -> None:
+    """A teacher and a kind of targets that go together (config `bootstrap.teacher` / `.targets`)."""
+    if teacher not in TEACHERS:
+        raise ValueError(f"bootstrap.teacher={teacher!r}; use one of {', '.join(TEACHERS)}")
+    if targets not in TARGETS:
+        raise ValueError(f"bootstrap.targets={targets!r}; use one of {', '.join(TARGETS)}")
+    if targets == "distribution" and teacher not in ("random", "hashed"):
+        raise ValueError(f"bootstrap.targets='distribution' needs a random or hashed teacher (one with a move "
+                         f"distribution), not {teacher!r}; use bootstrap.targets='sampled'")
 
 
 class HashedRandomPlayer:
@@ -108,13 +123,7 @@ def imitation_samples(env_ids, weights, tokenizer, n: int, seed: int, explore: f
     the gradient of log P(some legal answer), which teaches the format and legality while leaving
     the model's preferences among legal moves, and what it reads from the prompt, to RL.
     """
-    if teacher not in TEACHERS:
-        raise ValueError(f"bootstrap.teacher={teacher!r}; use one of {', '.join(TEACHERS)}")
-    if targets not in TARGETS:
-        raise ValueError(f"bootstrap.targets={targets!r}; use one of {', '.join(TARGETS)}")
-    if targets == "distribution" and teacher not in ("random", "hashed"):
-        raise ValueError(f"bootstrap.targets='distribution' needs a random or hashed teacher (one with a move "
-                         f"distribution), not {teacher!r}; use targets='sampled'")
+    check_teacher(teacher, targets)
     if teacher == "legal" and score is None:
         raise ValueError("the 'legal' teacher weighs answers by the model's probabilities: pass score")
     rng = np.random.default_rng(seed)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from spiral_jax.eval.suite import EvalContext
 from spiral_jax.models import CheckpointError, ModelConfig, init_params, load_pretrained, lora
-from spiral_jax.run.setup import RunSpec
+from spiral_jax.run.spec import RunSpec
 from spiral_jax.sampling import Sampler
 from spiral_jax.tokenizer import Tokenizer, load_tokenizer
 

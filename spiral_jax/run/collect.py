@@ -16,7 +16,7 @@ import numpy as np
 from spiral_jax.rl.rae import label_games
 from spiral_jax.rl.samples import TurnSample
 from spiral_jax.rollout import PlayedGame, Rollout
-from spiral_jax.run.setup import RunSpec
+from spiral_jax.run.spec import RunSpec
 from spiral_jax.sampling import bucket_length
 from spiral_jax.sampling.stats import DecodeStats
 

@@ -25,7 +25,7 @@ from spiral_jax.paths import file_in, is_remote, local_folder, run_path
 from spiral_jax.policies import SCRIPTED, WEIGHTLESS, kind
 from spiral_jax.rollout import PlayedGame
 from spiral_jax.run.build import checkpoint_step
-from spiral_jax.run.setup import RunSpec
+from spiral_jax.run.spec import RunSpec
 
 SUITES = ("games", "transfer", "kuhn", "crossplay", "bench")
 # The flags of `spiral-jax eval` each suite reads, besides --step, --eval_out and --protocol.

@@ -7,10 +7,9 @@ import functools
 from tqdm import tqdm
 
 from spiral_jax.distributed import is_leader
-from spiral_jax.rl.bootstrap import imitation_samples
+from spiral_jax.rl.bootstrap import TEACHERS, imitation_samples
 from spiral_jax.rl.samples import pack, row_multiple, shard_batch
 from spiral_jax.rl.train_step import init_train_state, make_update
-from spiral_jax.run.setup import TEACHERS
 from spiral_jax.sampling.scoring import sequence_logprobs
 from spiral_jax.sharding import batch_shards
 

@@ -41,7 +41,8 @@ from spiral_jax.run.imitation import imitate
 from spiral_jax.run.metrics import StepTimes, step_scalars, trained_tokens
 from spiral_jax.run.build import (base_files, base_fingerprint, build_model, build_tokenizer, check_lora_alpha,
                                   check_lora_base, eval_context)
-from spiral_jax.run.setup import RunSpec, run_spec
+from spiral_jax.run.setup import run_spec
+from spiral_jax.run.spec import RunSpec
 from spiral_jax.run.state import RunState
 from spiral_jax.run.summary import RunSummary
 from spiral_jax.sharding import batch_shards, make_mesh

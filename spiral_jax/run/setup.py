@@ -1,5 +1,5 @@
-"""The one reader of the experiment config: a `ConfigDict` becomes a `RunSpec`, a typed value of
-everything a run is (`spiral_jax.run.build` turns one into the model, tokenizer and policies).
+"""The one reader of the experiment config: a `ConfigDict` becomes a `RunSpec` (`spec.py`), a typed
+value of everything a run is (`spiral_jax.run.build` turns one into the model, tokenizer and policies).
 
 `run_spec(c)` reads every section once, derives what several places need (sampling settings, the
 optimiser's TrainConfig, the KV cache size, games in flight) and checks what can be checked without
@@ -9,7 +9,6 @@ the ahead-of-time compiler and `spiral-jax eval/export/serve` read the spec, nev
 """
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import os
 from pathlib import Path
@@ -24,152 +23,12 @@ from spiral_jax.eval.kuhn_policy import ENV_ID as KUHN_ENV_ID
 from spiral_jax.models import CheckpointError, ModelConfig
 from spiral_jax.paths import local_folder
 from spiral_jax.policies import WEIGHTLESS, PolicySpec, kind
+from spiral_jax.rl.bootstrap import check_teacher
 from spiral_jax.rl.rae import RAEConfig
 from spiral_jax.rl.train_step import TrainConfig
-from spiral_jax.sampling import Sampler, SamplingParams, bucket_length, cache_slots
+from spiral_jax.run.spec import BootstrapSpec, Cadence, EvalSpec, Games, MathSpec, RolloutSpec, RunSpec
+from spiral_jax.sampling import SamplingParams
 from spiral_jax.templates import Template
-
-TEACHERS = {"random": "uniformly random legal moves (the answer format, no strategy)",
-            "hashed": "a random move distribution fixed per observation (no strategy)",
-            "legal": "any legal move, the model's own choice (the answer format, no strategy)",
-            "scripted": "the scripted players (imitation of a strategic teacher)"}
-
-
-@dataclasses.dataclass(frozen=True)
-class Games:
-    """The training mixture: games, their weights, the move cap, invalid-move rewards."""
-    env_ids: tuple[str, ...]
-    weights: tuple[float, ...]
-    max_turns: int
-    invalid_rewards: tuple[float, float]
-
-    @property
-    def probabilities(self) -> np.ndarray:
-        """The chance of each game in a step's draw."""
-        weights = np.asarray(self.weights, float)
-        return weights / np.sum(weights)
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutSpec:
-    """How a step's games are played and its samples chosen (config section `rollout`)."""
-    mode: str
-    opponent: str
-    pool_size: int
-    pool_every: int
-    pool_self_weight: float
-    games_per_batch: int
-    samples_per_step: int
-    selection: str  # "exact": exactly samples_per_step; "all": every sample of the batch's games
-    max_prompt_len: int
-    schedule: str
-    max_in_flight: int | None  # games at once per host; None: all of a step's games
-    sampling: SamplingParams
-
-    @property
-    def eval_in_flight(self) -> int:
-        """Games an evaluation plays at once per host: max_in_flight, else a training batch's games."""
-        return self.max_in_flight or self.games_per_batch
-
-
-@dataclasses.dataclass(frozen=True)
-class MathSpec:
-    every: int  # 0: never during training
-    files: tuple[str, ...]  # "NAME=items.jsonl"
-    samples: int
-    limit: int | None
-    instruction_first: bool
-    sampling: SamplingParams
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalSpec:
-    """What a run evaluates, and how (config section `eval`)."""
-    env_ids: tuple[str, ...]  # eval.env_ids, else the training games
-    opponents: tuple[str, ...]
-    games: int  # per (game, opponent) at the periodic evaluations
-    final_games: int  # at step 0 and at the end
-    invalid_rewards: tuple[float, float]
-    kuhn_samples: int  # -1: no exploitability; 0: exact scoring; k: k samples per information set
-    kuhn_env_id: str  # the one-round Kuhn game whose prompts the exploitability is read with
-    sampling: SamplingParams
-    math: MathSpec
-
-
-@dataclasses.dataclass(frozen=True)
-class Cadence:
-    """How long a run trains and how often it evaluates and saves (config section `train`)."""
-    steps: int
-    eval_every: int
-    checkpoint_every: int
-    keep: int
-    async_checkpointing: bool
-    transcripts: int
-    max_skipped_in_a_row: int
-
-    def due(self, every: int, step: int) -> bool:
-        """Whether a periodic action of period `every` (0: never) falls on `step`."""
-        return bool(every) and step % every == 0
-
-
-@dataclasses.dataclass(frozen=True)
-class BootstrapSpec:
-    """Imitation before RL (config section `bootstrap`); `train` is its optimiser."""
-    teacher: str
-    steps: int
-    batch_size: int
-    explore: float
-    hash_uniform: float
-    targets: str
-    train: TrainConfig
-
-
-@dataclasses.dataclass(frozen=True)
-class RunSpec:
-    """A whole run, typed: everything the layers above the config read."""
-    seed: int
-    out_dir: str
-    model: ModelConfig  # with LoRA's adapters when model.lora.rank > 0
-    model_source: str  # where the architecture came from: model.path's config.json, or model.random
-    model_path: str  # "" for a random init of model.random
-    random_shape: dict  # model.random, which with the seed identifies a random init
-    lora_merged: bool  # the sampler reads the adapters merged into a copy (else applied in its forward)
-    tokenizer_path: str
-    template: Template
-    mesh: dict  # data / fsdp / tensor
-    distributed: DistributedSetup
-    games: Games
-    rollout: RolloutSpec
-    evaluation: EvalSpec
-    train: TrainConfig
-    cadence: Cadence
-    bootstrap: BootstrapSpec | None  # None: no imitation before RL
-    rae: RAEConfig
-    api: dict
-    wandb: dict
-    config: dict  # the resolved config (TensorBoard, Weights & Biases)
-    config_json: str  # the same, as written to out_dir/config.json and into checkpoints
-    config_file: str = ""
-    compile_ahead: int = -1  # background threads compiling the next programs; -1: auto
-
-    @property
-    def cache_len(self) -> int:
-        """KV cache slots the run's sampler needs: the longest prompt plus the most new tokens of
-        training games, evaluation games and (when configured) math benchmarks."""
-        return self.cache_slots()
-
-    def cache_slots(self, math: bool = False) -> int:
-        """`cache_len`; with `math`, math benchmarks counted also where the config names none (`spiral-jax
-        eval --suite bench` with --bench files)."""
-        m = self.evaluation.math
-        new = max(self.rollout.sampling.max_new_tokens, self.evaluation.sampling.max_new_tokens,
-                  m.sampling.max_new_tokens if math or m.every or m.files else 0)
-        return cache_slots(bucket_length(self.rollout.max_prompt_len), new)
-
-    def sampler(self, cfg: ModelConfig, mesh, math: bool = False) -> Sampler:
-        """A sampler sized for this run's prompts and every kind of answer it samples (`math`: see cache_slots)."""
-        return Sampler(cfg, mesh, max_prompt_len=self.rollout.max_prompt_len, max_cache_len=self.cache_slots(math),
-                       compile_ahead=None if self.compile_ahead < 0 else self.compile_ahead)
 
 
 def train_config(optim: ConfigDict, **changes) -> TrainConfig:
@@ -187,11 +46,7 @@ def _bootstrap(c: ConfigDict) -> BootstrapSpec | None:
     b = c.bootstrap
     if not b.enabled:
         return None
-    if b.teacher not in TEACHERS:
-        raise ValueError(f"bootstrap.teacher={b.teacher!r}; use one of {', '.join(TEACHERS)}")
-    if b.targets == "distribution" and b.teacher not in ("random", "hashed"):
-        raise ValueError(f"bootstrap.targets='distribution' needs a random or hashed teacher (one with a move "
-                         f"distribution), not {b.teacher!r}; use bootstrap.targets='sampled'")
+    check_teacher(b.teacher, b.targets)
     tc = train_config(c.optim, learning_rate=b.learning_rate, normaliser="token_mean", epochs=1,
                       kl_coef=0.0, tis_cap=0.0, warmup_steps=b.warmup_steps, schedule=b.schedule,
                       decay_steps=max(b.steps - b.warmup_steps, 1), final_lr_fraction=0.0)
