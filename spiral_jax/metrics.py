@@ -2,8 +2,9 @@
 
 Uses tensorboard's record format and protos: scalars for numbers, text for game transcripts. Events
 are written on the calling thread, so that a full disk is one OSError where a value is logged (the
-command says it in one line), not a background thread's traceback. The writer only writes local files: for a remote log folder (gs://) the events go to a local folder first
-and each flush uploads them (`spiral_jax.paths`).
+command says it in one line), not a background thread's traceback. The writer only writes local
+files: for a remote log folder (gs://) the events go to a local folder first and each flush uploads
+them (`spiral_jax.paths`).
 Optionally the same scalars and texts also go to Weights & Biases (`wandb.enabled`, the `wandb` extra).
 """
 from __future__ import annotations
