@@ -4,10 +4,10 @@ One run plays `n_games` per (game, opponent) with the model in each seat for hal
 writes per (game, opponent) a JSONL transcript, plus `games.json` (rates with 95% Wilson intervals,
 overall and per seat, mean game length and response tokens) and `games.md`, under the sampling
 settings it records in both; transcripts of matchups no report in the folder lists any more (an
-earlier run's against other opponents) are removed.  Opponents: "random", "scripted" (the game's strongest script), "self"
-(the same weights in the other seat) or any name given weights in `opponent_params` (another
-checkpoint or model folder, loaded by the caller).  The transfer report is the same run on SPIRAL's
-out-of-distribution games.
+earlier run's against other opponents) are removed.  Opponents: "random", "scripted" (the game's
+strongest script), "self" (the same weights in the other seat) or any name given weights in
+`opponent_params` (another checkpoint or model folder, loaded by the caller).  The transfer report is
+the same run on SPIRAL's out-of-distribution games.
 """
 from __future__ import annotations
 

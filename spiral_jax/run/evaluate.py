@@ -131,8 +131,8 @@ def _check_eval_out(folder: str, out_dir: str) -> None:
         target = Path(os.path.realpath(os.path.expanduser(folder)))
         existing = next(p for p in (target, *target.parents) if p.exists())
         if not existing.is_dir() or not os.access(existing, os.W_OK):
-            raise ValueError(f"--eval_out {folder}: {existing} is {'a file' if not existing.is_dir() else 'not writable'}"
-                             f"; give a folder for the reports you can write")
+            what = "a file" if not existing.is_dir() else "not writable"
+            raise ValueError(f"--eval_out {folder}: {existing} is {what}; give a folder for the reports you can write")
         run = Path(os.path.realpath(os.path.expanduser(out_dir)))
         inside = list(target.relative_to(run).parts) if not is_remote(out_dir) and run in target.parents else [""]
     if inside[0] in ("checkpoints", "tensorboard"):
