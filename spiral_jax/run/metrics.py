@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import numpy as np
 
 from spiral_jax.eval.games import summarize
 from spiral_jax.rl.rae import baseline_metrics
@@ -41,13 +40,12 @@ def step_scalars(collected: Collected, trained: int, update: dict, times: StepTi
     the update's metrics and its timings."""
     games, samples, decode = collected.games, collected.samples, collected.decode
     metrics = {f"train/{k}": float(v) for k, v in update.items()}
-    metrics.update(summarize(games).scalars("rollout/all"))
+    overall = summarize(games)
+    metrics.update(overall.scalars("rollout/all"))
     for env_id in sorted(set(g.record.env_id for g in games)):
         metrics.update(summarize([g for g in games if g.record.env_id == env_id]).scalars(f"rollout/{env_id}"))
-    model_turns = [t for g in games for t in g.model_turns if t.policy == "model"]
     metrics.update({
-        "rollout/truncation_rate": float(np.mean([t.finish_reason == "length" for t in model_turns]))
-        if model_turns else 0.0,
+        "rollout/truncation_rate": overall.truncated_responses,
         "rollout/games": len(games), "rollout/samples": len(samples),
         "rollout/samples_before_selection": collected.candidates,
         "rollout/zero_advantage_dropped": collected.zero_dropped,
