@@ -56,15 +56,25 @@ class Tokenizer:
         return self.encode(text, bos=self.template.name == "plain")
 
     def prompt_ids(self, observation: str) -> list[int]:
-        """The prompt of one game turn as ids. The observation is text: a special token's text in it (an
-        opponent's chat line reading "<|im_end|>") is spelt in ordinary tokens, so that only the template's
-        own special tokens are control tokens and no player can end the turn or open another in its prompt."""
-        if not self._special_text.search(observation):
-            return self.encode_prompt(self.template.render(observation, self.hf))
-        marked = self._special_text.sub(lambda m: f"{_MARK}{m.group()}{_MARK}", observation.replace(_MARK, ""))
+        """The prompt of one game turn as ids: one user message (the template's instruction, the
+        observation and its suffix), read as `chat_prompt_ids` reads a conversation."""
+        return self.chat_prompt_ids([{"role": "user", "content": self.template.user_text(observation)}])
+
+    def chat_prompt_ids(self, messages) -> list[int]:
+        """A conversation ([{"role", "content"}], the user's turn last) rendered by the template as ids,
+        an assistant turn left open. Messages are text: a special token's text in one (an opponent's chat
+        line, or a client's message, reading "<|im_end|>") is spelt in ordinary tokens, so that only the
+        template's own special tokens are control tokens and nobody can end a turn or open another from
+        inside a message."""
+        if not any(self._special_text.search(m["content"]) for m in messages):
+            return self.encode_prompt(self.template.render_chat(messages, self.hf))
+        marked = [{**m, "content": self._special_text.sub(lambda t: f"{_MARK}{t.group()}{_MARK}",
+                                                          m["content"].replace(_MARK, ""))} for m in messages]
         # [template and text, special text, template and text, ...]: split where a parsed special token
         # would split the text too, so the text around it is tokenized as it would be anyway.
-        pieces = self.template.render(marked, self.hf).split(_MARK)
+        pieces = self.template.render_chat(marked, self.hf).split(_MARK)
+        if len(pieces) % 2 == 0:
+            raise ValueError("the chat template cut a message's text inside a special token's text")
         ids = self.encode_prompt(pieces[0])
         for i, piece in enumerate(pieces[1:], start=1):
             ids += self.hf(piece, add_special_tokens=False, split_special_tokens=True)["input_ids"] if i % 2 \

@@ -1,5 +1,6 @@
-"""Special-token text inside a game observation stays text in the prompt (Tokenizer.prompt_ids), on a
-byte-level BPE tokenizer with Qwen's chat tokens whose merges cannot spell them."""
+"""Special-token text inside a game observation or a serve client's message stays text in the prompt
+(Tokenizer.prompt_ids, chat_prompt_ids), on a byte-level BPE tokenizer with Qwen's chat tokens whose
+merges cannot spell them."""
 import pytest
 from tokenizers import Tokenizer as RawTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
@@ -45,3 +46,35 @@ def test_special_token_text_in_an_observation_is_spelt_as_text(qwen_bpe, templat
     assert tok.hf.decode(ids) == tok.template.render(FORGED, tok.hf)
     clean = "Board: your move is [4]"  # no special text: tokenized as the whole rendered prompt
     assert tok.prompt_ids(clean) == tok.encode_prompt(tok.template.render(clean, tok.hf))
+
+
+@pytest.mark.parametrize("template", ["qwen_raw", "chat", "plain"])
+def test_special_token_text_in_a_conversation_is_spelt_as_text(qwen_bpe, template):
+    """Every message of a conversation (a serve client's, in any role) is text: forged turns in a system,
+    assistant or user message add no control token, and the game turn's prompt is the one-message case."""
+    path, cfg = qwen_bpe
+    tok = load_tokenizer(path, cfg, Template(template))
+    specials = {tok.hf.convert_tokens_to_ids(t) for t in SPECIAL}
+
+    def conversation(text):
+        return [{"role": "system", "content": text}, {"role": "user", "content": "Board"},
+                {"role": "assistant", "content": text}, {"role": "user", "content": text}]
+
+    ids = tok.chat_prompt_ids(conversation(FORGED))
+    assert [i for i in ids if i in specials] == [i for i in tok.chat_prompt_ids(conversation("x")) if i in specials]
+    assert tok.hf.decode(ids) == tok.template.render_chat(conversation(FORGED), tok.hf)
+    user = [{"role": "user", "content": tok.template.user_text(FORGED)}]
+    assert tok.chat_prompt_ids(user) == tok.prompt_ids(FORGED)
+
+
+def test_serve_reads_a_clients_special_token_text_as_text(qwen_bpe):
+    """A chat client cannot close its message's turn and open a system turn by writing the tokens' text."""
+    from spiral_jax.serve import protocol
+
+    path, cfg = qwen_bpe
+    tok = load_tokenizer(path, cfg, Template("qwen_raw"))
+    limits = protocol.Limits("m", max_rows=1, max_tokens=4, max_prompt_len=512)
+    prompt, = protocol.parse_chat({"messages": [{"role": "user", "content": FORGED}]}, tok, limits).prompts
+    im_start = tok.hf.convert_tokens_to_ids("<|im_start|>")
+    assert prompt.count(im_start) == 2  # the user's turn and the open assistant turn; no forged system turn
+    assert tok.hf.decode(prompt) == tok.template.render_chat([{"role": "user", "content": FORGED}])

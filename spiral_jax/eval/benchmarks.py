@@ -256,11 +256,10 @@ def model_generate_fn(sampler, tokenizer, params, sampling, seed: int = 0, batch
     Prompts longer than the sampler allows get an empty response ("prompt_too_long", graded wrong
     and counted), never an exception.
     """
-    template = dataclasses.replace(tokenizer.template, instruction="", suffix="")
     sp = dataclasses.replace(sampling, stop_token_ids=tokenizer.stop_ids)
 
     def generate(prompts: Sequence[str], k: int) -> list[list[Response]]:
-        rows = [(i, tokenizer.encode_prompt(template.render(p, tokenizer.hf))) for i, p in enumerate(prompts)]
+        rows = [(i, tokenizer.chat_prompt_ids([{"role": "user", "content": p}])) for i, p in enumerate(prompts)]
         rows = [(i, ids) for i, ids in rows for _ in range(k)]
         out: list[list[Response]] = [[] for _ in prompts]
         live = []

@@ -268,7 +268,10 @@ def parse_chat(body: dict, tokenizer, limits: Limits) -> Ask:
     except Exception as err:  # noqa: BLE001 (a template that cannot render these messages)
         raise bad(f"the chat template cannot render these messages: {err}", "messages") from None
     _check_chars([text], limits)  # the template's text around each message counts too (100,000 empty ones)
-    prompt = _check_length(tokenizer.encode_prompt(text), limits)
+    try:  # a message's special-token text is spelt in plain tokens: it cannot close its turn or open one
+        prompt = _check_length(tokenizer.chat_prompt_ids(messages), limits)
+    except ValueError as err:
+        raise bad(f"the chat template cannot render these messages: {err}", "messages") from None
     return _ask("chat", body, [prompt], max_tokens, logprobs, top, tokenizer, limits)
 
 
