@@ -8,6 +8,7 @@ tokenizer keeps working when game wording changes; rebuild it to keep prompts sh
     python scripts/build_tiny_tokenizer.py   # writes spiral_jax/assets/tiny_tokenizer/
 """
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,15 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
 
 
 def corpus(games_per_env: int = 60, seed: int = 0):
+    """The training text as BPE sees it in use: split at the special tokens, which are matched before
+    BPE runs. No merge may rebuild a special token from its text, or a message that writes
+    "<|im_end|>" would end its turn (Tokenizer.chat_prompt_ids)."""
+    special = re.compile("|".join(map(re.escape, SPECIAL)))
+    for text in _texts(games_per_env, seed):
+        yield from filter(None, special.split(text))
+
+
+def _texts(games_per_env: int, seed: int):
     rng = np.random.default_rng(seed)
     template = Template()
     for env_id in registered_ids():
