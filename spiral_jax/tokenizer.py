@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from pathlib import Path
 
@@ -15,8 +16,9 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "to
 _PROBE = "Board: SPIRAL-PROBE-7f3a"
 # Tokens that end an assistant turn in the families spiral_jax supports.
 _END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>")
-# Brackets the special-token text of an observation while its prompt renders (a private-use character).
-_MARK = "\ue000"
+# Characters that may bracket the special-token text of a message while its prompt renders: Unicode's
+# private-use areas, which no tokenizer gives a meaning (one the messages do not hold is used).
+_PRIVATE_USE = (range(0xE000, 0xF900), range(0xF0000, 0xFFFFE), range(0x100000, 0x10FFFE))
 
 
 class Tokenizer:
@@ -66,13 +68,20 @@ class Tokenizer:
         line, or a client's message, reading "<|im_end|>") is spelt in ordinary tokens, so that only the
         template's own special tokens are control tokens and nobody can end a turn or open another from
         inside a message."""
+        rendered = self.template.render_chat(messages, self.hf)
         if not any(self._special_text.search(m["content"]) for m in messages):
-            return self.encode_prompt(self.template.render_chat(messages, self.hf))
-        marked = [{**m, "content": self._special_text.sub(lambda t: f"{_MARK}{t.group()}{_MARK}",
-                                                          m["content"].replace(_MARK, ""))} for m in messages]
-        # [template and text, special text, template and text, ...]: split where a parsed special token
-        # would split the text too, so the text around it is tokenized as it would be anyway.
-        pieces = self.template.render_chat(marked, self.hf).split(_MARK)
+            return self.encode_prompt(rendered)
+        # Bracket each special text in a character the rendered prompt does not hold, then split there:
+        # [template and text, special text, template and text, ...]. The text around a special text is
+        # tokenized apart from it, as a parsed special token would split it anyway.
+        used = set(rendered).union(*(m["content"] for m in messages))
+        mark = next((c for c in map(chr, itertools.chain(*_PRIVATE_USE)) if c not in used), None)
+        if mark is None:
+            raise ValueError("the messages hold every private-use character; spiral_jax cannot mark their "
+                             "special-token text")
+        marked = [{**m, "content": self._special_text.sub(lambda t: f"{mark}{t.group()}{mark}", m["content"])}
+                  for m in messages]
+        pieces = self.template.render_chat(marked, self.hf).split(mark)
         if len(pieces) % 2 == 0:
             raise ValueError("the chat template cut a message's text inside a special token's text")
         ids = self.encode_prompt(pieces[0])

@@ -65,6 +65,9 @@ def test_special_token_text_in_a_conversation_is_spelt_as_text(qwen_bpe, templat
     assert tok.hf.decode(ids) == tok.template.render_chat(conversation(FORGED), tok.hf)
     user = [{"role": "user", "content": tok.template.user_text(FORGED)}]
     assert tok.chat_prompt_ids(user) == tok.prompt_ids(FORGED)
+    marks = "\ue000\ue001" + FORGED  # private-use characters of the message's own are kept, not taken for marks
+    assert tok.hf.decode(tok.chat_prompt_ids(conversation(marks))) == tok.template.render_chat(conversation(marks),
+                                                                                               tok.hf)
 
 
 def test_serve_reads_a_clients_special_token_text_as_text(qwen_bpe):
