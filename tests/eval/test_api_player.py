@@ -1,6 +1,7 @@
 """The API player against hostile endpoints on 127.0.0.1: a redirect never carries the key anywhere,
 a server that trickles bytes is cut off at the request's deadline, an oversized reply is refused while
-it is read, and `check()` says what is wrong as ConnectionError or PermissionError."""
+it is read, `check()` says what is wrong as ConnectionError or PermissionError, and any JSON a server
+answers is a move or a counted failure."""
 import http.server
 import json
 import socket
@@ -9,6 +10,8 @@ import time
 import tracemalloc
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spiral_jax.api_player import ApiPlayer
 
@@ -282,3 +285,31 @@ def test_a_content_length_http_client_ignores_does_not_spoil_the_reply(hostile, 
     drops such a length and reads the body to the end, and so does the player."""
     assert _player(hostile[0], kind).reply("a") == "\\boxed{4}"
     _player(hostile[0], kind).check()
+
+
+_JSON = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=20),
+                               st.just("\ud800")),
+                     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner,
+                                                                                          max_size=3)), max_leaves=10)
+_CONTENT = st.one_of(st.text(max_size=40), _JSON, st.lists(st.one_of(
+    st.fixed_dictionaries({"type": st.sampled_from(["text", "reasoning"]), "text": _JSON}), _JSON), max_size=3))
+# Completion-shaped replies with anything where the text belongs, and any JSON at all.
+_REPLY = st.one_of(_JSON, _CONTENT.map(lambda c: {"choices": [{"message": {"content": c}}]}),
+                   st.fixed_dictionaries({"choices": st.one_of(_JSON, st.lists(_JSON, max_size=2))}))
+
+
+@given(reply=_REPLY)
+@settings(max_examples=500, deadline=None)
+def test_any_decoded_reply_is_a_move_or_a_counted_failure(reply):
+    """Whatever JSON an endpoint answers, a move's reply is text (possibly "", an invalid move counted in
+    failures), never an exception; only a reply with usable text counts as a success."""
+    player = ApiPlayer("m", "http://127.0.0.1:9/v1", retries=0, max_tokens=8)
+    player._request = lambda path, body=None: reply
+    text = player.reply("Your move.")
+    assert isinstance(text, str) and player.calls == 1
+    text.encode("utf-8")  # real text: no lone surrogate
+    assert player.failures in (0, 1) and not (text and player.failures)
+    if text:  # the reply's own text, all of it
+        content = reply["choices"][0]["message"]["content"]
+        assert text == (content if isinstance(content, str) else "".join(p["text"] for p in content
+                                                                         if p.get("type") == "text"))
