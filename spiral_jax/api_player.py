@@ -9,27 +9,26 @@ request, a body without text) is an empty response, hence that player's invalid 
 `failures`, logged, never an exception. `check()` reaches the endpoint before a run starts, so a dead
 URL, a refused key or an endpoint that is not an API is a clear error up front.
 
-Each request is bounded: `timeout_s` is the whole request's deadline (name lookup, connect, headers
-and body; a server that trickles bytes is cut off at it), a reply larger than `max_reply_bytes` is refused while
-it is read, and a redirect is never followed, so the key in the Authorization header never reaches an
-address other than BASE_URL.
+Each request is bounded (`api_http.fetch`): `timeout_s` is the whole request's deadline (name lookup,
+connect, headers and body; a server that trickles bytes is cut off at it), a reply larger than
+`max_reply_bytes` is refused while it is read, and a redirect is never followed, so the key in the
+Authorization header never reaches an address other than BASE_URL. What an error reply says goes into
+the log line of the invalid move, and into `check()`'s error.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import http.client
 import json
 import logging
 import os
 import re
-import socket
 import threading
 import time
 import urllib.error
-import urllib.request
 from typing import Sequence
 
+from spiral_jax.api_http import RedirectRefused, ReplyTooLarge, fetch
 from spiral_jax.policies import API_PREFIX, kind
 
 log = logging.getLogger(__name__)
@@ -64,6 +63,7 @@ class ApiPlayer:
                              "which an HTTP header cannot carry; check the environment variable named by "
                              "api.key_env")
         self._lock = threading.Lock()
+        self._token_field = "max_tokens"  # or max_completion_tokens, where the server asks for it (`_move`)
 
     @classmethod
     def from_spec(cls, spec: str, key_env: str = "OPENAI_API_KEY", **settings) -> "ApiPlayer":
@@ -80,6 +80,13 @@ class ApiPlayer:
                              "openai:gpt-4o-mini@https://api.openai.com/v1 or openai:local@http://localhost:8000/v1")
         return cls(model, url.rstrip("/"), os.environ.get(key_env) or None, **settings)
 
+    @classmethod
+    def playing(cls, spec: str, sampling, api: dict) -> "ApiPlayer":
+        """The player of a seat whose moves are sampled as `sampling` (a SamplingParams: its temperature,
+        0 where greedy, its top-p and its token limit), with the config's `api` settings."""
+        return cls.from_spec(spec, temperature=0.0 if sampling.greedy else sampling.temperature,
+                             top_p=sampling.top_p, max_tokens=sampling.max_new_tokens, **api)
+
     def _request(self, path: str, body: dict | None = None) -> dict:
         """The decoded JSON reply to one request, within `timeout_s` in all and `max_reply_bytes`."""
         headers = {"Content-Type": "application/json"}
@@ -87,51 +94,44 @@ class ApiPlayer:
             headers["Authorization"] = f"Bearer {self.api_key}"
         data = None if body is None else json.dumps(body).encode()
         url = f"{self.base_url}{path}"
-        req = urllib.request.Request(url, data=data, headers=headers, method="GET" if body is None else "POST")
-        deadline = _Deadline(self.timeout_s)
-        opener = urllib.request.build_opener(_RefuseRedirects(), _DeadlineHTTPHandler(deadline),
-                                             _DeadlineHTTPSHandler(deadline))
-        late = TimeoutError(f"no complete reply from {url} within timeout_s={self.timeout_s:g} s")
-        try:
-            with opener.open(req, timeout=self.timeout_s) as response:
-                raw = _read_capped(response, self.max_reply_bytes, url)
-        except urllib.error.HTTPError:
-            raise
-        except (OSError, http.client.HTTPException) as err:
-            if isinstance(getattr(err, "reason", None), TimeoutError):  # urllib's wrapping of a lookup or connect
-                raise TimeoutError(f"{late}: {err.reason}") from None
-            if deadline.expired:
-                raise late from None
-            if isinstance(err, http.client.HTTPException):  # a malformed status line, a cut-off body
-                shown = _shown(repr(err), self.api_key)
-                raise ConnectionError(f"{url} sent a malformed HTTP reply ({shown})") from None
-            raise
-        finally:
-            deadline.cancel()
-        if deadline.expired:  # the shut-down socket read as the end: what came may be cut off
-            raise late
+        raw = fetch(url, data, headers, self.timeout_s, self.max_reply_bytes, self.api_key)
         try:
             return json.loads(raw)
         except RecursionError:  # e.g. "[[[[...": Python's decoder recurses once per level
             raise ValueError(f"the reply from {url} nests JSON too deeply to decode") from None
 
     def check(self) -> None:
-        """Reach the endpoint (GET /models) once: a clear error now instead of a run of invalid moves.
-        Raises PermissionError for a refused key and ConnectionError for anything else that is wrong
-        (no server, a redirect, a timeout, a reply that is too large or not JSON); a busy endpoint
-        (429, 503) passes with a warning."""
-        url = f"{self.base_url}/models"
+        """Reach the endpoint once before a run: GET /models, then one move's request cut to one token.
+        A dead URL, a refused key, an endpoint that is not an API, and a move the server refuses (a model
+        name it does not serve, a temperature the model does not take) are a clear error now instead of a
+        run of invalid moves. Raises PermissionError for a refused key and ConnectionError for anything
+        else; a busy endpoint (429, 503) passes with a warning, as its moves retry."""
+        err = self._reach("/models")
+        if err is not None and err.code != 404:  # an endpoint without /models is still alive
+            raise ConnectionError(f"{self.base_url}/models answered HTTP {err.code}{_said(err)}")
+        err = self._reach("/chat/completions", "Reply with OK.", 1)
+        if err is not None:
+            raise ConnectionError(
+                f"{self.base_url}/chat/completions refused a move's request (HTTP {err.code}{_said(err)}); check "
+                f"the model name {self.model!r} and the sampling the server is sent: temperature "
+                f"{self.temperature:g}, top_p {self.top_p:g}, {self._token_field} {self.max_tokens} (the "
+                f"seat's rollout or eval temperature, top_p and max_new_tokens)")
+
+    def _reach(self, path: str, prompt: str | None = None, max_tokens: int = 1) -> urllib.error.HTTPError | None:
+        """GET `path`, or POST a move's request for `prompt`: None when it is answered or the server is busy
+        now (429, 503: logged), the HTTPError of any other status; PermissionError for a refused
+        key, ConnectionError when no answer that is JSON can be had."""
+        url = f"{self.base_url}{path}"
         try:
-            self._request("/models")
+            self._request(path) if prompt is None else self._move(prompt, max_tokens)
         except urllib.error.HTTPError as err:
             if err.code in (401, 403):
-                raise PermissionError(f"{self.base_url} refused the API key (HTTP {err.code}); set the "
+                raise PermissionError(f"{self.base_url} refused the API key (HTTP {err.code}{_said(err)}); set the "
                                       "environment variable named by api.key_env") from None
-            if err.code in (429, 503):  # alive but busy now: each move retries as it would later
-                log.warning("API opponent %s: %s answered HTTP %d (busy); going on, moves retry", self.model, url,
-                            err.code)
-            elif err.code != 404:  # an endpoint without /models is still alive
-                raise ConnectionError(f"{url} answered HTTP {err.code}") from None
+            if err.code not in (429, 503):
+                return err
+            log.warning("API opponent %s: %s answered HTTP %d%s (busy); going on, moves retry", self.model, url,
+                        err.code, _said(err))
         except (RedirectRefused, ReplyTooLarge) as err:
             raise ConnectionError(str(err)) from None
         except TimeoutError as err:
@@ -144,17 +144,33 @@ class ApiPlayer:
             raise ConnectionError(f"{url} answered something that is not JSON ({type(err).__name__}: "
                                   f"{str(err)[:200]}); is {self.base_url} an OpenAI-compatible endpoint "
                                   f"(ending in /v1)?") from None
+        return None
+
+    def _move(self, prompt: str, max_tokens: int) -> dict:
+        """POST one move's request. A model that takes max_completion_tokens in place of max_tokens
+        (OpenAI's reasoning models answer 400 naming it) is sent that field from then on."""
+        body = {"model": self.model, "messages": [{"role": "user", "content": prompt}],
+                "temperature": self.temperature, "top_p": self.top_p}
+        try:
+            return self._request("/chat/completions", {**body, self._token_field: max_tokens})
+        except urllib.error.HTTPError as err:
+            if not (err.code == 400 and self._token_field == "max_tokens" and "max_completion_tokens" in err.detail):
+                raise
+        with self._lock:
+            if self._token_field == "max_tokens":
+                log.info("API opponent %s: the server asks for max_completion_tokens; sending it in place of "
+                         "max_tokens", self.model)
+            self._token_field = "max_completion_tokens"
+        return self._request("/chat/completions", {**body, self._token_field: max_tokens})
 
     def reply(self, prompt: str) -> str:
         """The model's answer to one user message; "" (counted and logged) when none can be had."""
-        body = {"model": self.model, "messages": [{"role": "user", "content": prompt}],
-                "temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens}
         problem = ""
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                content = _text(self._request("/chat/completions", body)["choices"][0]["message"]["content"])
+                content = _text(self._move(prompt, self.max_tokens)["choices"][0]["message"]["content"])
                 if isinstance(content, str) and len(content) > self.max_tokens * _MAX_CHARS_PER_TOKEN:
                     problem = (f"a reply of {len(content)} characters, more than max_tokens={self.max_tokens} "
                                f"tokens can spell: the server ignored max_tokens")
@@ -167,7 +183,7 @@ class ApiPlayer:
                 problem = f"a reply without text ({type(content).__name__})"
                 break
             except urllib.error.HTTPError as err:
-                problem = f"HTTP {err.code}"
+                problem = f"HTTP {err.code}{_said(err)}"
                 if err.code not in _RETRY_STATUS:
                     break
             except (RedirectRefused, ReplyTooLarge) as err:  # the same again next time: final
@@ -196,162 +212,9 @@ class ApiPlayer:
             return list(pool.map(self.reply, prompts))
 
 
-class RedirectRefused(ConnectionError):
-    """The endpoint answered with a redirect, which is not followed (the key would go with it)."""
-
-
-class ReplyTooLarge(ConnectionError):
-    """A reply body longer than `max_reply_bytes`."""
-
-
-class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
-    """Replaces urllib's redirect handler, which would resend the request, Authorization header
-    included, to whatever address the Location header names."""
-
-    def _refuse(self, req, fp, code, msg, headers):
-        fp.close()
-        key = (req.get_header("Authorization") or "").removeprefix("Bearer ")
-        location = _shown(headers.get("Location", "(no Location header)"), key)
-        raise RedirectRefused(f"{req.full_url} answered HTTP {code}, a redirect to {location}; redirects are "
-                              f"not followed, so the API key is never sent elsewhere: set BASE_URL in "
-                              f"openai:MODEL@BASE_URL to the address that answers directly")
-
-    http_error_301 = http_error_302 = http_error_303 = http_error_307 = http_error_308 = _refuse
-
-
-class _Deadline:
-    """A whole request's time limit. Socket timeouts bound each read, not their sum, so a server
-    sending a byte at a time never trips them; at the deadline this shuts the request's sockets down,
-    which ends any read blocked on them."""
-
-    def __init__(self, seconds: float):
-        self.expired, self._sockets, self._lock = False, [], threading.Lock()
-        self._end = time.monotonic() + seconds
-        self._timer = threading.Timer(seconds, self._expire)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def watch(self, sock) -> None:
-        with self._lock:
-            self._sockets.append(sock)
-            expired = self.expired
-        if expired:
-            self._shut(sock)
-
-    def connect(self, address, timeout, source_address=None) -> socket.socket:
-        """socket.create_connection, each of the host's addresses tried in the time left (that function
-        gives each one the whole timeout: N addresses that do not answer would take N times timeout_s)."""
-        error = None
-        for family, kind_, proto, _, addr in self._lookup(*address):
-            left = self._end - time.monotonic()
-            if left <= 0:
-                break
-            sock = socket.socket(family, kind_, proto)
-            try:
-                sock.settimeout(min(timeout, left))
-                if source_address:
-                    sock.bind(source_address)
-                sock.connect(addr)
-            except OSError as err:
-                sock.close()
-                error = err
-                continue
-            self.watch(sock)  # from now on, e.g. through a TLS handshake
-            return sock
-        raise error or TimeoutError("timed out")
-
-    def _lookup(self, host, port) -> list:
-        """socket.getaddrinfo within the time left. It cannot be interrupted, so it runs in a daemon
-        thread, which a resolver that does not answer leaves behind until the system's own limit."""
-        found, done = [], threading.Event()
-
-        def resolve():
-            try:
-                found.append(socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM))
-            except OSError as err:
-                found.append(err)
-            done.set()
-
-        threading.Thread(target=resolve, daemon=True).start()
-        if not done.wait(max(0.0, self._end - time.monotonic())):
-            raise TimeoutError(f"the name lookup of {host} did not finish in time")
-        if isinstance(found[0], OSError):
-            raise found[0]
-        return found[0]
-
-    def _expire(self) -> None:
-        with self._lock:
-            self.expired = True
-            sockets = list(self._sockets)
-        for sock in sockets:
-            self._shut(sock)
-
-    @staticmethod
-    def _shut(sock) -> None:
-        try:  # the plain socket's shutdown, also under TLS: it wakes a reader blocked on the descriptor
-            socket.socket.shutdown(sock, socket.SHUT_RDWR)
-        except OSError:  # already closed
-            pass
-
-    def cancel(self) -> None:
-        self._timer.cancel()
-
-
-class _WatchedConnections:
-    """A urllib handler mix-in whose connections hand their sockets to the request's deadline."""
-
-    def __init__(self, deadline: _Deadline):
-        super().__init__()
-        self._deadline = deadline
-
-    def do_open(self, http_class, req, **kwargs):
-        deadline = self._deadline
-
-        class Watched(http_class):
-            def connect(self):
-                self._create_connection = deadline.connect
-                super().connect()
-                deadline.watch(self.sock)
-
-        return super().do_open(Watched, req, **kwargs)
-
-
-class _DeadlineHTTPHandler(_WatchedConnections, urllib.request.HTTPHandler):
-    pass
-
-
-class _DeadlineHTTPSHandler(_WatchedConnections, urllib.request.HTTPSHandler):
-    pass
-
-
-def _shown(text: str, secret: str | None, limit: int = 200) -> str:
-    """A server's words (a status line, a Location header) as they go into a log line or an error:
-    `secret` (the key, which the server may echo) as ***, control characters escaped, at most `limit`
-    characters of it; a hostile server can send 64 KiB of them."""
-    if secret:
-        text = text.replace(secret, "***")
-    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
-    return shown + ("..." if len(text) > limit else "")
-
-
-def _read_capped(response, limit: int, url: str) -> bytes:
-    """The body, read a piece at a time so that one larger than `limit` bytes is never held whole.
-    The pieces go into one bytearray: a list would cost ~85 bytes a piece, and a server sending
-    one-byte chunks makes a piece of each byte."""
-    too_large = (f"the reply from {url} is larger than max_reply_bytes={limit} (api.max_reply_bytes); "
-                 f"is it an OpenAI-compatible endpoint?")
-    try:  # read as http.client reads it
-        declared = int(response.headers.get("Content-Length", ""))
-    except ValueError:  # none, '²' (a digit to str.isdigit) or past int's 4,300 digits: read to the end
-        declared = 0
-    if declared > limit:
-        raise ReplyTooLarge(too_large)
-    body = bytearray()
-    while piece := response.read1(65536):
-        if len(body) + len(piece) > limit:
-            raise ReplyTooLarge(too_large)
-        body += piece
-    return bytes(body)
+def _said(err: urllib.error.HTTPError) -> str:
+    detail = getattr(err, "detail", "")
+    return f": {detail}" if detail else ""
 
 
 def _text(content):

@@ -146,9 +146,7 @@ class Rollout:
     def api_player(self, spec: str) -> ApiPlayer:
         """The client of an `openai:MODEL@URL` seat, made once and kept (its failure count with it)."""
         if spec not in self.api_players:
-            sp = self.sampling
-            self.api_players[spec] = ApiPlayer.from_spec(spec, temperature=sp.temperature, top_p=sp.top_p,
-                                                         max_tokens=sp.max_new_tokens, **self.api)
+            self.api_players[spec] = ApiPlayer.playing(spec, self.sampling, self.api)
         return self.api_players[spec]
 
     def _api_moves(self, moves: Mapping[str, list], responses: dict[int, str]) -> None:

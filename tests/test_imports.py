@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "spiral_jax"
 # Each module's layer; a module may import only from its own layer or below.
 LAYERS = {
     "models": 0, "envs": 0, "sharding": 0, "templates": 0, "tokenizer": 0, "distributed": 0,
-    "compilation": 0, "metrics": 0, "paths": 0, "api_player": 0, "hardware": 0, "policies": 0,
+    "compilation": 0, "metrics": 0, "paths": 0, "api_player": 0, "api_http": 0, "hardware": 0, "policies": 0,
     "sampling": 1, "rollout": 1, "checkpoint": 1, "checkpoint_layout": 1,
     "rl": 2, "eval": 2, "serve": 2,
     "config": 1,

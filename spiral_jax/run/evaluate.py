@@ -246,13 +246,13 @@ def _check_bench(spec: RunSpec, args) -> None:
 
 
 def check_endpoints(spec: RunSpec, args) -> None:
-    """Reach each API opponent the suite plays (GET /models), so that a dead endpoint or a refused key
-    fails before the weights load rather than as a run of invalid moves."""
+    """Reach each API opponent the suite plays (`ApiPlayer.check`), so that a dead endpoint, a refused key
+    or a refused move fails before the weights load rather than as a run of invalid moves."""
     if args.suite not in ("games", "transfer"):
         return
     for name in args.opponents or (spec.evaluation.opponents if args.suite == "games" else ()):
         if kind(name) == "api":
-            ApiPlayer.from_spec(name, **spec.api).check()
+            ApiPlayer.playing(name, spec.evaluation.sampling, spec.api).check()
 
 
 def run_eval(ctx: EvalContext, spec: RunSpec, args, checked: bool = False) -> str:

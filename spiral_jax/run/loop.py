@@ -65,9 +65,11 @@ class Trainer:
         benchmark play at a real model's size with random weights and no download. bootstrap=False
         starts RL at once even where the spec has an imitation bootstrap."""
         self.spec, r = spec, spec.rollout
-        for name in {o for o in spec.evaluation.opponents if kind(o) == "api"} | \
-                ({r.opponent} if r.mode == "fixed_opponent" and kind(r.opponent) == "api" else set()):
-            ApiPlayer.from_spec(name, **spec.api).check()  # a dead endpoint fails now, not as invalid moves
+        seats = {(o, "eval"): spec.evaluation.sampling for o in spec.evaluation.opponents if kind(o) == "api"}
+        if r.mode == "fixed_opponent" and kind(r.opponent) == "api":
+            seats[r.opponent, "rollout"] = r.sampling
+        for (name, _), sampling in seats.items():  # a dead endpoint or a refused move fails now, not mid-run
+            ApiPlayer.playing(name, sampling, spec.api).check()
         m = spec.evaluation.math
         self.math_files = local_files(m.files) if m.every else {}  # checked now, not mid-run
         initialize(spec.distributed)

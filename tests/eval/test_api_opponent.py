@@ -2,18 +2,21 @@
 a crash; keys and concurrency (`spiral-jax serve` as an opponent: tests/eval/test_serve.py)."""
 import http.server
 import json
+import logging
 import threading
 import time
 
 import pytest
 
 from spiral_jax.api_player import ApiPlayer
+from spiral_jax.sampling import SamplingParams
 
 
 class _FakeApi(http.server.BaseHTTPRequestHandler):
     """An endpoint that misbehaves as told by the model name: garbage, 500, slow or a good answer."""
 
     seen: list = []
+    bodies: list = []
 
     def do_GET(self):  # noqa: N802
         self.send_response(401 if "refuse" in self.path else 429 if "busy" in self.path else
@@ -24,15 +27,28 @@ class _FakeApi(http.server.BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         _FakeApi.seen.append((body["model"], self.headers.get("Authorization")))
+        _FakeApi.bodies.append(body)
         kind = body["model"]
+        refusal = {"reasoning": "max_tokens" in body and "Unsupported parameter: 'max_tokens' is not supported with "
+                                "this model. Use 'max_completion_tokens' instead.",
+                   "picky": "Unsupported value: 'temperature' does not support 0.6 with this model.\n\x1b[2J"}.get(kind)
+        if refusal:
+            self._json(400, {"error": {"message": refusal, "type": "invalid_request_error", "param": None}})
+            return
         if kind == "slow":
             time.sleep(1.0)
         status = 500 if kind == "broken" else 200
-        content = {"good": "\\boxed{4}", "surrogate": "\\boxed{4}\ud800",  # JSON can hold a lone surrogate
+        content = {"good": "\\boxed{4}", "reasoning": "\\boxed{4}", "surrogate": "\\boxed{4}\ud800",  # JSON can hold a lone surrogate
                    "parts": [{"type": "thinking", "thinking": "hm"}, {"type": "text", "text": "\\boxed"},
                              {"type": "text", "text": "{4}"}],
                    "no_text_parts": [{"type": "image_url", "image_url": {"url": "x"}}]}.get(kind)
-        payload = b"not json" if kind == "garbage" else json.dumps({"choices": [{"message": {"content": content}}]}).encode()
+        if kind == "garbage":
+            self._json(status, None, b"not json")
+        else:
+            self._json(status, {"choices": [{"message": {"content": content}}]})
+
+    def _json(self, status, reply, payload=None):
+        payload = payload or json.dumps(reply).encode()
         self.send_response(status)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
@@ -98,3 +114,38 @@ def test_dead_endpoint_refused_key_and_bad_specs_are_clear_errors(fake_api):
     for spec in ("openai:gpt", "openai:@http://x/v1", "openai:m@ftp://x", "gpt@http://x"):
         with pytest.raises(ValueError, match="write it openai:MODEL@BASE_URL"):
             ApiPlayer.from_spec(spec)
+
+
+def test_a_model_that_takes_max_completion_tokens_gets_it(fake_api, caplog):
+    """OpenAI's reasoning models refuse max_tokens with a 400 naming max_completion_tokens: the player
+    sends that field from then on, in check() and in its moves, and the move is not lost."""
+    caplog.set_level(logging.INFO, "spiral_jax.api_player")
+    player = ApiPlayer.from_spec(f"openai:reasoning@{fake_api}", max_tokens=64)
+    assert player.replies(["a"]) == ["\\boxed{4}"] and player.failures == 0
+    assert _FakeApi.bodies[-1]["max_completion_tokens"] == 64 and "max_tokens" not in _FakeApi.bodies[-1]
+    assert "asks for max_completion_tokens" in caplog.text
+    fresh = ApiPlayer.from_spec(f"openai:reasoning@{fake_api}")
+    fresh.check()
+    assert _FakeApi.bodies[-1]["max_completion_tokens"] == 1
+    fresh.reply("a")
+    assert "max_tokens" not in _FakeApi.bodies[-1]
+
+
+def test_a_refused_move_fails_check_and_its_log_line_says_why(fake_api, caplog):
+    """A move the server refuses (a temperature the model does not take) is a clear error before the run,
+    quoting the server's message (escaped) and the sampling that was sent; during a run, each such move's
+    log line says it too."""
+    player = ApiPlayer.from_spec(f"openai:picky@{fake_api}", temperature=0.6)
+    with pytest.raises(ConnectionError, match=r"refused a move's request \(HTTP 400: Unsupported value: "
+                                              r"'temperature' does not support 0.6 .*temperature 0.6, top_p"):
+        player.check()
+    assert player.reply("a") == "" and player.failures == 1
+    assert "HTTP 400: Unsupported value: 'temperature'" in caplog.text and "\x1b" not in caplog.text
+
+
+def test_a_seat_plays_at_its_samplings_settings():
+    greedy = SamplingParams(32, greedy=True, top_p=0.9)
+    player = ApiPlayer.playing("openai:m@http://127.0.0.1:9/v1", greedy, {"retries": 1})
+    assert (player.temperature, player.top_p, player.max_tokens, player.retries) == (0.0, 0.9, 32, 1)
+    player = ApiPlayer.playing("openai:m@http://127.0.0.1:9/v1", SamplingParams(16, temperature=0.7), {})
+    assert (player.temperature, player.max_tokens) == (0.7, 16)

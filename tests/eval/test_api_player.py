@@ -311,5 +311,5 @@ def test_any_decoded_reply_is_a_move_or_a_counted_failure(reply):
     assert player.failures in (0, 1) and not (text and player.failures)
     if text:  # the reply's own text, all of it
         content = reply["choices"][0]["message"]["content"]
-        assert text == (content if isinstance(content, str) else "".join(p["text"] for p in content
-                                                                         if p.get("type") == "text"))
+        assert text == (content if isinstance(content, str) else "".join(
+            p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text"))
