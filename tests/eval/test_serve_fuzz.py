@@ -65,18 +65,12 @@ def _check(ask, tokenizer):
     assert 1 <= ask.sampling.max_new_tokens <= LIMITS.max_tokens and 0 <= ask.top_logprobs <= 20
 
 
-@given(body=_body(protocol.CHAT_FIELDS))
+@pytest.mark.parametrize("parse,fields", [(protocol.parse_chat, protocol.CHAT_FIELDS),
+                                          (protocol.parse_text, protocol.TEXT_FIELDS)], ids=["chat", "text"])
+@given(data=st.data())
 @settings(max_examples=400, deadline=None)
-def test_any_chat_body_is_read_or_refused_with_a_4xx(tokenizer, body):
-    ask = _read(protocol.parse_chat, body, tokenizer)
-    if ask is not None:
-        _check(ask, tokenizer)
-
-
-@given(body=_body(protocol.TEXT_FIELDS))
-@settings(max_examples=400, deadline=None)
-def test_any_completion_body_is_read_or_refused_with_a_4xx(tokenizer, body):
-    ask = _read(protocol.parse_text, body, tokenizer)
+def test_any_body_is_read_or_refused_with_a_4xx(tokenizer, parse, fields, data):
+    ask = _read(parse, data.draw(_body(fields)), tokenizer)
     if ask is not None:
         _check(ask, tokenizer)
 
