@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import datetime
+import email.utils
 import json
 import logging
+import math
 import os
 import re
 import threading
@@ -37,6 +40,8 @@ _RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}  # worth another try; other 
 # More characters than `max_tokens` tokens of any real vocabulary spell: a server that ignored
 # max_tokens. Such a reply is refused, as a game's move parser may take time quadratic in its length.
 _MAX_CHARS_PER_TOKEN = 32
+# The longest wait between tries that a busy server's Retry-After is followed for (a day's quota is not).
+_MAX_RETRY_AFTER_S = 60.0
 
 
 @dataclasses.dataclass
@@ -165,10 +170,10 @@ class ApiPlayer:
 
     def reply(self, prompt: str) -> str:
         """The model's answer to one user message; "" (counted and logged) when none can be had."""
-        problem = ""
+        problem, asked = "", 0.0
         for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            if attempt:  # doubling waits, or longer where the server said how long (429's Retry-After)
+                time.sleep(max(self.backoff_s * 2 ** (attempt - 1), asked))
             try:
                 content = _text(self._move(prompt, self.max_tokens)["choices"][0]["message"]["content"])
                 if isinstance(content, str) and len(content) > self.max_tokens * _MAX_CHARS_PER_TOKEN:
@@ -186,6 +191,7 @@ class ApiPlayer:
                 problem = f"HTTP {err.code}{_said(err)}"
                 if err.code not in _RETRY_STATUS:
                     break
+                asked = _retry_after(err.headers or {})
             except (RedirectRefused, ReplyTooLarge) as err:  # the same again next time: final
                 problem = str(err)
                 break
@@ -210,6 +216,24 @@ class ApiPlayer:
             return [self.reply(p) for p in prompts]
         with concurrent.futures.ThreadPoolExecutor(min(self.concurrency, len(prompts))) as pool:
             return list(pool.map(self.reply, prompts))
+
+
+def _retry_after(headers) -> float:
+    """The wait a busy server asks for before the next try, in seconds, at most `_MAX_RETRY_AFTER_S`:
+    `retry-after-ms` (OpenAI's) or `Retry-After` (seconds or an HTTP date); 0 where it names none."""
+    try:
+        if headers.get("retry-after-ms"):
+            wait = float(headers["retry-after-ms"]) / 1000
+        elif (value := (headers.get("Retry-After") or "").strip()).replace(".", "", 1).isdigit():
+            wait = float(value)
+        elif value:
+            wait = (email.utils.parsedate_to_datetime(value) - datetime.datetime.now(datetime.timezone.utc)
+                    ).total_seconds()
+        else:
+            return 0.0
+    except (TypeError, ValueError, OverflowError):  # a date without a zone, or nothing a date can be
+        return 0.0
+    return min(max(wait, 0.0), _MAX_RETRY_AFTER_S) if math.isfinite(wait) else 0.0
 
 
 def _said(err: urllib.error.HTTPError) -> str:

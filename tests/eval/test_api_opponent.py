@@ -29,6 +29,14 @@ class _FakeApi(http.server.BaseHTTPRequestHandler):
         _FakeApi.seen.append((body["model"], self.headers.get("Authorization")))
         _FakeApi.bodies.append(body)
         kind = body["model"]
+        if kind.startswith("ratelimited") and _FakeApi.bodies.count(body) == 1:  # busy at the first try
+            self.send_response(429)
+            self.send_header(*{"ratelimited_ms": ("retry-after-ms", "400"),
+                               "ratelimited_s": ("Retry-After", "1")}[kind])
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+            return
         refusal = {"reasoning": "max_tokens" in body and "Unsupported parameter: 'max_tokens' is not supported with "
                                 "this model. Use 'max_completion_tokens' instead.",
                    "picky": "Unsupported value: 'temperature' does not support 0.6 with this model.\n\x1b[2J"}.get(kind)
@@ -38,7 +46,8 @@ class _FakeApi(http.server.BaseHTTPRequestHandler):
         if kind == "slow":
             time.sleep(1.0)
         status = 500 if kind == "broken" else 200
-        content = {"good": "\\boxed{4}", "reasoning": "\\boxed{4}", "surrogate": "\\boxed{4}\ud800",  # JSON can hold a lone surrogate
+        content = {"good": "\\boxed{4}", "reasoning": "\\boxed{4}", "ratelimited_ms": "\\boxed{4}",
+                   "ratelimited_s": "\\boxed{4}", "surrogate": "\\boxed{4}\ud800",  # JSON can hold a lone surrogate
                    "parts": [{"type": "thinking", "thinking": "hm"}, {"type": "text", "text": "\\boxed"},
                              {"type": "text", "text": "{4}"}],
                    "no_text_parts": [{"type": "image_url", "image_url": {"url": "x"}}]}.get(kind)
@@ -149,3 +158,13 @@ def test_a_seat_plays_at_its_samplings_settings():
     assert (player.temperature, player.top_p, player.max_tokens, player.retries) == (0.0, 0.9, 32, 1)
     player = ApiPlayer.playing("openai:m@http://127.0.0.1:9/v1", SamplingParams(16, temperature=0.7), {})
     assert (player.temperature, player.max_tokens) == (0.7, 16)
+
+
+@pytest.mark.parametrize("kind,wait", [("ratelimited_ms", 0.4), ("ratelimited_s", 1.0)])
+def test_a_busy_server_is_given_the_wait_it_asks_for(fake_api, kind, wait):
+    """A 429's retry-after-ms (OpenAI's) or Retry-After is waited out before the next try, where the
+    doubling waits would try again sooner and spend the retries."""
+    player = ApiPlayer.from_spec(f"openai:{kind}@{fake_api}", retries=1, backoff_s=0.01)
+    start = time.perf_counter()
+    assert player.reply(f"waits {kind}") == "\\boxed{4}" and player.failures == 0
+    assert wait <= time.perf_counter() - start < wait + 5
