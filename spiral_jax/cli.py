@@ -281,18 +281,39 @@ def _plan(spec) -> int:
     return 1 if fits is False else 0
 
 
+def _skip_an_absent_tpu() -> None:
+    """With libtpu installed (the tpu or test extra) on a machine that has no TPU, JAX starts libtpu
+    anyway, which prints errors about the TPU it cannot find before JAX falls back to the CPU. Where
+    nothing but the CPU can run this process (no TPU on the PCI bus, as JAX looks for one, nor its
+    device files, and no other accelerator plugin), JAX is told so first. JAX_PLATFORMS and JAX_FORCE_TPU_INIT are left to decide."""
+    import importlib.metadata
+    import importlib.util
+
+    import jax
+
+    if jax.config.jax_platforms or os.environ.get("JAX_FORCE_TPU_INIT") or not importlib.util.find_spec("libtpu"):
+        return
+    tpu = any(v.read_text().strip() == "0x1ae0" for v in Path("/sys/bus/pci/devices").glob("*/vendor")) or \
+        any(Path("/dev").glob("accel*")) or Path("/dev/vfio").exists()  # Google's PCI id, TPU device files
+    plugins = importlib.util.find_spec("jax_plugins") or importlib.metadata.entry_points(group="jax_plugins")
+    if not tpu and not plugins:
+        jax.config.update("jax_platforms", "cpu")
+
+
 def _run(command: str, c) -> int:
     from spiral_jax.config import with_protocol
     from spiral_jax.run.setup import run_spec
 
+    if command == "plan" and (FLAGS.hardware or FLAGS["devices"].present):  # for other devices than these
+        from spiral_jax import aot
+        aot.prepare(FLAGS.hardware)  # before anything starts JAX's backends
+    else:
+        _skip_an_absent_tpu()
     if command == "config":  # what `train` refuses before loading anything fails here: values, games, modes
         run_spec(c, planning=True)  # a model folder only the hosts have yet is not looked for
         print(c.to_json(indent=2))
         return 0
     if command == "plan":
-        if FLAGS.hardware or FLAGS["devices"].present:  # planned for other devices than this machine's
-            from spiral_jax import aot
-            aot.prepare(FLAGS.hardware)  # before anything starts JAX's backends
         return _plan(run_spec(c, planning=True))
     if command == "eval":
         c = with_protocol(c, "" if FLAGS.protocol == "config" else FLAGS.protocol)

@@ -2,6 +2,9 @@
 import json
 import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -231,3 +234,20 @@ def test_ctrl_c_while_the_weights_load_is_one_line_and_status_130(command, extra
     assert main(["spiral-jax", command, f"--config={TINY}", f"--config.out_dir={tmp_path / 'run'}", *extra]) == 130
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"spiral-jax {command}: interrupted") and said in err and "\n" not in err, err
+
+
+def test_commands_on_a_machine_without_a_tpu_run_without_libtpus_errors():
+    """libtpu installed (the test and tpu extras) on a machine with no TPU: JAX would start it and print
+    its errors about the missing TPU before falling back to the CPU. The commands run on the CPU without
+    them, and JAX_PLATFORMS still decides where it is set."""
+    pytest.importorskip("libtpu")
+    if Path("/dev/vfio").exists() or any(Path("/dev").glob("accel*")):  # what may be a TPU's device files
+        pytest.skip("this machine has device files a TPU would have; JAX is left to look for it")
+    code = "import sys, jax; from spiral_jax.cli import main; main(sys.argv); print(jax.devices()[0].platform)"
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "JAX_FORCE_TPU_INIT")}
+    for given, platform in ((None, "cpu"), ("cpu", "cpu")):
+        run = subprocess.run([sys.executable, "-c", code, "plan", "--config", "configs/tiny_pig.py"],
+                             env={**env, **({"JAX_PLATFORMS": given} if given else {})}, capture_output=True,
+                             text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert run.stdout.split()[-1] == platform and "TPU" not in run.stderr, run.stderr[-2000:]
