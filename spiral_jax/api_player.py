@@ -40,6 +40,8 @@ _RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}  # worth another try; other 
 # More characters than `max_tokens` tokens of any real vocabulary spell: a server that ignored
 # max_tokens. Such a reply is refused, as a game's move parser may take time quadratic in its length.
 _MAX_CHARS_PER_TOKEN = 32
+# The tokens `check()`'s move asks for: enough that no server refuses the request as too short to answer.
+_PROBE_TOKENS = 16
 # The longest wait between tries that a busy server's Retry-After is followed for (a day's quota is not).
 _MAX_RETRY_AFTER_S = 60.0
 
@@ -106,7 +108,7 @@ class ApiPlayer:
             raise ValueError(f"the reply from {url} nests JSON too deeply to decode") from None
 
     def check(self) -> None:
-        """Reach the endpoint once before a run: GET /models, then one move's request cut to one token.
+        """Reach the endpoint once before a run: GET /models, then one move's request cut to a few tokens.
         A dead URL, a refused key, an endpoint that is not an API, and a move the server refuses (a model
         name it does not serve, a temperature the model does not take) are a clear error now instead of a
         run of invalid moves. Raises PermissionError for a refused key and ConnectionError for anything
@@ -114,7 +116,7 @@ class ApiPlayer:
         err = self._reach("/models")
         if err is not None and err.code != 404:  # an endpoint without /models is still alive
             raise ConnectionError(f"{self.base_url}/models answered HTTP {err.code}{_said(err)}")
-        err = self._reach("/chat/completions", "Reply with OK.", 1)
+        err = self._reach("/chat/completions", "Reply with OK.", min(self.max_tokens, _PROBE_TOKENS))
         if err is not None:
             raise ConnectionError(
                 f"{self.base_url}/chat/completions refused a move's request (HTTP {err.code}{_said(err)}); check "
@@ -159,7 +161,8 @@ class ApiPlayer:
         try:
             return self._request("/chat/completions", {**body, self._token_field: max_tokens})
         except urllib.error.HTTPError as err:
-            if not (err.code == 400 and self._token_field == "max_tokens" and "max_completion_tokens" in err.detail):
+            if not (err.code == 400 and self._token_field == "max_tokens" and
+                    "max_completion_tokens" in getattr(err, "detail", "")):
                 raise
         with self._lock:
             if self._token_field == "max_tokens":

@@ -135,7 +135,7 @@ def test_a_model_that_takes_max_completion_tokens_gets_it(fake_api, caplog):
     assert "asks for max_completion_tokens" in caplog.text
     fresh = ApiPlayer.from_spec(f"openai:reasoning@{fake_api}")
     fresh.check()
-    assert _FakeApi.bodies[-1]["max_completion_tokens"] == 1
+    assert _FakeApi.bodies[-1]["max_completion_tokens"] == 16
     fresh.reply("a")
     assert "max_tokens" not in _FakeApi.bodies[-1]
 
