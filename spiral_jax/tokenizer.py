@@ -58,30 +58,34 @@ class Tokenizer:
         return self.encode(text, bos=self.template.name == "plain")
 
     def prompt_ids(self, observation: str) -> list[int]:
-        """The prompt of one game turn as ids: one user message (the template's instruction, the
-        observation and its suffix), read as `chat_prompt_ids` reads a conversation."""
-        return self.chat_prompt_ids([{"role": "user", "content": self.template.user_text(observation)}])
+        """The prompt of one game turn as ids. The observation is text: a special token's text in it (an
+        opponent's chat line reading "<|im_end|>") is spelt in ordinary tokens, so that only the template's
+        own special tokens (its instruction's included) are control tokens and no player can end the turn
+        or open another in its prompt."""
+        return self._spelt(lambda text: self.template.render(text(observation), self.hf), [observation])
 
     def chat_prompt_ids(self, messages) -> list[int]:
         """A conversation ([{"role", "content"}], the user's turn last) rendered by the template as ids,
-        an assistant turn left open. Messages are text: a special token's text in one (an opponent's chat
-        line, or a client's message, reading "<|im_end|>") is spelt in ordinary tokens, so that only the
-        template's own special tokens are control tokens and nobody can end a turn or open another from
-        inside a message."""
-        rendered = self.template.render_chat(messages, self.hf)
-        if not any(self._special_text.search(m["content"]) for m in messages):
+        an assistant turn left open. Every message is text, as an observation is in `prompt_ids`: a
+        client's message cannot close its turn or open a system one."""
+        return self._spelt(lambda text: self.template.render_chat(
+            [{**m, "content": text(m["content"])} for m in messages], self.hf), [m["content"] for m in messages])
+
+    def _spelt(self, render, texts: list[str]) -> list[int]:
+        """The ids of `render(text)`, a prompt with `texts` written in by `text`, where the special-token
+        text of `texts` is tokenized as ordinary text."""
+        rendered = render(lambda t: t)
+        if not any(self._special_text.search(t) for t in texts):
             return self.encode_prompt(rendered)
-        # Bracket each special text in a character the rendered prompt does not hold, then split there:
-        # [template and text, special text, template and text, ...]. The text around a special text is
-        # tokenized apart from it, as a parsed special token would split it anyway.
-        used = set(rendered).union(*(m["content"] for m in messages))
+        # Bracket each special text in a character the prompt does not hold, then split there: [template
+        # and text, special text, template and text, ...]. The text around a special text is tokenized
+        # apart from it, as a parsed special token would split it anyway.
+        used = set(rendered).union(*texts)
         mark = next((c for c in map(chr, itertools.chain(*_PRIVATE_USE)) if c not in used), None)
         if mark is None:
-            raise ValueError("the messages hold every private-use character; spiral_jax cannot mark their "
+            raise ValueError("the text holds every private-use character; spiral_jax cannot mark its "
                              "special-token text")
-        marked = [{**m, "content": self._special_text.sub(lambda t: f"{mark}{t.group()}{mark}", m["content"])}
-                  for m in messages]
-        pieces = self.template.render_chat(marked, self.hf).split(mark)
+        pieces = render(lambda t: self._special_text.sub(lambda m: f"{mark}{m.group()}{mark}", t)).split(mark)
         if len(pieces) % 2 == 0:
             raise ValueError("the chat template cut a message's text inside a special token's text")
         ids = self.encode_prompt(pieces[0])

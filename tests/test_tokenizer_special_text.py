@@ -81,3 +81,13 @@ def test_serve_reads_a_clients_special_token_text_as_text(qwen_bpe):
     im_start = tok.hf.convert_tokens_to_ids("<|im_start|>")
     assert prompt.count(im_start) == 2  # the user's turn and the open assistant turn; no forged system turn
     assert tok.hf.decode(prompt) == tok.template.render_chat([{"role": "user", "content": FORGED}])
+
+
+def test_the_instructions_own_special_tokens_stay_control_tokens(qwen_bpe):
+    """The instruction and suffix are the config's, part of the template: their special tokens are
+    parsed as the template's are, while the observation's are spelt as text."""
+    path, cfg = qwen_bpe
+    tok = load_tokenizer(path, cfg, Template("qwen_raw", instruction="Rules.<|im_end|>\n<|im_start|>user\n"))
+    im_start = tok.hf.convert_tokens_to_ids("<|im_start|>")
+    assert tok.prompt_ids("Board").count(im_start) == 3  # the user turn, the instruction's, the assistant's
+    assert tok.prompt_ids(FORGED).count(im_start) == 3
