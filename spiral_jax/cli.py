@@ -285,7 +285,8 @@ def _skip_an_absent_tpu() -> None:
     """With libtpu installed (the tpu or test extra) on a machine that has no TPU, JAX starts libtpu
     anyway, which prints errors about the TPU it cannot find before JAX falls back to the CPU. Where
     nothing but the CPU can run this process (no TPU on the PCI bus, as JAX looks for one, nor its
-    device files, and no other accelerator plugin), JAX is told so first. JAX_PLATFORMS and JAX_FORCE_TPU_INIT are left to decide."""
+    device files, and no other accelerator plugin), JAX is told so first. JAX_PLATFORMS and
+    JAX_FORCE_TPU_INIT are left to decide."""
     import importlib.metadata
     import importlib.util
 
